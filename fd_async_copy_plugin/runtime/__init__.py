@@ -1,0 +1,72 @@
+"""The pinned-buffer/event core: copy backends, pinned rings, the sync census."""
+
+from __future__ import annotations
+
+from .backend import (
+    AsyncCopyError,
+    BufferInUseError,
+    CopyBackend,
+    CopyEvent,
+    PendingCopyError,
+)
+from .census import SyncCensus, collecting
+from .host import HostBackend
+from .ring import PinnedRing, PinnedSlot
+from .simulated import SimulatedBackend
+
+BACKENDS = ("auto", "cuda", "host", "sim")
+
+_current: CopyBackend | None = None
+
+
+def make_backend(name: str) -> CopyBackend:
+    """Build a backend by name (``auto`` resolves to ``cuda`` or raises with the reason)."""
+    if name in ("auto", "cuda"):
+        from .cuda import CudaBackend, cuda_available
+
+        ok, why = cuda_available()
+        if not ok:
+            raise RuntimeError(
+                f"backend {name!r} needs CUDA: {why}. Use FD_ASYNC_COPY_BACKEND=host to run the "
+                "patched code with synchronous copies"
+            )
+        return CudaBackend()
+    if name == "host":
+        return HostBackend()
+    if name == "sim":
+        return SimulatedBackend()
+    raise ValueError(f"unknown backend {name!r}; expected one of {BACKENDS}")
+
+
+def current() -> CopyBackend:
+    """The backend the patches and the reference replica use (``host`` until one is set)."""
+    global _current
+    if _current is None:
+        _current = HostBackend()
+    return _current
+
+
+def use(backend: CopyBackend | None) -> CopyBackend | None:
+    """Make ``backend`` current; returns the previous one (``None`` resets to the default)."""
+    global _current
+    previous, _current = _current, backend
+    return previous
+
+
+__all__ = [
+    "AsyncCopyError",
+    "BACKENDS",
+    "BufferInUseError",
+    "CopyBackend",
+    "CopyEvent",
+    "HostBackend",
+    "PendingCopyError",
+    "PinnedRing",
+    "PinnedSlot",
+    "SimulatedBackend",
+    "SyncCensus",
+    "collecting",
+    "current",
+    "make_backend",
+    "use",
+]

@@ -1,0 +1,183 @@
+"""The copy backend: the one place where host<->device copies, events and waits happen.
+
+Three implementations share this contract (see docs/architecture.md):
+``cuda`` (real pinned memory and CUDA events), ``host`` (synchronous host copies; CPU Paddle,
+tests, selftest) and ``sim`` (a race-detecting simulator of asynchronous copies). The patches
+and the reference replica of FastDeploy are written against this contract only, so the same
+code runs on all three.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Iterable
+
+import numpy as np
+import paddle
+
+from . import census
+
+
+class AsyncCopyError(RuntimeError):
+    """An ordering bug in asynchronous copies (raised by the simulator)."""
+
+
+class PendingCopyError(AsyncCopyError):
+    """A host read of a buffer whose copy has not landed yet."""
+
+
+class BufferInUseError(AsyncCopyError):
+    """A copy into a buffer whose previous contents a consumer still holds."""
+
+
+class CopyEvent:
+    """A point in the copy stream. ``seq`` orders events of one backend."""
+
+    __slots__ = ("seq", "label", "native")
+
+    def __init__(self, seq: int, label: str, native=None) -> None:
+        self.seq = seq
+        self.label = label
+        self.native = native
+
+    def __repr__(self) -> str:
+        return f"CopyEvent(seq={self.seq}, label={self.label!r})"
+
+
+class CopyBackend:
+    """Base class: bookkeeping shared by every backend.
+
+    Subclasses implement ``_alloc``, ``_copy``, ``_record_native`` and ``_wait_native``.
+    """
+
+    name = "abstract"
+    #: True when ``copy_d2h`` returns before the data has landed.
+    asynchronous = False
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._seq = 0  # sequence number of the last copy issued
+        self._completed = 0  # every copy with seq <= _completed has landed, from the host's view
+        self._holders: dict[int, dict[str, int]] = {}
+        self._pinned_ids: set[int] = set()
+
+    # -- allocation ---------------------------------------------------------------------------
+    def new_pinned(self, shape: Iterable[int], dtype: str, label: str) -> paddle.Tensor:
+        census.record("pinned_alloc", label)
+        t = self._alloc([int(s) for s in shape], dtype)
+        self._pinned_ids.add(id(t))
+        return t
+
+    def free_pinned(self, t: paddle.Tensor, label: str) -> None:
+        census.record("pinned_free", label)
+        self._pinned_ids.discard(id(t))
+        self._holders.pop(id(t), None)
+
+    def is_pinned(self, t) -> bool:
+        return id(t) in self._pinned_ids
+
+    # -- copies and events --------------------------------------------------------------------
+    def copy_d2h(self, dst: paddle.Tensor, src: paddle.Tensor, label: str) -> None:
+        """Issue a non-blocking D2H copy of ``src`` into the pinned buffer ``dst``."""
+        holders = self._holders.get(id(dst))
+        if holders:
+            self._on_write_while_held(dst, label, holders)
+        census.record("async_d2h", label)
+        with self._lock:
+            self._seq += 1
+            seq = self._seq
+        self._copy(dst, src, seq, label)
+
+    def blocking_d2h(self, src: paddle.Tensor, label: str) -> paddle.Tensor:
+        """FastDeploy 2.4's ``.cpu()``: a copy the host waits for."""
+        census.record("blocking_d2h", label)
+        return src.cpu()
+
+    def record(self, label: str) -> CopyEvent:
+        with self._lock:
+            seq = self._seq
+        return CopyEvent(seq, label, self._record_native(seq, label))
+
+    def wait(self, event: CopyEvent, reason: str) -> None:
+        """Host waits for ``event`` only. Free when a later event was already waited on."""
+        if event.seq <= self._completed:
+            return
+        census.record("event_wait", f"{reason}<-{event.label}")
+        self._wait_native(event)
+        with self._lock:
+            self._completed = max(self._completed, event.seq)
+
+    def is_complete(self, event: CopyEvent) -> bool:
+        return event.seq <= self._completed
+
+    def device_synchronize(self, reason: str) -> None:
+        census.record("device_sync", reason)
+        self._drain()
+
+    def stream_synchronize(self, reason: str) -> None:
+        census.record("stream_sync", reason)
+        self._drain()
+
+    def _drain(self) -> None:
+        self._drain_native()
+        with self._lock:
+            self._completed = self._seq
+
+    # -- host reads ----------------------------------------------------------------------------
+    def read(self, buf: paddle.Tensor, reader: str) -> np.ndarray:
+        """Host read of a buffer (a copy: the caller owns the result)."""
+        census.record("host_read", reader)
+        self._check_readable(buf, reader)
+        return np.array(buf.numpy(), copy=True)
+
+    def ensure_host(self, t: paddle.Tensor, event: CopyEvent | None, reader: str) -> paddle.Tensor:
+        """Wait for ``event`` (if given) and return an owned pageable CPU tensor with ``t``'s data.
+
+        Never runs a Paddle op on ``t``: Paddle moves a pinned tensor to the GPU when an op
+        touches it. The data goes through ``.numpy()``.
+        """
+        if event is not None:
+            self.wait(event, reader)
+        return paddle.to_tensor(self.read(t, reader), place=paddle.CPUPlace())
+
+    # -- consumer ownership --------------------------------------------------------------------
+    def hold(self, buf: paddle.Tensor, holder: str) -> None:
+        with self._lock:
+            holders = self._holders.setdefault(id(buf), {})
+            holders[holder] = holders.get(holder, 0) + 1
+
+    def release(self, buf: paddle.Tensor, holder: str) -> None:
+        with self._lock:
+            holders = self._holders.get(id(buf))
+            if not holders or holder not in holders:
+                return
+            holders[holder] -= 1
+            if holders[holder] <= 0:
+                del holders[holder]
+
+    def holders(self, buf: paddle.Tensor) -> list[str]:
+        return sorted(self._holders.get(id(buf), {}))
+
+    # -- subclass hooks ------------------------------------------------------------------------
+    def _alloc(self, shape: list[int], dtype: str) -> paddle.Tensor:
+        raise NotImplementedError
+
+    def _copy(self, dst: paddle.Tensor, src: paddle.Tensor, seq: int, label: str) -> None:
+        raise NotImplementedError
+
+    def _record_native(self, seq: int, label: str):
+        return None
+
+    def _wait_native(self, event: CopyEvent) -> None:
+        return None
+
+    def _drain_native(self) -> None:
+        return None
+
+    def _check_readable(self, buf: paddle.Tensor, reader: str) -> None:
+        return None
+
+    def _on_write_while_held(self, dst: paddle.Tensor, writer: str, holders: dict[str, int]) -> None:
+        # Real backends cannot detect this at the hardware level; the ring prevents it. The
+        # simulator turns it into an error.
+        return None

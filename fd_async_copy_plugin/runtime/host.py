@@ -1,0 +1,23 @@
+"""Backend ``host``: the patched code paths with synchronous host copies.
+
+Used on CPU-only Paddle, in the tests and in the selftest. Buffers are ordinary CPU tensors and
+every copy has landed when ``copy_d2h`` returns, so events are complete when recorded.
+"""
+
+from __future__ import annotations
+
+import paddle
+
+from .backend import CopyBackend
+
+
+class HostBackend(CopyBackend):
+    name = "host"
+    asynchronous = False
+
+    def _alloc(self, shape, dtype):
+        return paddle.empty(shape, dtype=dtype).cpu()
+
+    def _copy(self, dst, src, seq, label):
+        # Positional ``blocking``: Paddle 3.3 ignores it as a keyword (platform-facts.md).
+        dst.copy_(src, True)

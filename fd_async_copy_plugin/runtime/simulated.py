@@ -1,0 +1,93 @@
+"""Backend ``sim``: a race-detecting simulator of asynchronous D2H copies.
+
+On the CPU build of Paddle every copy is synchronous, so an ordering bug (reading a pinned buffer
+before its event completed, overwriting a buffer a consumer still holds) can never show. This
+backend makes such bugs deterministic and loud:
+
+- ``copy_d2h`` does not copy. It snapshots the source (stream order: the copy sees the source as
+  it is when issued) and fills the destination with poison: NaN for floats, -7777 for integers,
+  the inverse of the real value for bools. The data lands only when an event that covers the copy
+  is waited on, or the stream/device is synchronized.
+- ``read`` of a buffer with a copy in flight raises ``PendingCopyError`` naming the buffer, the
+  writer and the reader. Code that bypasses ``read`` (e.g. FastDeploy's own ``.numpy()``) sees the
+  poison, which makes outputs differ from the unpatched run.
+- ``copy_d2h`` into a buffer a consumer still holds raises ``BufferInUseError`` naming the buffer,
+  the holders and the writer.
+- Events are sequence numbers on one modelled stream: waiting on an event releases exactly the
+  copies issued before it was recorded; a device or stream synchronize releases everything.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import paddle
+
+from .backend import BufferInUseError, CopyBackend, CopyEvent, PendingCopyError
+
+POISON_INT = -7777
+
+
+def poison_like(values: np.ndarray) -> np.ndarray:
+    if values.dtype == np.bool_:
+        return np.logical_not(values)
+    if np.issubdtype(values.dtype, np.floating):
+        return np.full(values.shape, np.nan, dtype=values.dtype)
+    return np.full(values.shape, POISON_INT, dtype=values.dtype)
+
+
+class SimulatedBackend(CopyBackend):
+    name = "sim"
+    asynchronous = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._labels: dict[int, str] = {}
+        # id(dst) -> (dst, data, seq, writer)
+        self._pending: dict[int, tuple[paddle.Tensor, np.ndarray, int, str]] = {}
+
+    def new_pinned(self, shape, dtype, label):
+        t = super().new_pinned(shape, dtype, label)
+        self._labels[id(t)] = label
+        return t
+
+    def label_of(self, buf) -> str:
+        return self._labels.get(id(buf), f"<unlabelled buffer {id(buf):#x}>")
+
+    def pending_writers(self) -> list[str]:
+        return sorted(writer for _, _, _, writer in self._pending.values())
+
+    def _alloc(self, shape, dtype):
+        t = paddle.empty(shape, dtype=dtype).cpu()
+        t.copy_(paddle.to_tensor(poison_like(t.numpy())), True)
+        return t
+
+    def _copy(self, dst, src, seq, label):
+        data = np.array(src.numpy(), copy=True)
+        dst.copy_(paddle.to_tensor(poison_like(data)), True)
+        self._pending[id(dst)] = (dst, data, seq, label)
+
+    def _land(self, upto: int) -> None:
+        for key, (dst, data, seq, _) in list(self._pending.items()):
+            if seq <= upto:
+                dst.copy_(paddle.to_tensor(data), True)
+                del self._pending[key]
+
+    def _wait_native(self, event: CopyEvent) -> None:
+        self._land(event.seq)
+
+    def _drain_native(self) -> None:
+        self._land(self._seq)
+
+    def _check_readable(self, buf, reader):
+        pending = self._pending.get(id(buf))
+        if pending is not None:
+            raise PendingCopyError(
+                f"host read of pinned buffer {self.label_of(buf)!r} by {reader!r} before the copy "
+                f"{pending[3]!r} into it completed: wait on an event recorded after that copy first"
+            )
+
+    def _on_write_while_held(self, dst, writer, holders):
+        raise BufferInUseError(
+            f"copy {writer!r} into pinned buffer {self.label_of(dst)!r} while its previous "
+            f"contents are still held by {sorted(holders)}: the buffer was reused too early"
+        )
