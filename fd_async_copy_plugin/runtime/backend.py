@@ -9,7 +9,9 @@ code runs on all three.
 
 from __future__ import annotations
 
+import ctypes
 import threading
+from collections import deque
 from typing import Iterable
 
 import numpy as np
@@ -60,6 +62,8 @@ class CopyBackend:
         self._completed = 0  # every copy with seq <= _completed has landed, from the host's view
         self._holders: dict[int, dict[str, int]] = {}
         self._pinned_ids: set[int] = set()
+        self._copy_seq: dict[int, tuple[int, str]] = {}  # id(dst) -> (seq, writer) of the last copy
+        self._recent_events: deque[CopyEvent] = deque(maxlen=64)
 
     # -- allocation ---------------------------------------------------------------------------
     def new_pinned(self, shape: Iterable[int], dtype: str, label: str) -> paddle.Tensor:
@@ -76,6 +80,10 @@ class CopyBackend:
     def is_pinned(self, t) -> bool:
         return id(t) in self._pinned_ids
 
+    def internal_refs(self, buf) -> int:
+        """References to ``buf`` the backend itself holds (so the ring can tell consumers' apart)."""
+        return 0
+
     # -- copies and events --------------------------------------------------------------------
     def copy_d2h(self, dst: paddle.Tensor, src: paddle.Tensor, label: str) -> None:
         """Issue a non-blocking D2H copy of ``src`` into the pinned buffer ``dst``."""
@@ -86,6 +94,7 @@ class CopyBackend:
         with self._lock:
             self._seq += 1
             seq = self._seq
+            self._copy_seq[id(dst)] = (seq, label)
         self._copy(dst, src, seq, label)
 
     def blocking_d2h(self, src: paddle.Tensor, label: str) -> paddle.Tensor:
@@ -96,7 +105,20 @@ class CopyBackend:
     def record(self, label: str) -> CopyEvent:
         with self._lock:
             seq = self._seq
-        return CopyEvent(seq, label, self._record_native(seq, label))
+        event = CopyEvent(seq, label, self._record_native(seq, label))
+        self._recent_events.append(event)
+        return event
+
+    def covering_event(self, buf: paddle.Tensor) -> CopyEvent | None:
+        """The earliest recorded event that covers the last copy into ``buf`` (None: no copy
+        pending or nothing recorded after it)."""
+        last = self._copy_seq.get(id(buf))
+        if last is None or last[0] <= self._completed:
+            return None
+        for event in self._recent_events:
+            if event.seq >= last[0]:
+                return event
+        return None
 
     def wait(self, event: CopyEvent, reason: str) -> None:
         """Host waits for ``event`` only. Free when a later event was already waited on."""
@@ -124,21 +146,36 @@ class CopyBackend:
             self._completed = self._seq
 
     # -- host reads ----------------------------------------------------------------------------
-    def read(self, buf: paddle.Tensor, reader: str) -> np.ndarray:
-        """Host read of a buffer (a copy: the caller owns the result)."""
+    def read(self, buf: paddle.Tensor, reader: str, start: int | None = None, end: int | None = None) -> np.ndarray:
+        """Host read of rows ``[start:end]`` of a pinned buffer, as an owned numpy array.
+
+        Reads host memory through the buffer's pointer: no Paddle op touches the pinned tensor
+        (Paddle would move it to the GPU), and only the rows asked for are copied.
+        """
         census.record("host_read", reader)
         self._check_readable(buf, reader)
-        return np.array(buf.numpy(), copy=True)
+        return np.array(host_view(buf)[start:end], copy=True)
 
-    def ensure_host(self, t: paddle.Tensor, event: CopyEvent | None, reader: str) -> paddle.Tensor:
-        """Wait for ``event`` (if given) and return an owned pageable CPU tensor with ``t``'s data.
+    def to_host(self, t, reader: str, start: int | None = None, end: int | None = None):
+        """``t`` as a tensor the host may read now, without running a Paddle op on pinned memory.
 
-        Never runs a Paddle op on ``t``: Paddle moves a pinned tensor to the GPU when an op
-        touches it. The data goes through ``.numpy()``.
+        For a pinned buffer of this backend: wait for the event covering its last copy (recording
+        one if none was - a missing record is a bug the simulator reports) and return an owned
+        pageable CPU tensor of rows ``[start:end]``. Anything else is returned unchanged (sliced if
+        rows are asked for).
         """
-        if event is not None:
+        if not self.is_pinned(t):
+            return t if start is None and end is None else t[start:end]
+        last = self._copy_seq.get(id(t))
+        if last is not None and last[0] > self._completed:
+            event = self.covering_event(t)
+            if event is None:
+                event = self._missing_record(t, reader, last[1])
             self.wait(event, reader)
-        return paddle.to_tensor(self.read(t, reader), place=paddle.CPUPlace())
+        return paddle.to_tensor(self.read(t, reader, start, end), place=paddle.CPUPlace())
+
+    def _missing_record(self, t, reader: str, writer: str) -> CopyEvent:
+        return self.record(f"implicit-for-{reader}")
 
     # -- consumer ownership --------------------------------------------------------------------
     def hold(self, buf: paddle.Tensor, holder: str) -> None:
@@ -177,7 +214,32 @@ class CopyBackend:
     def _check_readable(self, buf: paddle.Tensor, reader: str) -> None:
         return None
 
+
     def _on_write_while_held(self, dst: paddle.Tensor, writer: str, holders: dict[str, int]) -> None:
         # Real backends cannot detect this at the hardware level; the ring prevents it. The
         # simulator turns it into an error.
         return None
+
+
+_NP_DTYPES = {
+    "bool": np.bool_,
+    "int8": np.int8,
+    "uint8": np.uint8,
+    "int16": np.int16,
+    "int32": np.int32,
+    "int64": np.int64,
+    "float16": np.float16,
+    "float32": np.float32,
+    "float64": np.float64,
+}
+
+
+def host_view(t: paddle.Tensor) -> np.ndarray:
+    """A zero-copy numpy view of a host (CPU or pinned) tensor's memory, through its pointer."""
+    dtype = np.dtype(_NP_DTYPES[str(t.dtype).replace("paddle.", "")])
+    shape = [int(s) for s in t.shape]
+    count = int(np.prod(shape)) if shape else 1
+    if count == 0:
+        return np.empty(shape, dtype=dtype)
+    raw = (ctypes.c_byte * (count * dtype.itemsize)).from_address(t.data_ptr())
+    return np.frombuffer(raw, dtype=dtype, count=count).reshape(shape)

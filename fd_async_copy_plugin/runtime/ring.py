@@ -1,26 +1,37 @@
-"""PinnedRing: preallocated, reused pinned buffers with consumer-aware slot reuse.
+"""PinnedRing: preallocated, reused pinned buffers that are never overwritten while referenced.
 
 A slot is a set of named pinned buffers (e.g. ``logprob_token_ids``, ``logprobs``,
-``selected_token_ranks``). ``acquire`` returns a free slot; its buffers are then written with
-``copy_d2h`` and handed to consumers inside an object that *holds* the slot. The slot becomes free
-again only when every holder released it (explicitly, or when the holding object is garbage
-collected). If no slot is free the ring grows by one slot - a counted pinned allocation, logged -
-instead of overwriting data that someone may still read. Capacity grows (never shrinks) when a
-step needs more elements than a slot has.
+``selected_token_ranks``). A producer ``acquire``s a slot, issues ``copy_d2h`` into its buffers and
+hands the buffers to consumers (inside a ``LogprobsTensors``). Consumers are FastDeploy code we do
+not control - the save path, the ZMQ output thread's payload builder, a deferred save one step
+later in overlap mode - so "is anyone still using this slot?" is answered by the only thing all of
+them share: Python references. A slot is free when no object outside the ring references any of
+its buffers (CPython reference counts are exact and immediate) and no explicit holder remains.
+
+If no slot is free the ring grows by one slot - a counted pinned allocation, logged - instead of
+overwriting data that someone may still read. Capacity grows (never shrinks) when a step needs more
+elements than a slot has. On the simulator backend a slot chosen while still referenced raises
+``BufferInUseError`` naming the referrers: that is how a too-early reuse is caught in tests.
 """
 
 from __future__ import annotations
 
+import gc
 import logging
-import weakref
+import sys
 from dataclasses import dataclass, field
 from math import prod
 
 import paddle
 
-from .backend import CopyBackend, CopyEvent
+from .backend import BufferInUseError, CopyBackend
 
 log = logging.getLogger("fd_async_copy")
+
+
+def _refcount(buf) -> int:
+    # Always measured through this one function so the frame-local references are constant.
+    return sys.getrefcount(buf)
 
 
 @dataclass
@@ -28,13 +39,9 @@ class PinnedSlot:
     index: int
     buffers: dict[str, paddle.Tensor]
     capacity: dict[str, int]
-    event: CopyEvent | None = None
+    baseline: dict[str, int] = field(default_factory=dict)
     holders: dict[str, int] = field(default_factory=dict)
     generation: int = 0
-
-    @property
-    def free(self) -> bool:
-        return not self.holders
 
 
 class PinnedRing:
@@ -54,76 +61,102 @@ class PinnedRing:
         self.name = name
         self.dtypes = dict(dtypes)
         self.slots: list[PinnedSlot] = []
-        self.grow_events = 0  # slots added after construction (0 after warm-up in a healthy loop)
+        self.grow_events = 0  # slots added after construction (stays 0 after warm-up when healthy)
         self._next = 0
         for _ in range(slots):
             self._add_slot(capacity)
 
+    # -- slots ---------------------------------------------------------------------------------
+    def _new_buffer(self, slot: PinnedSlot, name: str, elements: int) -> None:
+        slot.buffers[name] = self.backend.new_pinned([elements], self.dtypes[name], f"{self.name}[{slot.index}].{name}")
+        slot.capacity[name] = elements
+        slot.baseline[name] = _refcount(slot.buffers[name])
+
     def _add_slot(self, capacity: dict[str, int]) -> PinnedSlot:
-        index = len(self.slots)
-        buffers = {
-            f: self.backend.new_pinned([max(1, int(capacity[f]))], dt, f"{self.name}[{index}].{f}")
-            for f, dt in self.dtypes.items()
-        }
-        slot = PinnedSlot(index, buffers, {f: max(1, int(capacity[f])) for f in self.dtypes})
+        slot = PinnedSlot(len(self.slots), {}, {})
+        for name in self.dtypes:
+            self._new_buffer(slot, name, max(1, int(capacity[name])))
         self.slots.append(slot)
         return slot
 
-    def _ensure_capacity(self, slot: PinnedSlot, need: dict[str, int]) -> None:
-        for f, n in need.items():
-            if n > slot.capacity[f]:
-                # Grow once to what this step needs; never shrink inside the loop.
-                old = slot.buffers[f]
-                slot.buffers[f] = self.backend.new_pinned(
-                    [n], self.dtypes[f], f"{self.name}[{slot.index}].{f}"
-                )
-                self.backend.free_pinned(old, f"{self.name}[{slot.index}].{f}")
-                slot.capacity[f] = n
-                log.info("fd_async_copy: pinned ring %s slot %d grew %s to %d elements",
-                         self.name, slot.index, f, n)
+    def external_refs(self, slot: PinnedSlot) -> dict[str, int]:
+        """References to the slot's buffers held outside the ring (and outside the backend)."""
+        refs = {}
+        for name in slot.buffers:
+            extra = _refcount(slot.buffers[name]) - slot.baseline[name] - self.backend.internal_refs(slot.buffers[name])
+            if extra > 0:
+                refs[name] = extra
+        return refs
 
-    def acquire(self, writer: str, shapes: dict[str, list[int]]) -> PinnedSlot:
-        """Return a free slot whose buffers can take tensors of ``shapes``."""
-        need = {f: prod(shape) if shape else 1 for f, shape in shapes.items()}
-        slot = None
+    def is_free(self, slot: PinnedSlot) -> bool:
+        return not slot.holders and not self.external_refs(slot)
+
+    def _select(self) -> PinnedSlot | None:
+        """The reuse policy: the next free slot in ring order, or None."""
         for offset in range(len(self.slots)):
             candidate = self.slots[(self._next + offset) % len(self.slots)]
-            if candidate.free:
-                slot = candidate
-                break
+            if self.is_free(candidate):
+                return candidate
+        return None
+
+    def _verify_unreferenced(self, slot: PinnedSlot, writer: str) -> bool:
+        refs = self.external_refs(slot)
+        if not refs and not slot.holders:
+            return True
+        if self.backend.name == "sim":
+            referrers = sorted(
+                {
+                    type(r).__name__
+                    for name in refs
+                    for r in gc.get_referrers(slot.buffers[name])
+                    if r is not slot.buffers
+                }
+            )
+            raise BufferInUseError(
+                f"{writer!r} is about to overwrite slot {slot.index} of pinned ring {self.name!r} whose "
+                f"previous contents are still referenced ({refs}; holders {sorted(slot.holders)}; "
+                f"referrers: {referrers}): the slot was reused too early"
+            )
+        log.error("fd_async_copy: ring %s chose a referenced slot; adding a slot instead", self.name)
+        return False
+
+    def acquire(self, writer: str, shapes: dict[str, list[int]]) -> PinnedSlot:
+        """A slot that nobody references, with buffers large enough for tensors of ``shapes``."""
+        need = {f: (prod(shape) if shape else 1) for f, shape in shapes.items()}
+        slot = self._select()
+        if slot is not None and not self._verify_unreferenced(slot, writer):
+            slot = None
         if slot is None:
             self.grow_events += 1
             log.warning(
-                "fd_async_copy: every slot of pinned ring %s is still held by a consumer; "
-                "adding slot %d (a pinned allocation; expected only during warm-up)",
-                self.name, len(self.slots),
+                "fd_async_copy: every slot of pinned ring %s is still in use; adding slot %d (a pinned "
+                "allocation; expected only during warm-up)",
+                self.name,
+                len(self.slots),
             )
             slot = self._add_slot(need)
-        self._ensure_capacity(slot, need)
+        for name, elements in need.items():
+            if elements > slot.capacity[name]:
+                # Grow once to what this step needs; never shrink inside the loop.
+                old = slot.buffers.pop(name)
+                self._new_buffer(slot, name, elements)
+                self.backend.free_pinned(old, f"{self.name}[{slot.index}].{name}")
+                del old
+                log.info("fd_async_copy: pinned ring %s slot %d: %s grew to %d elements", self.name, slot.index, name, elements)
         self._next = (slot.index + 1) % len(self.slots)
         slot.generation += 1
         return slot
 
-    def hold(self, slot: PinnedSlot, holder: str, owner: object | None = None) -> None:
-        """Mark ``slot`` as held by ``holder``; with ``owner``, release when it is collected."""
+    # -- explicit holders (for consumers that hold data without referencing the buffers) -------
+    def hold(self, slot: PinnedSlot, holder: str) -> None:
         slot.holders[holder] = slot.holders.get(holder, 0) + 1
-        for buf in slot.buffers.values():
-            self.backend.hold(buf, holder)
-        if owner is not None:
-            weakref.finalize(owner, self.release, slot, holder, slot.generation)
 
-    def release(self, slot: PinnedSlot, holder: str, generation: int | None = None) -> None:
-        if generation is not None and generation != slot.generation:
-            return  # a late finalizer for contents that were already released
+    def release(self, slot: PinnedSlot, holder: str) -> None:
         count = slot.holders.get(holder, 0)
-        if count <= 0:
-            return
-        if count == 1:
-            del slot.holders[holder]
+        if count <= 1:
+            slot.holders.pop(holder, None)
         else:
             slot.holders[holder] = count - 1
-        for buf in slot.buffers.values():
-            self.backend.release(buf, holder)
 
     @property
     def size(self) -> int:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 import paddle
 
-from .backend import BufferInUseError, CopyBackend, CopyEvent, PendingCopyError
+from .backend import AsyncCopyError, BufferInUseError, CopyBackend, CopyEvent, PendingCopyError
 
 POISON_INT = -7777
 
@@ -52,6 +52,9 @@ class SimulatedBackend(CopyBackend):
 
     def label_of(self, buf) -> str:
         return self._labels.get(id(buf), f"<unlabelled buffer {id(buf):#x}>")
+
+    def internal_refs(self, buf) -> int:
+        return 1 if id(buf) in self._pending else 0
 
     def pending_writers(self) -> list[str]:
         return sorted(writer for _, _, _, writer in self._pending.values())
@@ -90,4 +93,10 @@ class SimulatedBackend(CopyBackend):
         raise BufferInUseError(
             f"copy {writer!r} into pinned buffer {self.label_of(dst)!r} while its previous "
             f"contents are still held by {sorted(holders)}: the buffer was reused too early"
+        )
+
+    def _missing_record(self, t, reader, writer):
+        raise AsyncCopyError(
+            f"{reader!r} needs pinned buffer {self.label_of(t)!r}, but no event was recorded after "
+            f"the copy {writer!r} into it: the producer must record an event after its copies"
         )

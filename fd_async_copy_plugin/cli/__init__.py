@@ -1,0 +1,69 @@
+"""``fd-async-copy``: doctor, selftest, bench, ab, build-ops."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fd-async-copy", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    doctor = sub.add_parser("doctor", help="inspect Paddle, FastDeploy and what the plugin would do (patches nothing)")
+    doctor.add_argument("--json", action="store_true", help="machine-readable output (the status() shape)")
+    doctor.add_argument("--root", default="fastdeploy", help="FastDeploy root module (default: fastdeploy)")
+
+    selftest = sub.add_parser("selftest", help="decode on the reference FastDeploy replica with the plugin off and on; outputs must be bit-identical")
+    selftest.add_argument("--steps", type=int, default=48, help="decode steps per run (default 48)")
+    selftest.add_argument("--backend", default="auto", help="auto (cuda if usable, else host), cuda, host or sim")
+    selftest.add_argument("--json", action="store_true")
+
+    bench = sub.add_parser("bench", help="side-by-side host time per decode step and sync census, plugin off vs on")
+    bench.add_argument("--batch", type=int, default=128)
+    bench.add_argument("--top-k", type=int, default=20)
+    bench.add_argument("--vocab", type=int, default=1024)
+    bench.add_argument("--steps", type=int, default=60)
+    bench.add_argument("--repeats", type=int, default=5, help="alternating off/on rounds")
+    bench.add_argument("--smoke", action="store_true", help="tiny sizes, for CI")
+    bench.add_argument("--json", action="store_true")
+
+    build = sub.add_parser("build-ops", help="compile the custom ops (pybind get_stop/set_stop, host and CUDA update kernels)")
+    build.add_argument("--verbose", action="store_true")
+
+    try:
+        from . import ab
+    except ImportError:  # pragma: no cover - ab ships with the package
+        ab = None
+    if ab is not None:
+        ab.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "doctor":
+        from . import doctor
+
+        return doctor.run(args)
+    if args.command == "selftest":
+        from . import selftest
+
+        return selftest.run(args)
+    if args.command == "bench":
+        from . import bench
+
+        return bench.run(args)
+    if args.command == "build-ops":
+        from ..ops import main_build_ops
+
+        return main_build_ops(["--verbose"] if args.verbose else [])
+    if args.command == "ab":
+        from . import ab
+
+        return ab.run(args)
+    return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""``fd-async-copy doctor``: what the plugin would do in this environment, without patching anything."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+
+from ..config import ENV_VARS, AsyncCopyConfig, ConfigError
+
+
+def _paddle_info() -> dict:
+    try:
+        import paddle
+    except Exception as exc:
+        return {"installed": False, "error": f"{type(exc).__name__}: {exc}"}
+    from ..runtime.cuda import cuda_available
+
+    ok, why = cuda_available()
+    return {
+        "installed": True,
+        "version": paddle.__version__,
+        "compiled_with_cuda": bool(paddle.is_compiled_with_cuda()),
+        "cuda_usable": ok,
+        "cuda_reason": why,
+    }
+
+
+def diagnose(root: str = "fastdeploy", environ=None) -> dict:
+    """The ``status()`` shape, predicted: states say what ``enable()`` would do and why."""
+    from ..profile import detect_profile
+    from ..registry.manager import PatchManager, _ops_status, collect_features, plugin_manager
+
+    environ = os.environ if environ is None else environ
+    report: dict = {
+        "enabled": False,
+        "doctor": True,
+        "python": platform.python_version(),
+        "paddle": _paddle_info(),
+        "env": {name: environ.get(name) for name in ENV_VARS + ("FD_PLUGINS",)},
+        "config_error": None,
+    }
+    try:
+        config = AsyncCopyConfig.from_env(environ)
+    except ConfigError as exc:
+        report["config_error"] = str(exc)
+        config = AsyncCopyConfig()
+    plugins = (environ.get("FD_PLUGINS") or "").split(",")
+    report["fd_plugins_lists_us"] = "fd_async_copy" in plugins
+    report["enabled"] = bool(config.enabled and report["config_error"] is None)
+    profile = detect_profile(root)
+    report.update(
+        fastdeploy_version=profile.version,
+        profile=profile.profile,
+        profile_reason=profile.reason,
+        markers=profile.markers,
+        root=root,
+    )
+    paddle_info = report["paddle"]
+    backend = config.backend
+    backend_problem = None
+    if backend == "auto":
+        if paddle_info.get("cuda_usable"):
+            backend = "cuda"
+        else:
+            backend_problem = paddle_info.get("cuda_reason") or paddle_info.get("error")
+    report["backend"] = backend
+    report["ops"] = _ops_status()
+    features = {}
+    manager = PatchManager()
+    available = collect_features(plugin_manager())
+    for name in config.features:
+        feature = available.get(name)
+        if feature is None:
+            features[name] = {"state": "skipped", "reason": "no installed patch set provides it"}
+            continue
+        state, reason = manager.plan(feature, profile.profile, config.features, profile.reason)
+        if state == "apply":
+            if backend_problem:
+                state, reason = "skipped", f"backend auto stands down: {backend_problem}"
+            elif feature.needs_ops and report["ops"].get("state") != "loadable":
+                state, reason = "skipped", f"custom ops: {report['ops'].get('error') or report['ops'].get('state')}"
+            else:
+                state = "would-apply"
+        features[name] = {"state": state, "reason": reason}
+    report["features"] = features
+    return report
+
+
+def format_report(report: dict) -> str:
+    paddle_info = report["paddle"]
+    lines = [
+        "fd-async-copy doctor",
+        f"  python            {report['python']}",
+        "  paddle            "
+        + (
+            f"{paddle_info['version']} (CUDA build: {paddle_info['compiled_with_cuda']}; {paddle_info['cuda_reason']})"
+            if paddle_info.get("installed")
+            else f"NOT INSTALLED ({paddle_info.get('error')})"
+        ),
+        f"  fastdeploy        {report['fastdeploy_version']} at root {report['root']!r}",
+        f"  profile           {report['profile']} - {report['profile_reason']}",
+        f"  backend           {report['backend']}",
+        f"  custom ops        {report['ops'].get('state')} {report['ops'].get('error') or ''}".rstrip(),
+        "  environment",
+    ]
+    for name, value in report["env"].items():
+        lines.append(f"    {name:24s}{'(unset)' if value is None else repr(value)}")
+    if report["config_error"]:
+        lines.append(f"  CONFIG ERROR      {report['config_error']} (FastDeploy would run unpatched)")
+    if not report["fd_plugins_lists_us"]:
+        lines.append("  note              FD_PLUGINS does not list 'fd_async_copy': FastDeploy will not load the plugin")
+    elif not report["enabled"]:
+        lines.append("  note              FD_ASYNC_COPY is not 1: the plugin loads but stays inactive")
+    lines.append("  features")
+    for name, entry in report["features"].items():
+        lines.append(f"    {name:16s}{entry['state']:13s}{entry['reason']}")
+    return "\n".join(lines)
+
+
+def run(args) -> int:
+    report = diagnose(root=args.root)
+    if args.json:
+        json.dump(report, sys.stdout, indent=2, sort_keys=True, default=str)
+        sys.stdout.write("\n")
+    else:
+        print(format_report(report))
+    return 0

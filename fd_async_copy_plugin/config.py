@@ -1,0 +1,90 @@
+"""The ``FD_ASYNC_COPY*`` environment variables, parsed and validated in one place.
+
+Bad values never reach the decode loop: ``AsyncCopyConfig.from_env`` raises ``ConfigError`` naming the
+variable, the bad value and the allowed values, and the caller (``register()``) logs it and leaves
+FastDeploy unpatched (or re-raises in strict mode).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Mapping
+
+FEATURES = ("logprobs", "stop_flag", "sampled_tokens", "sync_scope")
+BACKENDS = ("auto", "cuda", "host")
+#: Backends accepted from Python (``enable(backend=...)``): ``sim`` is for tests only.
+API_BACKENDS = BACKENDS + ("sim",)
+
+ENV_ENABLE = "FD_ASYNC_COPY"
+ENV_FEATURES = "FD_ASYNC_COPY_FEATURES"
+ENV_BACKEND = "FD_ASYNC_COPY_BACKEND"
+ENV_STRICT = "FD_ASYNC_COPY_STRICT"
+ENV_VARS = (ENV_ENABLE, ENV_FEATURES, ENV_BACKEND, ENV_STRICT)
+
+_BOOL = {"1": True, "0": False}
+
+
+class ConfigError(ValueError):
+    """An invalid setting; the message names the variable, the value and what is allowed."""
+
+
+def _bool(name: str, raw: str | None) -> bool:
+    if raw is None or raw == "":
+        return False
+    value = raw.strip()
+    if value not in _BOOL:
+        raise ConfigError(f"{name}={raw!r} is not valid; allowed values: 1 (on) or 0 (off)")
+    return _BOOL[value]
+
+
+def parse_features(raw: str | None, source: str = ENV_FEATURES) -> tuple[str, ...]:
+    """``all`` (or unset) -> every feature; otherwise a comma list of known feature names."""
+    if raw is None or raw.strip() in ("", "all"):
+        return FEATURES
+    names = [part.strip() for part in raw.split(",") if part.strip()]
+    unknown = [n for n in names if n not in FEATURES]
+    if unknown or not names:
+        raise ConfigError(
+            f"{source}={raw!r} is not valid: unknown feature(s) {unknown or [raw]}; allowed: 'all' or a "
+            f"comma list of {', '.join(FEATURES)}"
+        )
+    return tuple(dict.fromkeys(names))  # de-duplicated, in the order given
+
+
+def parse_backend(raw: str | None, source: str = ENV_BACKEND, allowed=BACKENDS) -> str:
+    value = (raw or "auto").strip()
+    if value not in allowed:
+        raise ConfigError(f"{source}={raw!r} is not valid; allowed values: {', '.join(allowed)}")
+    return value
+
+
+@dataclass(frozen=True)
+class AsyncCopyConfig:
+    enabled: bool = False
+    features: tuple[str, ...] = FEATURES
+    backend: str = "auto"
+    strict: bool = False
+    #: raw values of the variables, for ``doctor``
+    env: Mapping[str, str | None] = field(default_factory=dict)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> "AsyncCopyConfig":
+        environ = os.environ if environ is None else environ
+        raw = {name: environ.get(name) for name in ENV_VARS}
+        return cls(
+            enabled=_bool(ENV_ENABLE, raw[ENV_ENABLE]),
+            features=parse_features(raw[ENV_FEATURES]),
+            backend=parse_backend(raw[ENV_BACKEND]),
+            strict=_bool(ENV_STRICT, raw[ENV_STRICT]),
+            env=raw,
+        )
+
+
+def strict_from_env(environ: Mapping[str, str] | None = None) -> bool:
+    """Strict mode, read on its own so a bad value elsewhere can still honour it."""
+    environ = os.environ if environ is None else environ
+    try:
+        return _bool(ENV_STRICT, environ.get(ENV_STRICT))
+    except ConfigError:
+        return False

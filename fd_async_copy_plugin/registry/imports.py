@@ -1,0 +1,146 @@
+"""Run a callback once a module is fully imported - also when it is half-initialised right now.
+
+FastDeploy's plugin hook fires in the middle of imports (fastdeploy-surface.md §1.3, platform-facts
+"Import order is not fixed"): in the GPU worker before ``gpu_model_runner`` and the sampler are
+imported at all, and in FD's own tests while ``gpu_model_runner`` is half-initialised (its class not
+yet defined). Patching must end in the same state either way, so features wait for their modules:
+
+- already fully imported: the callback runs now;
+- not imported yet: a ``sys.meta_path`` finder wraps the module's loader and runs the callback
+  right after the module finished executing;
+- half-initialised (in ``sys.modules`` with ``__spec__._initializing`` set): the callback runs on
+  the first import of anything after the module finished (checked by the same finder), or on the
+  next ``poll()`` (``status()`` polls).
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import logging
+import sys
+import threading
+from typing import Callable
+
+log = logging.getLogger("fd_async_copy")
+
+Callback = Callable[[], None]
+
+
+def _initialised(name: str) -> bool:
+    module = sys.modules.get(name)
+    if module is None:
+        return False
+    spec = getattr(module, "__spec__", None)
+    return not getattr(spec, "_initializing", False)
+
+
+class _LoaderProxy(importlib.abc.Loader):
+    def __init__(self, loader, name: str, watcher: "ImportWatcher") -> None:
+        self._loader = loader
+        self._name = name
+        self._watcher = watcher
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        self._loader.exec_module(module)
+        # Runs while importlib still marks the module as initialising; the callbacks need the
+        # module's attributes only, which are all defined now.
+        self._watcher._executed(self._name)
+
+    def __getattr__(self, item):
+        return getattr(self._loader, item)
+
+
+class ImportWatcher(importlib.abc.MetaPathFinder):
+    """One instance per process (``WATCHER``); installed in ``sys.meta_path`` on first use."""
+
+    def __init__(self) -> None:
+        self._callbacks: dict[str, list[Callback]] = {}
+        self._lock = threading.RLock()
+        self._in_find = threading.local()
+        # Modules whose body finished executing; importlib still flags them as initialising
+        # until the loader returns, which is when our callbacks run.
+        self._executed_names: set[str] = set()
+
+    # -- public --------------------------------------------------------------------------------
+    def is_ready(self, name: str) -> bool:
+        """True when ``name`` is imported and its module body has finished executing."""
+        if name not in sys.modules:
+            return False
+        return name in self._executed_names or _initialised(name)
+
+    def when_ready(self, name: str, callback: Callback) -> bool:
+        """Run ``callback`` once ``name`` is fully imported. Returns True if it ran now."""
+        if self.is_ready(name):
+            callback()
+            return True
+        with self._lock:
+            self._callbacks.setdefault(name, []).append(callback)
+            if self not in sys.meta_path:
+                sys.meta_path.insert(0, self)
+        return False
+
+    def cancel(self, callback: Callback) -> None:
+        with self._lock:
+            for name in list(self._callbacks):
+                self._callbacks[name] = [c for c in self._callbacks[name] if c is not callback]
+                if not self._callbacks[name]:
+                    del self._callbacks[name]
+            self._uninstall_if_idle()
+
+    def waiting_for(self) -> list[str]:
+        with self._lock:
+            return sorted(self._callbacks)
+
+    def poll(self) -> None:
+        """Fire callbacks of modules that finished initialising since they were registered."""
+        with self._lock:
+            ready = [name for name in self._callbacks if self.is_ready(name)]
+        for name in ready:
+            self._fire(name)
+
+    # -- importlib protocol --------------------------------------------------------------------
+    def find_spec(self, fullname, path=None, target=None):
+        if getattr(self._in_find, "active", False):
+            return None
+        self.poll()
+        with self._lock:
+            if fullname not in self._callbacks:
+                return None
+        self._in_find.active = True
+        try:
+            spec = None
+            for finder in sys.meta_path:
+                if finder is self or not hasattr(finder, "find_spec"):
+                    continue
+                spec = finder.find_spec(fullname, path, target)
+                if spec is not None:
+                    break
+        finally:
+            self._in_find.active = False
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        spec.loader = _LoaderProxy(spec.loader, fullname, self)
+        return spec
+
+    # -- internals -----------------------------------------------------------------------------
+    def _executed(self, name: str) -> None:
+        with self._lock:
+            self._executed_names.add(name)
+        self._fire(name)
+
+    def _fire(self, name: str) -> None:
+        with self._lock:
+            callbacks = self._callbacks.pop(name, [])
+            self._uninstall_if_idle()
+        for callback in callbacks:
+            callback()
+
+    def _uninstall_if_idle(self) -> None:
+        if not self._callbacks and self in sys.meta_path:
+            sys.meta_path.remove(self)
+
+
+WATCHER = ImportWatcher()

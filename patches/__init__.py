@@ -1,0 +1,22 @@
+"""The built-in patch sets of fd-async-copy, one module per feature.
+
+Installed as ``fd_async_copy_plugin.patches`` and registered through the ``fd_async_copy``
+entry-point group (``builtin``), the same way a third-party patch set registers.
+
+| module | features | mirrors | FastDeploy versions that need it |
+|---|---|---|---|
+| ``logprobs.py`` | ``logprobs`` | FD PR #6362 | 2.4 (backport); 2.5+ (fixes per-step pinned allocations) |
+| ``sync_scope.py`` | ``sync_scope`` | fixes #6362's device-wide sync and ``slice_rows`` copies | 2.5+ |
+| ``stop_flag.py`` | ``stop_flag``, ``sampled_tokens`` | FD PR #6176 | 2.4 only (native on 2.5+) |
+"""
+
+from __future__ import annotations
+
+from fd_async_copy_plugin.registry.hookspecs import hookimpl
+
+
+@hookimpl
+def fd_async_copy_features():
+    from . import logprobs, stop_flag, sync_scope
+
+    return [*logprobs.FEATURES, *sync_scope.FEATURES, *stop_flag.FEATURES]

@@ -1,0 +1,248 @@
+"""Feature ``logprobs``: logprob D2H copies into preallocated, reused pinned buffers.
+
+Why:    With ``--enable-logprob``, FastDeploy 2.4's ``Sampler.gather_logprobs`` ends with three
+        blocking ``.cpu()`` copies: the host stalls every step until the GPU drains. FD 2.5
+        (PR #6362) made them non-blocking but allocates three new pinned tensors (plus three
+        pageable ones and three host memcpys of uninitialised data) every step; freeing pinned
+        memory in a loop is a hidden device sync (~1.2-2.5 ms per free on an H200).
+How:    The same maths, then ``copy_d2h`` of the three results into a slot of a ``PinnedRing``
+        (allocated once, grown once when a request asks for more, never freed in the loop) and one
+        recorded event. The returned ``LogprobsTensors`` is a subclass whose fields are the pinned
+        buffers; every consumer waits on the event at the last moment: the save op guard
+        (``save_output_topk``), ``slice_rows``/``tolists`` (ZMQ output path), prompt logprobs (which
+        receive host-owned tensors), and 2.4's Keep-Sampling-Mask renormalisation in
+        ``post_process_normal`` (the only consumer that reads before the save). A slot is reused only
+        when nothing references its buffers any more (see ``runtime/ring.py``).
+Mirrors: FastDeploy PR #6362 (async logprob copy).
+FD:     2.4 (backport), 2.5 and 2.6+/develop (replaces the per-step pinned allocations). Not for the
+        speculative/MTP samplers (their ``gather_logprobs`` return GPU tensors; left untouched) nor
+        non-CUDA platforms sharing ``Sampler`` (XPU, Iluvatar, GCU, DCU, Metax: original code runs).
+Delete: when FastDeploy's ``gather_logprobs`` copies into preallocated pinned buffers.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import textwrap
+import threading
+
+import paddle
+
+from fd_async_copy_plugin import runtime
+from fd_async_copy_plugin.registry.patch import Feature, IncompatibleError, Patch, Target
+
+from ._consumers import build_guard
+
+SAMPLER = "model_executor.layers.sample.sampler"
+OUTPUT = "worker.output"
+POSTPROC = "model_executor.pre_and_post_process"
+RUNNER = "worker.gpu_model_runner"
+
+FIELDS = ("logprob_token_ids", "logprobs", "selected_token_ranks")
+DTYPES = {"logprob_token_ids": "int64", "logprobs": "float32", "selected_token_ranks": "int64"}
+#: FastDeploy's default ``max_logprobs``; the ring grows once if a request asks for more.
+DEFAULT_MAX_LOGPROBS = 20
+RING_SLOTS = 2  # step N may be saved after step N+1 gathered (2.5+ overlap schedule)
+
+_GATHER_CALLS = {"clip_", "take_along_axis", "batched_count_greater_than", "topk", "concat"}
+
+
+def _called_names(fn) -> set[str]:
+    source = textwrap.dedent(inspect.getsource(fn))
+    names = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call):
+            func = node.func
+            if isinstance(func, ast.Attribute):
+                names.add(func.attr)
+            elif isinstance(func, ast.Name):
+                names.add(func.id)
+    return names
+
+
+def check_gather_logprobs(original, ctx) -> None:
+    params = list(inspect.signature(original).parameters)
+    if params != ["self", "logprobs", "num_logprobs", "token_ids"]:
+        raise IncompatibleError(f"Sampler.gather_logprobs{tuple(params)} has an unexpected signature")
+    try:
+        called = _called_names(original)
+    except (OSError, TypeError, SyntaxError) as exc:
+        raise IncompatibleError(f"cannot read Sampler.gather_logprobs source: {exc}") from exc
+    missing = _GATHER_CALLS - called
+    if missing:
+        raise IncompatibleError(f"Sampler.gather_logprobs no longer calls {sorted(missing)}: the maths changed")
+    if not ({"cpu", "pin_memory"} & called):
+        raise IncompatibleError("Sampler.gather_logprobs copies its results in an unknown way")
+
+
+class LogprobsCopier:
+    """Per-process state of the feature: the pinned ring and the prompt-logprobs mode flag."""
+
+    def __init__(self, backend, logprobs_tensors_cls) -> None:
+        self.backend = backend
+        self.LogprobsTensors = logprobs_tensors_cls
+        self.AsyncLogprobsTensors = make_async_class(logprobs_tensors_cls, backend)
+        self.ring: runtime.PinnedRing | None = None
+        self._prompt_mode = threading.local()
+
+    def prompt_mode(self) -> bool:
+        return getattr(self._prompt_mode, "depth", 0) > 0
+
+    def enter_prompt_mode(self) -> None:
+        self._prompt_mode.depth = getattr(self._prompt_mode, "depth", 0) + 1
+
+    def exit_prompt_mode(self) -> None:
+        self._prompt_mode.depth -= 1
+
+    def _ring_for(self, sampler, rows: int, columns: int) -> runtime.PinnedRing:
+        if self.ring is None:
+            max_seqs = int(getattr(getattr(sampler, "guided_decoding", None), "max_num_seqs", 0) or 0)
+            rows = max(rows, max_seqs)
+            cols = max(columns, DEFAULT_MAX_LOGPROBS + 1)
+            capacity = {"logprob_token_ids": rows * cols, "logprobs": rows * cols, "selected_token_ranks": rows}
+            self.ring = runtime.PinnedRing(self.backend, "logprobs", DTYPES, capacity, slots=RING_SLOTS)
+        return self.ring
+
+    def copy(self, sampler, indices, top_logprobs, token_ranks):
+        """Issue the three non-blocking copies and record one event; return the async result."""
+        shapes = {
+            "logprob_token_ids": list(indices.shape),
+            "logprobs": list(top_logprobs.shape),
+            "selected_token_ranks": list(token_ranks.shape),
+        }
+        ring = self._ring_for(sampler, int(indices.shape[0]), int(indices.shape[-1]))
+        slot = ring.acquire("gather_logprobs", shapes)
+        sources = {"logprob_token_ids": indices, "logprobs": top_logprobs, "selected_token_ranks": token_ranks}
+        for name in FIELDS:
+            self.backend.copy_d2h(slot.buffers[name], sources[name], f"gather_logprobs.{name}")
+        event = self.backend.record("gather_logprobs")
+        result = self.AsyncLogprobsTensors(*(slot.buffers[name] for name in FIELDS))
+        result._fdac_event = event
+        if self.prompt_mode():
+            # Prompt logprobs are copied by FastDeploy into its own CPU buffers right away: hand it
+            # host-owned tensors (one event-scoped wait per chunk; 2.5 does a device-wide sync here).
+            return result.materialize("prompt_logprobs")
+        return result
+
+
+def make_async_class(base, backend):
+    """A subclass of FastDeploy's ``LogprobsTensors`` whose fields are pinned ring buffers."""
+
+    class AsyncLogprobsTensors(base):
+        """``LogprobsTensors`` backed by pinned buffers, valid once ``_fdac_event`` completed.
+
+        Consumers never run Paddle ops on the fields: every method below reads through
+        ``backend.to_host``, which waits on the copy event first.
+        """
+
+        def materialize(self, reader: str = "logprobs"):
+            """Host-owned ``LogprobsTensors`` (pageable CPU tensors), after the copy event."""
+            cached = self.__dict__.get("_fdac_host")
+            if cached is None:
+                cached = base(*(backend.to_host(field, reader) for field in self))
+                self.__dict__["_fdac_host"] = cached
+            return cached
+
+        def slice_rows(self, start: int, end: int):
+            # O(rows sliced): only those rows are read from pinned memory.
+            return base(*(backend.to_host(field, "slice_rows", start, end) for field in self))
+
+        def tolists(self):
+            return self.materialize("tolists").tolists()
+
+        def __reduce__(self):
+            # Pickled (e.g. onto a queue) as FastDeploy's own class with host-owned data.
+            materialized = self.materialize("pickle")
+            return (base, tuple(materialized))
+
+    AsyncLogprobsTensors.__qualname__ = f"{base.__qualname__}[fd_async_copy]"
+    return AsyncLogprobsTensors
+
+
+def build_gather_logprobs(original, ctx):
+    sampler_module = ctx.module(SAMPLER)
+    copier: LogprobsCopier = ctx.state["logprobs"]
+    count_greater = sampler_module.batched_count_greater_than
+    platform = getattr(sampler_module, "current_platform", None)
+
+    def gather_logprobs(self, logprobs, num_logprobs, token_ids):
+        if platform is not None and not platform.is_cuda():
+            return original(self, logprobs, num_logprobs, token_ids)  # XPU/Iluvatar/...: untouched
+        # The maths of FastDeploy's gather_logprobs, unchanged (bit-identical results).
+        assert token_ids.dtype == paddle.int64
+        logprobs.clip_(min=paddle.finfo(logprobs.dtype).min)
+        if len(token_ids.shape) < len(logprobs.shape):
+            token_ids = token_ids.unsqueeze(-1)
+        token_logprobs = paddle.take_along_axis(logprobs, token_ids, axis=-1)
+        token_ranks = count_greater(logprobs, token_logprobs)
+        if num_logprobs >= 1:
+            topk_logprobs, topk_indices = paddle.topk(logprobs, num_logprobs, axis=-1)
+            indices = paddle.concat([token_ids, topk_indices], axis=1)
+            top_logprobs = paddle.concat([token_logprobs, topk_logprobs], axis=1)
+        else:
+            indices = token_ids
+            top_logprobs = token_logprobs
+        # Only the copies differ: non-blocking, into reused pinned buffers, one event.
+        return copier.copy(self, indices, top_logprobs, token_ranks)
+
+    gather_logprobs.__doc__ = original.__doc__
+    gather_logprobs.__wrapped__ = original
+    return gather_logprobs
+
+
+def build_prompt_logprobs(original, ctx):
+    copier: LogprobsCopier = ctx.state["logprobs"]
+
+    def _get_prompt_logprobs_list(self, hidden_states):
+        copier.enter_prompt_mode()
+        try:
+            return original(self, hidden_states)
+        finally:
+            copier.exit_prompt_mode()
+
+    _get_prompt_logprobs_list.__wrapped__ = original
+    return _get_prompt_logprobs_list
+
+
+def build_post_process_normal(original, ctx):
+    copier: LogprobsCopier = ctx.state["logprobs"]
+
+    def post_process_normal(sampler_output, *args, **kwargs):
+        tensors = getattr(sampler_output, "logprobs_tensors", None)
+        if isinstance(tensors, copier.AsyncLogprobsTensors) and getattr(sampler_output, "logz_per_batch", None) is not None:
+            # Keep-Sampling-Mask (2.4 only) renormalises the logprobs with Paddle ops before the
+            # save: give it host-owned tensors read after the copy event.
+            sampler_output.logprobs_tensors = tensors.materialize("ksm_renormalize")
+        return original(sampler_output, *args, **kwargs)
+
+    post_process_normal.__wrapped__ = original
+    return post_process_normal
+
+
+class LogprobsFeature(Feature):
+    name = "logprobs"
+    mirrors = "FastDeploy PR #6362 (async logprob copy), with preallocated pinned buffers"
+    profiles = {"fastdeploy-2.4": "apply", "fastdeploy-2.5": "apply", "fastdeploy-2.6+": "apply"}
+
+    def patches(self, ctx):
+        patches = [
+            Patch(Target(SAMPLER, "Sampler.gather_logprobs"), build_gather_logprobs, check_gather_logprobs),
+            Patch(Target(RUNNER, "GPUModelRunner._get_prompt_logprobs_list"), build_prompt_logprobs),
+            Patch(Target(POSTPROC, "save_output_topk"), build_guard("save_output_topk")),
+        ]
+        if ctx.profile == "fastdeploy-2.4":
+            patches.append(Patch(Target(POSTPROC, "post_process_normal"), build_post_process_normal))
+        return patches
+
+    def prepare(self, ctx):
+        ctx.state["logprobs"] = LogprobsCopier(ctx.backend, ctx.module(OUTPUT).LogprobsTensors)
+
+    def modules(self, ctx):
+        return sorted({SAMPLER, OUTPUT, POSTPROC, RUNNER})
+
+    def teardown(self, ctx):
+        ctx.state.pop("logprobs", None)
+
+
+FEATURES = [LogprobsFeature()]

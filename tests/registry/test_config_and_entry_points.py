@@ -1,0 +1,147 @@
+"""Environment parsing, the FastDeploy entry point, and the ``register()`` contract."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import logging
+import subprocess
+import sys
+
+import pytest
+
+import fd_async_copy_plugin
+from fd_async_copy_plugin.config import AsyncCopyConfig, ConfigError, FEATURES
+from fd_async_copy_plugin.registry.manager import collect_features, plugin_manager
+
+
+def test_defaults_mean_loaded_but_inactive():
+    config = AsyncCopyConfig.from_env({})
+    assert (config.enabled, config.features, config.backend, config.strict) == (False, FEATURES, "auto", False)
+
+
+def test_valid_values():
+    config = AsyncCopyConfig.from_env(
+        {"FD_ASYNC_COPY": "1", "FD_ASYNC_COPY_FEATURES": "logprobs, stop_flag", "FD_ASYNC_COPY_BACKEND": "host", "FD_ASYNC_COPY_STRICT": "1"}
+    )
+    assert config.enabled and config.strict
+    assert config.features == ("logprobs", "stop_flag")
+    assert config.backend == "host"
+
+
+@pytest.mark.parametrize(
+    "name, value, allowed",
+    [
+        ("FD_ASYNC_COPY", "yes", "1 (on) or 0 (off)"),
+        ("FD_ASYNC_COPY_FEATURES", "logprobs,bogus", "logprobs, stop_flag, sampled_tokens, sync_scope"),
+        ("FD_ASYNC_COPY_FEATURES", ",", "'all'"),
+        ("FD_ASYNC_COPY_BACKEND", "gpu", "auto, cuda, host"),
+        ("FD_ASYNC_COPY_BACKEND", "sim", "auto, cuda, host"),
+        ("FD_ASYNC_COPY_STRICT", "true", "1 (on) or 0 (off)"),
+    ],
+)
+def test_bad_values_name_variable_value_and_allowed(name, value, allowed):
+    with pytest.raises(ConfigError) as info:
+        AsyncCopyConfig.from_env({name: value})
+    message = str(info.value)
+    assert name in message and repr(value) in message and allowed in message
+
+
+def test_entry_point_is_discoverable_in_fastdeploys_group():
+    eps = importlib.metadata.entry_points(group="fastdeploy.model_register_plugins")
+    ours = [ep for ep in eps if ep.name == "fd_async_copy"]
+    assert len(ours) == 1
+    assert ours[0].load() is fd_async_copy_plugin.register
+
+
+def test_builtin_patch_sets_register_through_the_entry_point_group():
+    eps = importlib.metadata.entry_points(group="fd_async_copy")
+    assert "builtin" in {ep.name for ep in eps}
+    features = collect_features(plugin_manager())
+    assert set(FEATURES) <= set(features)
+
+
+def test_register_inactive_by_default_logs_how_to_enable(monkeypatch, caplog):
+    for name in ("FD_ASYNC_COPY", "FD_ASYNC_COPY_FEATURES", "FD_ASYNC_COPY_BACKEND", "FD_ASYNC_COPY_STRICT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(fd_async_copy_plugin, "_inactive_logged", False)
+    caplog.set_level(logging.INFO, logger="fd_async_copy")
+    monkeypatch.setattr(logging.getLogger("fd_async_copy"), "propagate", True)
+    fd_async_copy_plugin.register()
+    fd_async_copy_plugin.register()  # idempotent, logs once
+    lines = [r.getMessage() for r in caplog.records if "inactive" in r.getMessage()]
+    assert len(lines) == 1 and "FD_ASYNC_COPY=1" in lines[0]
+    assert fd_async_copy_plugin.status()["enabled"] is False
+
+
+def test_register_with_bad_value_leaves_fastdeploy_unpatched(monkeypatch, caplog):
+    monkeypatch.setenv("FD_ASYNC_COPY", "1")
+    monkeypatch.setenv("FD_ASYNC_COPY_BACKEND", "gpu")
+    monkeypatch.delenv("FD_ASYNC_COPY_STRICT", raising=False)
+    monkeypatch.setattr(logging.getLogger("fd_async_copy"), "propagate", True)
+    caplog.set_level(logging.INFO, logger="fd_async_copy")
+    fd_async_copy_plugin.register()
+    assert any("FD_ASYNC_COPY_BACKEND='gpu'" in r.getMessage() for r in caplog.records)
+    assert fd_async_copy_plugin.status()["enabled"] is False
+
+
+def test_register_with_bad_value_raises_in_strict_mode(monkeypatch):
+    monkeypatch.setenv("FD_ASYNC_COPY", "1")
+    monkeypatch.setenv("FD_ASYNC_COPY_FEATURES", "nope")
+    monkeypatch.setenv("FD_ASYNC_COPY_STRICT", "1")
+    with pytest.raises(ConfigError, match="FD_ASYNC_COPY_FEATURES='nope'"):
+        fd_async_copy_plugin.register()
+
+
+def test_enable_rejects_bad_arguments_before_touching_anything():
+    with pytest.raises(ConfigError, match="backend='gpu'"):
+        fd_async_copy_plugin.enable(backend="gpu")
+    with pytest.raises(ConfigError, match="unknown feature"):
+        fd_async_copy_plugin.enable(features=["logprobs", "nope"])
+    assert fd_async_copy_plugin.status()["enabled"] is False
+
+
+def test_backend_auto_stands_down_on_cpu_paddle_with_reason():
+    try:
+        status = fd_async_copy_plugin.enable(root="fd_async_copy_plugin.reference.fd24")
+        for name, entry in status["features"].items():
+            if entry["state"] == "skipped":
+                assert "CUDA" in entry["reason"] or "custom ops" in entry["reason"] or "not for" in entry["reason"], entry
+        assert all(e["state"] != "applied" for e in status["features"].values())
+    finally:
+        fd_async_copy_plugin.disable()
+
+
+def test_strict_mode_turns_skips_into_an_error_and_reverts():
+    from fd_async_copy_plugin.registry.manager import StrictModeError
+
+    with pytest.raises(StrictModeError, match="logprobs"):
+        fd_async_copy_plugin.enable(features="logprobs", backend="auto", strict=True, root="no_such_fastdeploy")
+    assert fd_async_copy_plugin.status()["enabled"] is False
+
+
+def test_doctor_json_has_the_status_shape():
+    out = subprocess.run(
+        [sys.executable, "-m", "fd_async_copy_plugin.cli", "doctor", "--json", "--root", "fd_async_copy_plugin.reference.fd24"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    report = json.loads(out)
+    for key in ("enabled", "fastdeploy_version", "profile", "backend", "features", "ops", "paddle", "env"):
+        assert key in report, key
+    assert set(report["features"]) == set(FEATURES)
+    for entry in report["features"].values():
+        assert set(entry) == {"state", "reason"}
+        assert entry["state"] in ("would-apply", "native", "skipped", "failed")
+
+
+def test_doctor_human_output_reports_bad_env():
+    out = subprocess.run(
+        [sys.executable, "-m", "fd_async_copy_plugin.cli", "doctor"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**__import__("os").environ, "FD_ASYNC_COPY_BACKEND": "gpu"},
+    ).stdout
+    assert "CONFIG ERROR" in out and "FD_ASYNC_COPY_BACKEND='gpu'" in out
