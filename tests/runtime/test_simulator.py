@@ -1,0 +1,113 @@
+"""The race-detecting simulator: each kind of wait releases exactly what it would on a GPU."""
+
+from __future__ import annotations
+
+import numpy as np
+import paddle
+import pytest
+
+from fd_async_copy_plugin.runtime import (
+    AsyncCopyError,
+    BufferInUseError,
+    HostBackend,
+    PendingCopyError,
+    SimulatedBackend,
+    collecting,
+)
+from fd_async_copy_plugin.runtime.simulated import POISON_INT
+
+
+def issue(backend, dtype, values, label="copy"):
+    buf = backend.new_pinned([16], dtype, f"buf-{label}")
+    backend.copy_d2h(buf, paddle.to_tensor(values, dtype=dtype), label)
+    return buf
+
+
+@pytest.mark.parametrize(
+    "dtype, values, poisoned",
+    [
+        ("float32", [1.5, -2.0], lambda a: np.isnan(a).all()),
+        ("int64", [3, 4], lambda a: (a == POISON_INT).all()),
+        ("int32", [3, 4], lambda a: (a == POISON_INT).all()),
+        ("bool", [True, False], lambda a: a.tolist() == [False, True]),
+    ],
+)
+def test_pending_copy_is_poison_until_its_event_is_waited(dtype, values, poisoned):
+    sim = SimulatedBackend()
+    buf = issue(sim, dtype, values)
+    assert poisoned(buf.numpy())  # what unguarded code (FD's own .numpy()) would see
+    with pytest.raises(PendingCopyError, match="buf-copy"):
+        sim.read(buf, "reader")
+    sim.wait(sim.record("event"), "consumer")
+    assert sim.read(buf, "reader").tolist() == values
+
+
+def test_an_event_covers_only_copies_issued_before_it_was_recorded():
+    sim = SimulatedBackend()
+    first = issue(sim, "int64", [1], "first")
+    early = sim.record("early")
+    second = issue(sim, "int64", [2], "second")
+    sim.wait(early, "consumer")
+    assert sim.read(first, "r").tolist() == [1]
+    with pytest.raises(PendingCopyError, match="second"):  # waited on the wrong (earlier) event
+        sim.read(second, "r")
+
+
+@pytest.mark.parametrize("sync", ["device_synchronize", "stream_synchronize"])
+def test_stream_and_device_synchronize_land_everything(sync):
+    sim = SimulatedBackend()
+    bufs = [issue(sim, "float32", [float(i)], f"c{i}") for i in range(3)]
+    getattr(sim, sync)("test")
+    assert [sim.read(b, "r").tolist() for b in bufs] == [[0.0], [1.0], [2.0]]
+
+
+def test_copy_sees_the_source_as_it_was_when_issued():
+    sim = SimulatedBackend()
+    src = paddle.to_tensor([1, 2], dtype="int64")
+    buf = sim.new_pinned([2], "int64", "b")
+    sim.copy_d2h(buf, src, "c")
+    src.set_value(paddle.to_tensor([9, 9], dtype="int64"))  # later device work (stream order)
+    sim.wait(sim.record("e"), "r")
+    assert sim.read(buf, "r").tolist() == [1, 2]
+
+
+def test_copy_into_a_held_buffer_names_both_parties():
+    sim = SimulatedBackend()
+    buf = issue(sim, "int64", [1], "step1")
+    sim.hold(buf, "save_output_topk(step 1)")
+    with pytest.raises(BufferInUseError, match=r"step2.*buf-step1.*save_output_topk\(step 1\)"):
+        sim.copy_d2h(buf, paddle.to_tensor([2], dtype="int64"), "step2")
+    sim.release(buf, "save_output_topk(step 1)")
+    sim.copy_d2h(buf, paddle.to_tensor([2], dtype="int64"), "step2")
+
+
+def test_to_host_without_a_recorded_event_is_a_producer_bug():
+    sim = SimulatedBackend()
+    buf = issue(sim, "int64", [1], "orphan")
+    with pytest.raises(AsyncCopyError, match="no event was recorded"):
+        sim.to_host(buf, "consumer")
+
+
+def test_to_host_waits_once_and_reads_only_the_rows_asked_for():
+    sim = SimulatedBackend()
+    buf = sim.new_pinned([64], "float32", "rows")
+    sim.copy_d2h(buf, paddle.arange(12, dtype="float32").reshape([4, 3]), "c")
+    sim.record("e")
+    with collecting() as census:
+        census.begin_step()
+        row = sim.to_host(buf, "slice", 2, 3)
+        again = sim.to_host(buf, "slice", 3, 4)
+    assert row.numpy().tolist() == [[6.0, 7.0, 8.0]] and again.numpy().tolist() == [[9.0, 10.0, 11.0]]
+    assert row.place.is_cpu_place()
+    assert census.steps[0].count("event_wait") == 1  # the second read finds the event complete
+
+
+def test_host_backend_copies_synchronously_and_counts_the_same_interactions():
+    host = HostBackend()
+    with collecting() as census:
+        census.begin_step()
+        buf = issue(host, "int64", [5, 6])
+        assert buf.numpy()[:2].tolist() == [5, 6]
+        host.to_host(buf, "r")
+    counts = census.steps[0].counts()
+    assert counts["async_d2h"] == 1 and counts["pinned_alloc"] == 1 and counts["host_read"] == 1
