@@ -180,6 +180,11 @@ class PatchManager:
             WATCHER.when_ready(module, on_import)
 
     def _apply(self, feature: Feature, ctx: PatchContext) -> None:
+        unmet = [r for r in feature.requires if self.states.get(r, FeatureState("", "")).state != "applied"]
+        if unmet:
+            detail = ", ".join(f"{r} is {self.states[r].state if r in self.states else 'not requested'}" for r in unmet)
+            self._set_state(feature.name, "skipped", f"needs {detail}")
+            return
         try:
             self.applied[feature.name] = apply_feature(feature, ctx)
         except IncompatibleError as exc:

@@ -1,0 +1,90 @@
+"""``fd-async-copy selftest``: decode on the reference FastDeploy with the plugin off and on.
+
+Outputs (tokens, stop decisions, logprobs, prompt logprobs, every saved message and ZMQ payload)
+must be bit-identical. With backend ``auto`` it uses ``cuda`` where Paddle can (real pinned memory
+and events), otherwise ``host``; on CPU it also runs the race-detecting simulator (``sim``).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+
+def _backends(requested: str) -> tuple[list[str], str]:
+    from ..runtime.cuda import cuda_available
+
+    if requested != "auto":
+        return [requested], ""
+    ok, why = cuda_available()
+    if ok:
+        return ["cuda"], ""
+    return ["host", "sim"], f"CUDA unavailable ({why}): ran backends host and sim instead of cuda"
+
+
+def run(args) -> int:
+    from ..harness import census_row, run_scenario, selftest_scenarios
+
+    backends, note = _backends(args.backend)
+    report = {"backends": backends, "note": note, "scenarios": [], "ok": True}
+    started = time.perf_counter()
+    for scenario in selftest_scenarios(args.steps):
+        for backend in backends:
+            entry = {"scenario": scenario.name, "backend": backend}
+            try:
+                base, plugin = run_scenario(scenario, backend)
+            except Exception as exc:  # report, do not hide: a selftest failure is the signal
+                entry.update(ok=False, error=f"{type(exc).__name__}: {exc}")
+                report["ok"] = False
+                report["scenarios"].append(entry)
+                continue
+            diffs = base.result.differences(plugin.result)
+            features = (plugin.status or {}).get("features", {})
+            entry.update(
+                ok=not diffs and not base.result.truncated,
+                differences=diffs[:10],
+                steps=plugin.result.steps,
+                requests=len(plugin.result.outputs),
+                messages=len(plugin.result.messages),
+                features={n: f["state"] for n, f in features.items()},
+                census_unpatched=census_row(base),
+                census_plugin=census_row(plugin),
+            )
+            report["ok"] &= entry["ok"]
+            report["scenarios"].append(entry)
+    report["seconds"] = round(time.perf_counter() - started, 1)
+    if args.json:
+        json.dump(report, sys.stdout, indent=2, default=str)
+        sys.stdout.write("\n")
+    else:
+        print(format_report(report))
+    return 0 if report["ok"] else 1
+
+
+def format_report(report: dict) -> str:
+    lines = ["fd-async-copy selftest: reference FastDeploy, plugin off vs on"]
+    if report["note"]:
+        lines.append(f"  note: {report['note']}")
+    for entry in report["scenarios"]:
+        verdict = "bit-identical" if entry["ok"] else "MISMATCH"
+        lines.append(f"  [{entry['backend']:4s}] {entry['scenario']}")
+        if "error" in entry:
+            lines.append(f"         ERROR {entry['error']}")
+            continue
+        applied = ", ".join(f"{n}={s}" for n, s in entry["features"].items())
+        before, after = entry["census_unpatched"], entry["census_plugin"]
+        lines.append(
+            f"         {verdict}: {entry['requests']} requests, {entry['steps']} steps, {entry['messages']} saved messages"
+        )
+        lines.append(f"         features: {applied}")
+        lines.append(
+            "         per step on patched paths: blocking D2H "
+            f"{before['blocking_d2h']:.2f} -> {after['blocking_d2h']:.2f}, event waits "
+            f"{before['event_wait']:.2f} -> {after['event_wait']:.2f}, device syncs "
+            f"{before['device_sync']:.2f} -> {after['device_sync']:.2f}"
+        )
+        for diff in entry.get("differences", []):
+            lines.append(f"         - {diff}")
+    lines.append(f"  result: {'PASS' if report['ok'] else 'FAIL'} ({report['seconds']} s)")
+    return "\n".join(lines)

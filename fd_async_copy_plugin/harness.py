@@ -1,0 +1,240 @@
+"""Side-by-side runs of the reference FastDeploy: unpatched 2.4, native 2.5, and the plugin.
+
+Shared by ``fd-async-copy selftest``, ``fd-async-copy bench`` and the tests: one place that knows
+how to build a workload, run a variant with a sync census, and report the census per decode step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from dataclasses import dataclass, field
+
+from . import disable, enable
+from .reference import ROOTS
+from .reference.driver import DecodeResult, DriverConfig, Request, run_decode
+from .runtime import SyncCensus, census as census_module, collecting
+
+#: Census sites on the paths the plugin patches (gather_logprobs, update op, save ops, ZMQ
+#: payload, prompt logprobs). Other host syncs of FastDeploy 2.4 (get_padding_offset, bad_tokens_len,
+#: exist_prefill: fastdeploy-surface.md §2.5 S1-S3/S7) are outside this plugin's scope and are
+#: reported separately.
+PATCHED_PATHS = (
+    "Sampler.gather_logprobs",
+    "gather_logprobs",
+    "update_inputs",
+    "save_output",
+    "_build_stream_transfer_data",
+    "_get_prompt_logprobs_list",
+    "prompt_logprobs",
+    "slice_rows",
+    "not_need_stop",
+    "sampled_token_ids",
+    "post_process",
+)
+
+
+def on_patched_path(site: str) -> bool:
+    return site.startswith(PATCHED_PATHS)
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    root: str
+    plugin: bool
+    features: tuple[str, ...] | None = None
+
+
+VARIANTS = {
+    "fd24-unpatched": Variant("fd24-unpatched", ROOTS["fd24"], False),
+    "fd25-native": Variant("fd25-native", ROOTS["fd25"], False),
+    "fd24-plugin": Variant("fd24-plugin", ROOTS["fd24"], True),
+    "fd25-plugin": Variant("fd25-plugin", ROOTS["fd25"], True),
+}
+
+
+@contextlib.contextmanager
+def plugin_state(variant: Variant, backend: str):
+    """Enable the plugin for ``variant`` (or make sure it is off); always disabled afterwards."""
+    disable()
+    status = None
+    if variant.plugin:
+        status = enable(features=variant.features, backend=backend, root=variant.root)
+    try:
+        yield status
+    finally:
+        disable()
+
+
+@dataclass
+class VariantRun:
+    variant: Variant
+    result: DecodeResult
+    census: SyncCensus
+    step_seconds: list[float] = field(default_factory=list)
+    status: dict | None = None
+
+
+def run_variant(variant: Variant, config: DriverConfig, requests, *, backend: str = "host",
+                max_steps: int = 256, arrivals=None) -> VariantRun:
+    times: list[float] = []
+    last = [time.perf_counter()]
+
+    def on_step(step, runner):
+        now = time.perf_counter()
+        times.append(now - last[0])
+        last[0] = now
+
+    with plugin_state(variant, backend) as status, collecting() as census:
+        last[0] = time.perf_counter()
+        result = run_decode(variant.root, config, requests, arrivals=arrivals, max_steps=max_steps, on_step=on_step)
+    return VariantRun(variant, result, census, times, status)
+
+
+def census_row(run: VariantRun, skip: int = 2) -> dict:
+    """Per-step means over steps after ``skip`` warm-up steps, split by patched path or not."""
+    steps = run.census.steps[skip:] or run.census.steps
+    n = max(1, len(steps))
+    row: dict = {"steps": len(steps)}
+    for kind in census_module.KINDS:
+        on = sum(1 for s in steps for k, site in s.events if k == kind and on_patched_path(site))
+        off = sum(1 for s in steps for k, site in s.events if k == kind and not on_patched_path(site))
+        row[kind] = on / n
+        row[f"{kind}_elsewhere"] = off / n
+    row["first_read_after_wait"] = all(
+        _first_patched_read_after_wait(s) in (True, None) for s in steps
+    )
+    row["pinned_alloc_after_warmup"] = sum(s.count("pinned_alloc") + s.count("pinned_free") for s in steps)
+    return row
+
+
+def _first_patched_read_after_wait(step) -> bool | None:
+    waited = False
+    for kind, site in step.events:
+        if not on_patched_path(site):
+            continue
+        if kind in ("blocking_d2h", "device_sync", "stream_sync", "event_wait"):
+            waited = True
+        elif kind == "host_read":
+            return waited
+    return None
+
+
+CENSUS_COLUMNS = (
+    ("blocking_d2h", "blocking D2H"),
+    ("device_sync", "device syncs"),
+    ("stream_sync", "stream syncs"),
+    ("event_wait", "event waits"),
+    ("pinned_alloc", "pinned allocs"),
+    ("pinned_free", "pinned frees"),
+    ("op_on_pinned", "ops on pinned"),
+    ("async_d2h", "async D2H"),
+)
+
+
+def format_census(rows: dict[str, dict]) -> str:
+    """A table: one row per variant, per-step means on the patched paths."""
+    header = f"{'per decode step (patched paths)':34s}" + "".join(f"{label:>15s}" for _, label in CENSUS_COLUMNS)
+    header += f"{'read after wait':>17s}{'other blocking D2H':>20s}"
+    lines = [header]
+    for name, row in rows.items():
+        cells = "".join(f"{row[key]:15.2f}" for key, _ in CENSUS_COLUMNS)
+        lines.append(
+            f"{name:34s}{cells}{str(row['first_read_after_wait']):>17s}{row['blocking_d2h_elsewhere']:20.2f}"
+        )
+    lines.append(
+        "other blocking D2H: FastDeploy 2.4 syncs outside the patched paths (get_padding_offset, "
+        "bad_tokens_len, exist_prefill), out of this plugin's scope."
+    )
+    return "\n".join(lines)
+
+
+def summarize_times(seconds: list[float]) -> dict:
+    if not seconds:
+        return {"median_ms": float("nan"), "p90_ms": float("nan"), "n": 0}
+    ordered = sorted(seconds)
+    p90 = ordered[min(len(ordered) - 1, int(round(0.9 * (len(ordered) - 1))))]
+    return {"median_ms": statistics.median(ordered) * 1e3, "p90_ms": p90 * 1e3, "n": len(ordered)}
+
+
+def logprob_workload(batch: int, top_k: int, vocab: int, steps: int, *, save_output_v1: bool = False):
+    """``batch`` requests decoding with ``top_k`` logprobs, all admitted at step 0."""
+    config = DriverConfig(
+        max_num_seqs=batch,
+        vocab_size=vocab,
+        enable_logprob=True,
+        max_logprobs=max(20, top_k),
+        max_model_len=max(64, steps + 16),
+        save_output_v1=save_output_v1,
+    )
+    requests = [
+        Request(
+            f"bench-{i}",
+            [(7 * i + j) % (vocab - 3) + 3 for j in range(4)],
+            max_tokens=steps,
+            eos_token_ids=[vocab + 1],  # never sampled: every request runs the full length
+            logprobs=top_k,
+        )
+        for i in range(batch)
+    ]
+    return config, requests
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    replica: str  # "fd24" or "fd25"
+    config: DriverConfig
+    requests: tuple
+    arrivals: dict | None = None
+
+
+def selftest_scenarios(steps: int = 48) -> list[Scenario]:
+    """Mixed workloads covering the patched paths: every logprob width, eos, stop sequences,
+    max_tokens=1, chunked prefill, prompt logprobs, block steps, mid-run arrivals, both output
+    paths (save ops and the ZMQ thread), and FastDeploy 2.5's overlap schedule."""
+    eos = [2]
+
+    def req(i, n_prompt, max_tokens, **kw):
+        prompt = [(11 * i + 5 * j) % 1000 + 3 for j in range(n_prompt)]
+        return Request(f"req{i}", prompt, max_tokens=max_tokens, eos_token_ids=eos, **kw)
+
+    mixed = (
+        req(0, 5, steps, logprobs=0),
+        req(1, 9, steps // 2, logprobs=1),
+        req(2, 20, 1, logprobs=5),
+        req(3, 13, steps, logprobs=20, stop_seqs=[[17, 23]]),
+        req(4, 3, steps - 5),
+        req(5, 30, steps // 3, logprobs=5),
+        req(6, 7, steps, logprobs=20),
+    )
+    later = {3: (req(7, 11, steps // 2, logprobs=5),), 9: (req(8, 4, 3, logprobs=1),)}
+    base = dict(max_num_seqs=8, vocab_size=1024, max_model_len=128, enable_logprob=True, chunk_size=8)
+    zmq = (
+        req(10, 17, steps // 2, logprobs=-1, prompt_logprobs=5),
+        req(11, 25, steps // 2, logprobs=3, prompt_logprobs=-1),
+        req(12, 6, steps, logprobs=20),
+    )
+    return [
+        Scenario("fd24 save ops: logprobs 0/1/5/20, chunked prefill, arrivals, block steps", "fd24",
+                 DriverConfig(**base, num_gpu_blocks=14), mixed, later),
+        Scenario("fd24 ZMQ output thread: logprobs -1, prompt logprobs", "fd24",
+                 DriverConfig(**base, save_output_v1=True), zmq),
+        Scenario("fd24 no logprobs, legacy scheduler", "fd24",
+                 DriverConfig(max_num_seqs=8, vocab_size=1024, max_model_len=128, use_v1_scheduler=False),
+                 tuple(req(20 + i, 4 + i, steps // 2 + i) for i in range(5))),
+        Scenario("fd25 overlap schedule, ZMQ, prompt logprobs", "fd25",
+                 DriverConfig(**base, save_output_v1=True, overlap=True), zmq),
+    ]
+
+
+def run_scenario(scenario: Scenario, backend: str, max_steps: int = 400) -> tuple[VariantRun, VariantRun]:
+    root = ROOTS[scenario.replica]
+    off = Variant(f"{scenario.replica}-unpatched", root, False)
+    on = Variant(f"{scenario.replica}-plugin", root, True)
+    kwargs = dict(max_steps=max_steps, arrivals=scenario.arrivals)
+    base = run_variant(off, scenario.config, scenario.requests, backend=backend, **kwargs)
+    plugin = run_variant(on, scenario.config, scenario.requests, backend=backend, **kwargs)
+    return base, plugin
