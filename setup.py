@@ -3,15 +3,21 @@
 `patches/` lives at the top level of the repository (one module per feature, visible at a glance)
 but is installed as `fd_async_copy_plugin.patches`: a top-level module called `patches` must never
 be installed.
+
+`custom_ops/` (C++/CUDA sources) is installed as data under `fd_async_copy_plugin/_custom_ops`
+(package-data in pyproject.toml) so that `fd-async-copy build-ops` can compile them after a plain
+`pip install`. Nothing is compiled at install time: the ops are tied to the Paddle that imports
+them (see fd_async_copy_plugin/ops/build.py).
 """
 
 from setuptools import find_packages, setup
 
 PACKAGES = find_packages(include=["fd_async_copy_plugin", "fd_async_copy_plugin.*"]) + [
-    "fd_async_copy_plugin.patches"
+    "fd_async_copy_plugin.patches",
+    "fd_async_copy_plugin._custom_ops",
 ]
 
 setup(
     packages=PACKAGES,
-    package_dir={"fd_async_copy_plugin.patches": "patches"},
+    package_dir={"fd_async_copy_plugin.patches": "patches", "fd_async_copy_plugin._custom_ops": "custom_ops"},
 )

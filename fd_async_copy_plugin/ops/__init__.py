@@ -1,0 +1,30 @@
+"""Building and loading the custom ops (``custom_ops/``), and reporting their state.
+
+- ``load_ops(build=False) -> StopFlagOps``: ``get_stop``, ``set_stop``, ``update_inputs_v1_host``,
+  ``update_inputs_host`` and, when the CUDA library is built, ``update_inputs_v1_cuda``,
+  ``update_inputs_cuda``. Raises ``OpsUnavailable`` saying what to do.
+- ``ops_status() -> dict``: built / loadable / path / error / cuda_kernels; never raises.
+- ``build_ops(verbose=False, force=False, cuda=True)`` and ``main_build_ops(argv)`` (the CLI
+  ``fd-async-copy build-ops``).
+
+Importing this package imports neither Paddle nor a compiler.
+"""
+
+from __future__ import annotations
+
+from .build import BuildError, build_ops, find_nvcc, main_build_ops
+from .cache import OPS_DIR_ENV, ops_dir
+from .stop_flag_ops import OpsUnavailable, StopFlagOps, load_ops, ops_status
+
+__all__ = [
+    "BuildError",
+    "OPS_DIR_ENV",
+    "OpsUnavailable",
+    "StopFlagOps",
+    "build_ops",
+    "find_nvcc",
+    "load_ops",
+    "main_build_ops",
+    "ops_dir",
+    "ops_status",
+]

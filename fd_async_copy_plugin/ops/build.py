@@ -1,0 +1,289 @@
+"""Compiling the custom ops: ``fd-async-copy build-ops`` and ``build_ops()``.
+
+Two artifacts, both in ``cache.ops_dir()``:
+
+- ``fd_async_copy_ops.so`` - the Paddle pybind module (``get_stop``/``set_stop`` and the host
+  stop-flag ops), compiled with ``paddle.utils.cpp_extension`` (needs a C++ compiler and Paddle).
+- ``libfd_async_copy_cuda.so`` - the CUDA stop-flag kernels, compiled with plain ``nvcc`` (no
+  Paddle headers); skipped, with the reason recorded, when no nvcc is found.
+
+Why not at ``pip install`` time: the pybind module is tied to the Paddle and Python that will
+import it, which an isolated wheel build cannot see, and FastDeploy hosts often install wheels
+without a compiler. Building is one explicit, idempotent step instead; an up-to-date build is a
+no-op, so CI and test fixtures just call it.
+
+Concurrency: builds run under an exclusive ``flock`` on ``<ops_dir>/.build.lock``, compile into a
+private staging folder and publish with ``os.replace`` (atomic), so concurrent workers never see
+or load a half-written library; a worker that waited for the lock finds the build current and
+returns.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from . import cache
+
+CUDA_ARCHS_ENV = "FD_ASYNC_COPY_CUDA_ARCHS"
+# Ampere and Hopper SASS plus Hopper PTX, which newer GPUs JIT-compile. CUDA 13 dropped < sm_75.
+DEFAULT_CUDA_ARCHS = "80;90"
+LOCK_TIMEOUT_S = 900
+COMPILE_TIMEOUT_S = 900
+
+
+class BuildError(RuntimeError):
+    """A compiler ran and failed (the message carries the end of its output)."""
+
+
+def find_nvcc() -> tuple[str | None, str]:
+    """The nvcc to use and where it came from, or ``None`` and why none was found."""
+    for env in ("CUDA_HOME", "CUDA_PATH"):
+        root = os.environ.get(env)
+        if root and os.access(Path(root) / "bin" / "nvcc", os.X_OK):
+            return str(Path(root) / "bin" / "nvcc"), f"${env}"
+    on_path = shutil.which("nvcc")
+    if on_path:
+        return on_path, "PATH"
+    default = Path("/usr/local/cuda/bin/nvcc")
+    if os.access(default, os.X_OK):
+        return str(default), "/usr/local/cuda"
+    return None, "nvcc not found: set CUDA_HOME (e.g. CUDA_HOME=/usr/local/cuda) or put nvcc on PATH"
+
+
+def cuda_arch_flags(archs: str | None = None) -> list[str]:
+    archs = archs or os.environ.get(CUDA_ARCHS_ENV) or DEFAULT_CUDA_ARCHS
+    numbers = [a.strip() for a in archs.replace(",", ";").split(";") if a.strip()]
+    if not numbers or not all(n.isdigit() for n in numbers):
+        raise ValueError(f"{CUDA_ARCHS_ENV}={archs!r}: expected e.g. '80;90'")
+    flags = []
+    for n in numbers:
+        flags += ["-gencode", f"arch=compute_{n},code=sm_{n}"]
+    highest = max(numbers, key=int)
+    return flags + ["-gencode", f"arch=compute_{highest},code=compute_{highest}"]
+
+
+@contextlib.contextmanager
+def build_lock(directory: Path, timeout: float = LOCK_TIMEOUT_S):
+    """Exclusive lock on ``directory`` across processes; released if the holder dies."""
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / ".build.lock", "a+") as handle:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise BuildError(
+                        f"another build has held {directory / '.build.lock'} for over {timeout:.0f}s"
+                    ) from None
+                time.sleep(0.2)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def build_ops(verbose: bool = False, force: bool = False, cuda: bool = True) -> dict:
+    """Build whatever is missing or stale; returns a JSON-serialisable report.
+
+    Raises ``BuildError`` when a compiler failed (after trying both artifacts), and
+    ``FileNotFoundError`` when the sources are not installed.
+    """
+    src = cache.sources_dir()
+    if src is None:
+        raise FileNotFoundError(
+            "the custom op sources (custom_ops/) are not installed with fd_async_copy_plugin; "
+            "reinstall the package"
+        )
+    directory = cache.ops_dir()
+    report: dict = {"ops_dir": str(directory), "sources": str(src)}
+    failures: list[str] = []
+    with build_lock(directory):
+        _remove_abandoned_staging(directory)
+        for name, step in (("pybind", _build_pybind), ("cuda", _build_cuda)):
+            if name == "cuda" and not cuda:
+                report[name] = {"status": "skipped", "reason": "disabled (--no-cuda)"}
+                continue
+            try:
+                report[name] = step(src, directory, verbose, force)
+            except BuildError as exc:
+                report[name] = {"status": "failed", "error": str(exc)}
+                failures.append(f"{name}: {exc}")
+    if failures:
+        raise BuildError("; ".join(failures))
+    return report
+
+
+def _remove_abandoned_staging(directory: Path) -> None:
+    # Only the lock holder creates staging folders, so any left over belong to a dead build.
+    for leftover in directory.glob(".staging-*"):
+        shutil.rmtree(leftover, ignore_errors=True)
+
+
+def _build_pybind(src: Path, directory: Path, verbose: bool, force: bool) -> dict:
+    artifact = directory / cache.PYBIND_FILE
+    fingerprint = cache.pybind_fingerprint()
+    if not force and cache.staleness(artifact, fingerprint) is None:
+        return {"status": "up to date", "path": str(artifact)}
+    started = time.monotonic()
+    with _staging(directory) as staging:
+        out = staging / "out"
+        script = staging / "setup_fd_async_copy_ops.py"
+        script.write_text(
+            _PYBIND_SETUP.format(
+                name=cache.PYBIND_MODULE,
+                sources=[str(src / s) for s in cache.PYBIND_SOURCES],
+                include=str(src),
+                out=str(out),
+            )
+        )
+        _run([sys.executable, script.name, "build"], staging, verbose, "paddle cpp_extension build")
+        built = out / cache.PYBIND_FILE
+        if not built.is_file():
+            raise BuildError(f"the Paddle extension build produced no {cache.PYBIND_FILE} in {out}")
+        os.replace(built, artifact)
+    cache.write_manifest(artifact, {"fingerprint": fingerprint, "built_at": time.time()})
+    return {"status": "built", "path": str(artifact), "seconds": round(time.monotonic() - started, 1)}
+
+
+# Generated per build; mirrors what paddle.utils.cpp_extension.load() writes, without importing
+# the result into the building process.
+_PYBIND_SETUP = """\
+from paddle.utils.cpp_extension import BuildExtension, CppExtension, setup
+
+setup(
+    name={name!r},
+    ext_modules=[
+        CppExtension(
+            sources={sources!r},
+            include_dirs=[{include!r}],
+            extra_compile_args={{"cxx": ["-O2"]}},
+        )
+    ],
+    cmdclass={{"build_ext": BuildExtension.with_options(output_dir={out!r}, no_python_abi_suffix=True)}},
+)
+"""
+
+
+def _build_cuda(src: Path, directory: Path, verbose: bool, force: bool) -> dict:
+    artifact = directory / cache.CUDA_LIB_FILE
+    fingerprint = cache.cuda_fingerprint()
+    if not force and cache.staleness(artifact, fingerprint) is None:
+        return {"status": "up to date", "path": str(artifact)}
+    nvcc, origin = find_nvcc()
+    if nvcc is None:
+        return {"status": "skipped", "reason": origin}
+    arch_flags = cuda_arch_flags()
+    started = time.monotonic()
+    with _staging(directory) as staging:
+        built = staging / cache.CUDA_LIB_FILE
+        command = [
+            nvcc, "-O2", "-std=c++17", "-shared", "-Xcompiler", "-fPIC", f"-I{src}",
+            *arch_flags, "-o", str(built), str(src / cache.CUDA_SOURCES[0]),
+        ]
+        _run(command, staging, verbose, "nvcc")
+        os.replace(built, artifact)
+    cache.write_manifest(
+        artifact,
+        {
+            "fingerprint": fingerprint,
+            "built_at": time.time(),
+            "nvcc": nvcc,
+            "nvcc_version": _nvcc_version(nvcc),
+            "arch_flags": arch_flags,
+        },
+    )
+    return {
+        "status": "built",
+        "path": str(artifact),
+        "nvcc": f"{nvcc} (from {origin})",
+        "seconds": round(time.monotonic() - started, 1),
+    }
+
+
+@contextlib.contextmanager
+def _staging(directory: Path):
+    staging = Path(tempfile.mkdtemp(prefix=f".staging-{os.getpid()}-", dir=directory))
+    try:
+        yield staging
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _run(command: list[str], cwd: Path, verbose: bool, what: str) -> None:
+    if verbose:
+        print("+", " ".join(command), flush=True)
+    try:
+        done = subprocess.run(
+            command, cwd=cwd, capture_output=not verbose, text=True, timeout=COMPILE_TIMEOUT_S
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise BuildError(f"{what} could not run: {exc}") from exc
+    if done.returncode != 0:
+        tail = ((done.stdout or "") + (done.stderr or ""))[-4000:]
+        raise BuildError(f"{what} failed with exit code {done.returncode}:\n{tail}")
+
+
+def _nvcc_version(nvcc: str) -> str | None:
+    try:
+        out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    lines = [line for line in out.splitlines() if "release" in line]
+    return lines[-1].strip() if lines else None
+
+
+def main_build_ops(argv: list[str] | None = None) -> int:
+    """``fd-async-copy build-ops``: build, then print the ops status. Exit 0 when usable."""
+    parser = argparse.ArgumentParser(prog="fd-async-copy build-ops", description=__doc__.split("\n")[0])
+    parser.add_argument("--verbose", action="store_true", help="show compiler commands and output")
+    parser.add_argument("--force", action="store_true", help="rebuild even if up to date")
+    parser.add_argument("--no-cuda", action="store_true", help="do not build the CUDA kernels")
+    parser.add_argument(
+        "--require-cuda", action="store_true", help="fail when the CUDA kernels cannot be built"
+    )
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    args = parser.parse_args(argv)
+
+    from .stop_flag_ops import ops_status
+
+    code = 0
+    try:
+        report = build_ops(verbose=args.verbose, force=args.force, cuda=not args.no_cuda)
+    except (BuildError, ValueError, OSError, ImportError) as exc:  # OSError: unwritable cache dir
+        report = {"error": f"{type(exc).__name__}: {exc}" if isinstance(exc, ImportError) else str(exc)}
+        code = 1
+    if args.require_cuda and report.get("cuda", {}).get("status") not in ("built", "up to date"):
+        code = 1
+    report["status"] = ops_status()
+    if args.json:
+        print(json.dumps(report, indent=2, sort_keys=True))
+    else:
+        _print_report(report)
+    return code
+
+
+def _print_report(report: dict) -> None:
+    if "error" in report:
+        print(f"build-ops FAILED: {report['error']}")
+    print(f"ops dir: {report.get('ops_dir', report['status'].get('ops_dir'))}")
+    for name in ("pybind", "cuda"):
+        if name in report:
+            entry = report[name]
+            detail = entry.get("path") or entry.get("reason") or entry.get("error", "")
+            print(f"  {name:7s} {entry['status']}: {detail}")
+    status = report["status"]
+    print(f"  loadable: {status['loadable']}" + (f" ({status['error']})" if status.get("error") else ""))
+    kernels = status["cuda_kernels"]
+    print(f"  cuda kernels usable: {kernels['available']} ({kernels['why']})")

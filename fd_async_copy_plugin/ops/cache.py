@@ -1,0 +1,111 @@
+"""Where the custom ops are built, from which sources, and whether a build is current.
+
+The ops are compiled per user and per Paddle/Python version (a pybind module is tied to both), not
+shipped in the wheel: ``~/.cache/fd_async_copy/paddle-<version>-<python tag>/`` unless
+``FD_ASYNC_COPY_OPS_DIR`` names a folder. Each artifact has a ``<artifact>.build.json`` beside it
+recording the fingerprint of what it was built from; a changed source or Paddle makes it stale.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from pathlib import Path
+
+OPS_DIR_ENV = "FD_ASYNC_COPY_OPS_DIR"
+
+PYBIND_MODULE = "fd_async_copy_ops"
+PYBIND_FILE = PYBIND_MODULE + ".so"
+CUDA_LIB_FILE = "libfd_async_copy_cuda.so"
+
+PYBIND_SOURCES = ("fd_async_copy_ops.cc", "stop_flag_host.cc")
+CUDA_SOURCES = ("stop_flag_kernels.cu",)
+HEADERS = ("stop_flag_slot.h", "stop_flag_api.h")
+
+
+def sources_dir() -> Path | None:
+    """The C++/CUDA sources: packaged as ``fd_async_copy_plugin/_custom_ops`` in a wheel, or the
+    repository's ``custom_ops/`` in a checkout / editable install."""
+    package_root = Path(__file__).resolve().parents[1]
+    for candidate in (package_root / "_custom_ops", package_root.parent / "custom_ops"):
+        if (candidate / HEADERS[0]).is_file():
+            return candidate
+    return None
+
+
+def paddle_version() -> str:
+    import paddle
+
+    return str(paddle.__version__)
+
+
+def python_tag() -> str:
+    return f"cp{sys.version_info.major}{sys.version_info.minor}"
+
+
+def ops_dir() -> Path:
+    override = os.environ.get(OPS_DIR_ENV)
+    if override:
+        return Path(override).expanduser().resolve()
+    cache_home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache_home / "fd_async_copy" / f"paddle-{paddle_version()}-{python_tag()}"
+
+
+def _hash_sources(names: tuple[str, ...]) -> str | None:
+    src = sources_dir()
+    if src is None:
+        return None
+    digest = hashlib.sha256()
+    for name in sorted(names):
+        digest.update(name.encode() + b"\0" + (src / name).read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def pybind_fingerprint() -> dict:
+    return {
+        "sources_sha256": _hash_sources(PYBIND_SOURCES + HEADERS),
+        "paddle": paddle_version(),
+        "python": python_tag(),
+    }
+
+
+def cuda_fingerprint() -> dict:
+    # nvcc's version and the arch list are recorded in the manifest for the doctor but are not
+    # part of the fingerprint: a server may load a library built elsewhere and have no nvcc.
+    return {"sources_sha256": _hash_sources(CUDA_SOURCES + HEADERS)}
+
+
+def manifest_path(artifact: Path) -> Path:
+    return artifact.with_name(artifact.name + ".build.json")
+
+
+def read_manifest(artifact: Path) -> dict | None:
+    try:
+        return json.loads(manifest_path(artifact).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def write_manifest(artifact: Path, manifest: dict) -> None:
+    path = manifest_path(artifact)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True))
+    os.replace(tmp, path)
+
+
+def staleness(artifact: Path, fingerprint: dict) -> str | None:
+    """``None`` when ``artifact`` exists and was built from ``fingerprint``; else why not."""
+    if not artifact.is_file():
+        return f"{artifact.name} is not built in {artifact.parent}"
+    manifest = read_manifest(artifact)
+    if manifest is None:
+        return f"{artifact.name} has no readable build manifest"
+    built_from = manifest.get("fingerprint", {})
+    for key, want in fingerprint.items():
+        if want is None:  # sources not shipped: cannot tell, trust the build
+            continue
+        if built_from.get(key) != want:
+            return f"{artifact.name} is stale ({key} changed since it was built)"
+    return None

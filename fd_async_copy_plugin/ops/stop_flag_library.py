@@ -1,0 +1,80 @@
+"""ctypes binding of the stop-flag C libraries: ``libfd_async_copy_cuda.so`` (the CUDA kernels) and
+the host implementation built as a plain shared library (used by the GPU kernel check).
+
+Framework-neutral: the launchers take integer addresses and an integer ``cudaStream_t``.
+``stop_flag_ops`` feeds them Paddle tensors; ``benchmarks/gpu_kernel_check.py`` feeds them CuPy or
+PyTorch tensors. Loading the CUDA library needs no GPU (the CUDA runtime is linked statically and
+only talks to the driver at the first launch). Imports nothing but the standard library.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+MAX_BATCH = 1024
+
+_P = ctypes.c_void_p
+_I = ctypes.c_int
+_L = ctypes.c_int64
+
+# Argument lists of stop_flag_api.h, in order.
+_V1_ARGS = [_P] * 13 + [_I, _I, _L, _L, _L, _I, _I]
+_V0_ARGS = [_P] * 9 + [_I, _I, _L]
+
+
+class StopFlagLibrary:
+    """One of the two C libraries (``cuda``: stream launchers; ``host``: the host loops)."""
+
+    def __init__(self, path: str | Path, flavor: str = "cuda") -> None:
+        if flavor not in ("cuda", "host"):
+            raise ValueError(f"flavor must be 'cuda' or 'host', not {flavor!r}")
+        self.path = str(path)
+        self.flavor = flavor
+        self._lib = ctypes.CDLL(self.path)
+        stream = [_P] if flavor == "cuda" else []
+        self._v1 = getattr(self._lib, f"fdac_update_inputs_v1_{flavor}")
+        self._v1.argtypes = _V1_ARGS + stream
+        self._v1.restype = _I
+        self._v0 = getattr(self._lib, f"fdac_update_inputs_{flavor}")
+        self._v0.argtypes = _V0_ARGS + stream
+        self._v0.restype = _I
+        self._message = getattr(self._lib, f"fdac_{flavor}_status_message")
+        self._message.argtypes = [_I]
+        self._message.restype = ctypes.c_char_p
+
+    def update_inputs_v1(
+        self, stop_flags, not_need_stop, seq_lens_this_time, seq_lens_encoder, seq_lens_decoder,
+        step_seq_lens_decoder, prompt_lens, topk_ids, input_ids, block_tables, stop_nums,
+        next_tokens, is_block_step, *, bsz, max_bsz, input_ids_stride, block_tables_stride,
+        block_tables_numel, block_size, prefill_one_step_stop, stream=None,
+    ) -> int:
+        """Addresses are ints (``stop_nums`` may be ``None``). Returns the C status (0 = ok)."""
+        args = [
+            stop_flags, not_need_stop, seq_lens_this_time, seq_lens_encoder, seq_lens_decoder,
+            step_seq_lens_decoder, prompt_lens, topk_ids, input_ids, block_tables, stop_nums,
+            next_tokens, is_block_step, bsz, max_bsz, input_ids_stride, block_tables_stride,
+            block_tables_numel, block_size, 1 if prefill_one_step_stop else 0,
+        ]
+        return self._v1(*args, *self._stream_arg(stream))
+
+    def update_inputs(
+        self, stop_flags, not_need_stop, seq_lens_this_time, seq_lens_encoder, seq_lens_decoder,
+        input_ids, stop_nums, next_tokens, is_block_step, *, bsz, max_bsz, input_ids_stride,
+        stream=None,
+    ) -> int:
+        args = [
+            stop_flags, not_need_stop, seq_lens_this_time, seq_lens_encoder, seq_lens_decoder,
+            input_ids, stop_nums, next_tokens, is_block_step, bsz, max_bsz, input_ids_stride,
+        ]
+        return self._v0(*args, *self._stream_arg(stream))
+
+    def message(self, status: int) -> str:
+        return self._message(status).decode(errors="replace")
+
+    def _stream_arg(self, stream) -> list:
+        if self.flavor == "host":
+            if stream is not None:
+                raise ValueError("the host library takes no stream")
+            return []
+        return [stream]

@@ -1,0 +1,368 @@
+"""Loading the built custom ops and calling them on Paddle tensors: ``load_ops()``, ``ops_status()``.
+
+``load_ops()`` returns a ``StopFlagOps`` with
+
+- ``get_stop(flag) -> paddle.Tensor`` (new CPU bool [1]) and ``set_stop(flag, value)``: read/write
+  a CPU or pinned bool flag through its host pointer (never a Paddle op on pinned memory);
+- ``update_inputs_v1_host(...)`` / ``update_inputs_host(...)``: FastDeploy's update semantics on
+  CPU tensors, writing the ``not_need_stop`` bool [1] tensor given (the ``host`` backend);
+- ``update_inputs_v1_cuda(...)`` / ``update_inputs_cuda(...)``, present only when the CUDA kernel
+  library is built: the same on GPU tensors, writing a DEVICE ``not_need_stop`` on Paddle's current
+  stream, with no host copy (the ``cuda`` backend).
+
+The ``*_v1`` functions take FastDeploy 2.4's positional arguments (``stop_nums`` may be ``None``:
+compare with max_bsz as 2.5+ does) plus ``prefill_one_step_stop``; ``None`` reads
+``PREFILL_NODE_ONE_STEP_STOP_V1`` like FastDeploy's op does on every call.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import threading
+from pathlib import Path
+
+from . import cache
+from .stop_flag_library import MAX_BATCH, StopFlagLibrary
+
+ONE_STEP_STOP_ENV = "PREFILL_NODE_ONE_STEP_STOP_V1"
+
+
+class OpsUnavailable(RuntimeError):
+    """The custom ops cannot be used here; the message says what to do."""
+
+
+def prefill_one_step_stop_from_env() -> bool:
+    """FastDeploy's rule: the variable is set and its first character is ``1``."""
+    return os.environ.get(ONE_STEP_STOP_ENV, "").startswith("1")
+
+
+class StopFlagOps:
+    def __init__(self, module, cuda_library: StopFlagLibrary | None, cuda_why: str) -> None:
+        self.module = module
+        self.path = getattr(module, "__file__", None)
+        self.cuda_library = cuda_library
+        self.cuda_why = cuda_why
+        if cuda_library is not None:
+            self.update_inputs_v1_cuda = self._update_inputs_v1_cuda
+            self.update_inputs_cuda = self._update_inputs_cuda
+
+    @property
+    def has_cuda_kernels(self) -> bool:
+        return self.cuda_library is not None
+
+    # --- host-pointer flag access --------------------------------------------------------------
+
+    def get_stop(self, flag):
+        return self.module.get_stop(flag)
+
+    def set_stop(self, flag, value: bool) -> None:
+        self.module.set_stop(flag, bool(value))
+
+    # --- host implementation (CPU tensors) -----------------------------------------------------
+
+    def update_inputs_v1_host(
+        self, stop_flags, not_need_stop, seq_lens_this_time, seq_lens_encoder, seq_lens_decoder,
+        step_seq_lens_decoder, prompt_lens, topk_ids, input_ids, block_tables, stop_nums,
+        next_tokens, is_block_step, block_size: int, prefill_one_step_stop: bool | None = None,
+    ) -> None:
+        if prefill_one_step_stop is None:
+            prefill_one_step_stop = prefill_one_step_stop_from_env()
+        self.module.update_inputs_v1_host(
+            stop_flags, not_need_stop, seq_lens_this_time, seq_lens_encoder, seq_lens_decoder,
+            step_seq_lens_decoder, prompt_lens, topk_ids, input_ids, block_tables, stop_nums,
+            next_tokens, is_block_step, int(block_size), bool(prefill_one_step_stop),
+        )
+
+    def update_inputs_host(
+        self, stop_flags, not_need_stop, seq_lens_this_time, seq_lens_encoder, seq_lens_decoder,
+        input_ids, stop_nums, next_tokens, is_block_step,
+    ) -> None:
+        self.module.update_inputs_host(
+            stop_flags, not_need_stop, seq_lens_this_time, seq_lens_encoder, seq_lens_decoder,
+            input_ids, stop_nums, next_tokens, is_block_step,
+        )
+
+    # --- CUDA kernels (GPU tensors) ------------------------------------------------------------
+    # UNVERIFIED ON GPU with Paddle: no GPU build of Paddle 3 can be installed on the project's
+    # machines. The kernels themselves are checked on an H200 by benchmarks/gpu_kernel_check.py
+    # (CuPy/PyTorch pointers and streams); what is unverified is Paddle's side - data_ptr() of GPU
+    # tensors and the current stream's handle.
+
+    def _update_inputs_v1_cuda(
+        self, stop_flags, not_need_stop, seq_lens_this_time, seq_lens_encoder, seq_lens_decoder,
+        step_seq_lens_decoder, prompt_lens, topk_ids, input_ids, block_tables, stop_nums,
+        next_tokens, is_block_step, block_size: int, prefill_one_step_stop: bool | None = None,
+    ) -> None:
+        if prefill_one_step_stop is None:
+            prefill_one_step_stop = prefill_one_step_stop_from_env()
+        bsz, max_bsz = check_batch(seq_lens_this_time, stop_flags)
+        ids_stride = _row_stride(input_ids)
+        tensors = [
+            ("stop_flags", stop_flags, "bool", max_bsz),
+            ("not_need_stop", not_need_stop, "bool", 1),
+            ("seq_lens_this_time", seq_lens_this_time, "int32", bsz),
+            ("seq_lens_encoder", seq_lens_encoder, "int32", bsz),
+            ("seq_lens_decoder", seq_lens_decoder, "int32", bsz),
+            ("step_seq_lens_decoder", step_seq_lens_decoder, "int32", bsz),
+            ("prompt_lens", prompt_lens, "int64", bsz),
+            ("topk_ids", topk_ids, "int64", bsz),
+            ("input_ids", input_ids, "int64", (bsz - 1) * ids_stride + 1 if bsz else 0),
+            ("block_tables", block_tables, "int32", 0),
+            ("next_tokens", next_tokens, "int64", bsz),
+            ("is_block_step", is_block_step, "bool", bsz),
+        ]
+        if stop_nums is not None:
+            tensors.append(("stop_nums", stop_nums, "int64", 1))
+        device = check_device_tensors(tensors)
+        lib = self.cuda_library
+        status = lib.update_inputs_v1(
+            *[_address(t) for _, t, _, _ in tensors[:10]],
+            _address(stop_nums),
+            _address(next_tokens),
+            _address(is_block_step),
+            bsz=bsz,
+            max_bsz=max_bsz,
+            input_ids_stride=ids_stride,
+            block_tables_stride=_row_stride(block_tables),
+            block_tables_numel=int(block_tables.numel()),
+            block_size=int(block_size),
+            prefill_one_step_stop=bool(prefill_one_step_stop),
+            stream=current_stream_handle(device),
+        )
+        _raise_on_status(lib, status)
+
+    def _update_inputs_cuda(
+        self, stop_flags, not_need_stop, seq_lens_this_time, seq_lens_encoder, seq_lens_decoder,
+        input_ids, stop_nums, next_tokens, is_block_step,
+    ) -> None:
+        bsz, max_bsz = check_batch(seq_lens_this_time, stop_flags)
+        ids_stride = _row_stride(input_ids)
+        tensors = [
+            ("stop_flags", stop_flags, "bool", max_bsz),
+            ("not_need_stop", not_need_stop, "bool", 1),
+            ("seq_lens_this_time", seq_lens_this_time, "int32", bsz),
+            ("seq_lens_encoder", seq_lens_encoder, "int32", bsz),
+            ("seq_lens_decoder", seq_lens_decoder, "int32", bsz),
+            ("input_ids", input_ids, "int64", (bsz - 1) * ids_stride + 1 if bsz else 0),
+            ("next_tokens", next_tokens, "int64", bsz),
+            ("is_block_step", is_block_step, "bool", bsz),
+        ]
+        if stop_nums is not None:
+            tensors.append(("stop_nums", stop_nums, "int64", 1))
+        device = check_device_tensors(tensors)
+        lib = self.cuda_library
+        status = lib.update_inputs(
+            *[_address(t) for _, t, _, _ in tensors[:6]],
+            _address(stop_nums),
+            _address(next_tokens),
+            _address(is_block_step),
+            bsz=bsz,
+            max_bsz=max_bsz,
+            input_ids_stride=ids_stride,
+            stream=current_stream_handle(device),
+        )
+        _raise_on_status(lib, status)
+
+
+# --- argument checks for the raw-pointer path (the C++ host path checks in C++) -----------------
+
+
+def check_batch(seq_lens_this_time, stop_flags) -> tuple[int, int]:
+    bsz, max_bsz = _rows(seq_lens_this_time), _rows(stop_flags)
+    if max_bsz > MAX_BATCH:
+        raise ValueError(
+            f"max_bsz={max_bsz} (stop_flags.shape[0]) exceeds {MAX_BATCH}, the one-block limit of "
+            "the stop-flag kernel (and of FastDeploy's update_inputs kernels); lower max_num_seqs"
+        )
+    if bsz > max_bsz:
+        raise ValueError(f"bsz={bsz} (seq_lens_this_time) exceeds max_bsz={max_bsz} (stop_flags)")
+    return bsz, max_bsz
+
+
+def check_device_tensors(tensors) -> int:
+    """Every tensor on one GPU, contiguous, of the dtype and size the kernel indexes.
+    Returns the device id. Raises ``OpsUnavailable`` on a CPU-only Paddle (whose CUDA stream API
+    segfaults instead of raising)."""
+    import paddle
+
+    if not paddle.is_compiled_with_cuda():
+        raise OpsUnavailable("the CUDA stop-flag kernels need a CUDA build of Paddle (this one is CPU-only)")
+    devices = set()
+    for name, t, dtype, min_numel in tensors:
+        place = t.place
+        if not place.is_gpu_place():
+            raise ValueError(f"{name} must be a GPU tensor for the CUDA kernel (it is on {place})")
+        devices.add(place.gpu_device_id())
+        if str(t.dtype).split(".")[-1] != dtype:
+            raise ValueError(f"{name} has dtype {t.dtype}, expected {dtype}")
+        if not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous")
+        if int(t.numel()) < min_numel:
+            raise ValueError(f"{name} has {int(t.numel())} elements, needs at least {min_numel}")
+    if len(devices) != 1:
+        raise ValueError(f"stop-flag tensors are spread over GPUs {sorted(devices)}")
+    return devices.pop()
+
+
+def current_stream_handle(device_id: int) -> int:
+    """The ``cudaStream_t`` of Paddle's current stream on ``device_id``, as an int.
+
+    UNVERIFIED ON GPU. Paddle 3.3 (``paddle/device/__init__.py``): ``current_stream(place)`` returns
+    a ``Stream`` whose ``stream_base`` is a ``core.CUDAStream``; its ``cuda_stream`` attribute is
+    the raw handle (``Stream._as_parameter_`` and ``__cuda_stream__`` expose the same).
+    """
+    import paddle
+
+    stream = paddle.device.current_stream(paddle.CUDAPlace(device_id))
+    return int(stream.stream_base.cuda_stream)
+
+
+def _address(t) -> int | None:
+    """Device address, or None (NULL) for an absent or empty tensor, which no slot touches."""
+    if t is None or int(t.numel()) == 0:
+        return None
+    return int(t.data_ptr())
+
+
+def _rows(t) -> int:
+    shape = list(t.shape)
+    return int(shape[0]) if shape else 1
+
+
+def _row_stride(t) -> int:
+    shape = list(t.shape)
+    if len(shape) < 2:
+        return 1
+    stride = 1
+    for dim in shape[1:]:
+        stride *= int(dim)
+    return stride
+
+
+def _raise_on_status(lib: StopFlagLibrary, status: int) -> None:
+    if status != 0:
+        raise RuntimeError(f"fd_async_copy stop-flag kernel: {lib.message(status)} (status {status})")
+
+
+# --- loading and status --------------------------------------------------------------------------
+
+_load_lock = threading.Lock()
+_loaded: dict[Path, StopFlagOps] = {}  # by ops dir
+
+
+def load_ops(build: bool = False) -> StopFlagOps:
+    """The ops of this process (loaded once). ``build=True`` first builds what is missing or stale.
+
+    Raises ``OpsUnavailable`` with what to do. A rebuild after loading takes effect in new
+    processes only (a shared library cannot be reloaded in place).
+    """
+    with _load_lock:
+        try:
+            directory = cache.ops_dir()
+        except ImportError as exc:
+            raise OpsUnavailable(f"Paddle is not importable: {exc}") from exc
+        if directory in _loaded:
+            return _loaded[directory]
+        if build:
+            from .build import BuildError, build_ops
+
+            try:
+                build_ops()
+            except (BuildError, ValueError, OSError) as exc:
+                raise OpsUnavailable(f"building the custom ops failed: {exc}") from exc
+        module = _import_pybind_module()
+        library, why = _load_cuda_library()
+        _loaded[directory] = StopFlagOps(module, library, why)
+        return _loaded[directory]
+
+
+def _import_pybind_module():
+    try:
+        import paddle  # noqa: F401  - the module's tensor caster needs Paddle initialised
+    except ImportError as exc:
+        raise OpsUnavailable(f"Paddle is not importable: {exc}") from exc
+    artifact = cache.ops_dir() / cache.PYBIND_FILE
+    why = cache.staleness(artifact, cache.pybind_fingerprint())
+    if why is not None:
+        raise OpsUnavailable(f"custom ops unavailable: {why}; run `fd-async-copy build-ops`")
+    try:
+        spec = importlib.util.spec_from_file_location(cache.PYBIND_MODULE, artifact)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    except Exception as exc:  # an ImportError or a symbol error from a mismatched Paddle
+        raise OpsUnavailable(
+            f"cannot import {artifact}: {exc}; run `fd-async-copy build-ops --force`"
+        ) from exc
+    return module
+
+
+def _load_cuda_library() -> tuple[StopFlagLibrary | None, str]:
+    artifact = cache.ops_dir() / cache.CUDA_LIB_FILE
+    why = cache.staleness(artifact, cache.cuda_fingerprint())
+    if why is not None:
+        return None, _no_nvcc_reason() or f"{why}; run `fd-async-copy build-ops` with nvcc available"
+    try:
+        return StopFlagLibrary(artifact, "cuda"), f"loaded {artifact}"
+    except OSError as exc:
+        return None, f"cannot load {artifact}: {exc}"
+
+
+def _no_nvcc_reason() -> str | None:
+    from .build import find_nvcc
+
+    nvcc, origin = find_nvcc()
+    return None if nvcc else f"not built: {origin}, then run `fd-async-copy build-ops`"
+
+
+def ops_status() -> dict:
+    """JSON-serialisable state of the custom ops; never raises."""
+    status: dict = {
+        "ops_dir": None,
+        "sources": None,
+        "built": False,
+        "stale": None,
+        "loadable": False,
+        "path": None,
+        "error": None,
+        "cuda_kernels": {"built": False, "loadable": False, "available": False, "path": None, "why": ""},
+    }
+    try:
+        src = cache.sources_dir()
+        status["sources"] = str(src) if src else None
+        directory = cache.ops_dir()
+        status["ops_dir"] = str(directory)
+        artifact = directory / cache.PYBIND_FILE
+        status["path"] = str(artifact)
+        status["built"] = artifact.is_file()
+        status["stale"] = cache.staleness(artifact, cache.pybind_fingerprint()) if status["built"] else None
+        try:
+            ops = load_ops()
+            status["loadable"] = True
+        except OpsUnavailable as exc:
+            ops = None
+            status["error"] = str(exc)
+        status["cuda_kernels"] = _cuda_status(directory, ops)
+    except Exception as exc:  # status must describe, never fail
+        status["error"] = f"{type(exc).__name__}: {exc}"
+    return status
+
+
+def _cuda_status(directory: Path, ops: StopFlagOps | None) -> dict:
+    artifact = directory / cache.CUDA_LIB_FILE
+    entry = {"built": artifact.is_file(), "loadable": False, "available": False, "path": str(artifact)}
+    library, why = (ops.cuda_library, ops.cuda_why) if ops is not None else _load_cuda_library()
+    entry["loadable"] = library is not None
+    if library is None:
+        entry["why"] = why
+        return entry
+    import paddle
+
+    if not paddle.is_compiled_with_cuda():
+        entry["why"] = "library loaded, but this Paddle is CPU-only"
+    elif ops is None:
+        entry["why"] = "library loaded, but the pybind module is not (see error)"
+    else:
+        entry["available"] = True
+        entry["why"] = why
+    return entry
