@@ -79,8 +79,10 @@ def diagnose(root: str = "fastdeploy", environ=None) -> dict:
         if state == "apply":
             if backend_problem:
                 state, reason = "skipped", f"backend auto stands down: {backend_problem}"
-            elif feature.needs_ops and report["ops"].get("state") != "loadable":
-                state, reason = "skipped", f"custom ops: {report['ops'].get('error') or report['ops'].get('state')}"
+            elif feature.needs_ops and not report["ops"].get("loadable"):
+                state, reason = "skipped", f"custom ops: {report['ops'].get('error') or 'not loadable'}"
+            elif feature.needs_ops and backend == "cuda" and not report["ops"].get("cuda_kernels", {}).get("available"):
+                state, reason = "skipped", f"CUDA kernels: {report['ops']['cuda_kernels'].get('why')}"
             else:
                 state = "would-apply"
         features[name] = {"state": state, "reason": reason}
@@ -102,7 +104,7 @@ def format_report(report: dict) -> str:
         f"  fastdeploy        {report['fastdeploy_version']} at root {report['root']!r}",
         f"  profile           {report['profile']} - {report['profile_reason']}",
         f"  backend           {report['backend']}",
-        f"  custom ops        {report['ops'].get('state')} {report['ops'].get('error') or ''}".rstrip(),
+        "  custom ops        " + _ops_line(report["ops"]),
         "  environment",
     ]
     for name, value in report["env"].items():
@@ -117,6 +119,14 @@ def format_report(report: dict) -> str:
     for name, entry in report["features"].items():
         lines.append(f"    {name:16s}{entry['state']:13s}{entry['reason']}")
     return "\n".join(lines)
+
+
+def _ops_line(ops: dict) -> str:
+    if not ops.get("loadable"):
+        return f"NOT LOADABLE: {ops.get('error')}"
+    cuda = ops.get("cuda_kernels", {})
+    kernels = "usable" if cuda.get("available") else f"not usable ({cuda.get('why')})"
+    return f"loadable ({ops.get('path')}); CUDA kernels {kernels}"
 
 
 def run(args) -> int:

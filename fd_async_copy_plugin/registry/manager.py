@@ -71,7 +71,6 @@ class PatchManager:
         self.states: dict[str, FeatureState] = {}
         self.applied: dict[str, AppliedFeature] = {}
         self._pending: dict[str, Any] = {}
-        self._ops_status: dict = {}
         self.strict = False
 
     def add_plugin(self, plugin, name: str | None = None) -> None:
@@ -128,26 +127,29 @@ class PatchManager:
                 self._set_state(name, "skipped", "no installed patch set provides this feature")
             self.profile = detect_profile(root)
             profile = self.profile.profile
+            planned = {}
+            for name in features:
+                if name in all_features:
+                    planned[name] = self.plan(all_features[name], profile, features, self.profile.reason)
+            for name, (state, reason) in planned.items():
+                if state != "apply":
+                    self._set_state(name, state, reason)
+            to_apply = [name for name, (state, _) in planned.items() if state == "apply"]
+            if not to_apply:
+                self._finish_strict()
+                return
             try:
                 self.backend = runtime.make_backend(backend)
                 self.backend_name = self.backend.name
             except Exception as exc:
                 self.backend, self.backend_name = None, backend
-                for name in features:
-                    if name in all_features:
-                        self._set_state(name, "skipped", f"backend: {exc}")
+                for name in to_apply:
+                    self._set_state(name, "skipped", f"backend stands down: {exc}")
                 self._finish_strict()
                 return
             runtime.use(self.backend)
-            self._ops_status = {}
-            for name in features:
-                if name not in all_features:
-                    continue
+            for name in to_apply:
                 feature = all_features[name]
-                state, reason = self.plan(feature, profile, features, self.profile.reason)
-                if state != "apply":
-                    self._set_state(name, state, reason)
-                    continue
                 ops = None
                 if feature.needs_ops:
                     ops, why = _load_ops()
