@@ -72,6 +72,7 @@ class PatchManager:
         self.applied: dict[str, AppliedFeature] = {}
         self._pending: dict[str, Any] = {}
         self.strict = False
+        self.requested: tuple[str, ...] = ()
 
     def add_plugin(self, plugin, name: str | None = None) -> None:
         """Register a patch-set plugin object (what an ``fd_async_copy`` entry point provides)."""
@@ -119,6 +120,7 @@ class PatchManager:
                 self.disable()
             self.pm = self.pm or plugin_manager()
             self.root, self.strict = root, strict
+            self.requested = tuple(features)
             self.enabled = True
             self.states = {}
             all_features = collect_features(self.pm)
@@ -201,6 +203,11 @@ class PatchManager:
     def states_reason(feature: Feature) -> str:
         return f"mirrors {feature.mirrors}" if feature.mirrors else "applied"
 
+    def _ordered_names(self) -> list[str]:
+        """Feature names in the order they were requested (states are set in decision order)."""
+        requested = [n for n in self.requested if n in self.states]
+        return requested + [n for n in self.states if n not in requested]
+
     def _finish_strict(self) -> None:
         if not self.strict:
             return
@@ -238,7 +245,7 @@ class PatchManager:
             "root": self.root,
             "backend": self.backend_name,
             "strict": self.strict,
-            "features": {n: s.as_dict() for n, s in self.states.items()},
+            "features": {n: self.states[n].as_dict() for n in self._ordered_names()},
             "ops": _ops_status(),
         }
         if self.pm is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import paddle
 
 from .backend import CopyBackend
+from .census import record as census_record
 
 
 class HostBackend(CopyBackend):
@@ -17,6 +18,11 @@ class HostBackend(CopyBackend):
 
     def _alloc(self, shape, dtype):
         return paddle.empty(shape, dtype=dtype).cpu()
+
+    def blocking_d2h(self, src, label):
+        # On CPU Paddle ``.cpu()`` returns the tensor itself; FastDeploy's result is a copy.
+        census_record("blocking_d2h", label)
+        return src.clone()
 
     def _copy(self, dst, src, seq, label):
         # Positional ``blocking``: Paddle 3.3 ignores it as a keyword (platform-facts.md).

@@ -247,7 +247,7 @@ def test_unusable_backend_skips_features_but_strict_stops_the_session(tmp_path):
     proc, facts = run_pytest(tmp_path / "lenient", *cuda)
     assert proc.returncode == 0, proc.stdout + proc.stderr  # runs unpatched, and says why
     assert "fd-async-copy features: logprobs=skipped" in proc.stdout
-    assert "  logprobs: skipped (backend: " in proc.stdout
+    assert "  logprobs: skipped (backend stands down: " in proc.stdout
     proc, facts = run_pytest(tmp_path / "strict", *cuda, "--fd-async-copy-strict")
     assert proc.returncode == USAGE_ERROR
     assert "StrictModeError" in proc.stderr and facts is None

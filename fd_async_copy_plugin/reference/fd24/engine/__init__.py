@@ -1,0 +1,1 @@
+"""Package of the FastDeploy 2.4 replica (mirrors the ``fastdeploy`` package of the same path)."""

@@ -1,0 +1,105 @@
+"""Where a replica tensor "lives", and the host<->device interactions FastDeploy performs on it.
+
+On CPU Paddle every tensor is a CPU tensor, so the replica marks the tensors that live on the GPU
+in real FastDeploy (``share_inputs`` buffers allocated with ``paddle.full``, sampler and model
+outputs). Anything unmarked is host memory: pageable (``.cpu()`` results, ``empty_cpu``) or pinned
+(allocated through the copy backend, which knows its pinned buffers).
+
+Each helper is named after what FastDeploy does at the call site and reports it to the sync
+census through the active copy backend, so a census of the replica counts what the same code
+makes a GPU host wait for.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import paddle
+
+from .. import runtime
+from ..runtime import census
+
+_DEVICE_ATTR = "_fd_reference_on_device"
+
+
+def as_device(t: paddle.Tensor) -> paddle.Tensor:
+    """Mark ``t`` as a GPU tensor of real FastDeploy; returns ``t``."""
+    setattr(t, _DEVICE_ATTR, True)
+    return t
+
+
+def is_device(t) -> bool:
+    return isinstance(t, paddle.Tensor) and getattr(t, _DEVICE_ATTR, False)
+
+
+def is_pinned(t) -> bool:
+    return isinstance(t, paddle.Tensor) and runtime.current().is_pinned(t)
+
+
+def blocking_d2h(t: paddle.Tensor, site: str) -> paddle.Tensor:
+    """FastDeploy's ``.cpu()`` of a device tensor: a counted blocking copy to pageable memory.
+
+    Always returns a new, unmarked tensor: on CPU Paddle ``.cpu()`` returns the same object, and
+    the result must not alias (or look like) the device tensor.
+    """
+    out = runtime.current().blocking_d2h(t, site)
+    if out is t:
+        out = t.clone()
+    return out
+
+
+def paddle_op_inputs(site: str, *tensors) -> None:
+    """A Paddle op (slicing, arithmetic, a ``PD_BUILD_OP`` custom op) is about to read ``tensors``.
+
+    On a GPU build Paddle's data transform moves a pinned input to the GPU with a blocking copy
+    and re-points the tensor there (platform-facts.md); the census counts every such input.
+    """
+    for t in tensors:
+        if is_pinned(t):
+            census.record("op_on_pinned", site)
+
+
+def host_view(t: paddle.Tensor, site: str) -> np.ndarray:
+    """What host code of an op sees after ``t.copy_to(CPUPlace, false)`` / a host pointer read.
+
+    - device tensor: a counted blocking D2H copy;
+    - pinned buffer: a host read with no stream wait (through the backend, which in the
+      simulator raises if a copy into the buffer has not landed);
+    - pageable host tensor: a plain host read.
+    """
+    if is_pinned(t):
+        return runtime.current().read(t, site)
+    if is_device(t):
+        host = blocking_d2h(t, site)
+        census.record("host_read", site)
+        return host.numpy()
+    census.record("host_read", site)
+    return t.numpy()
+
+
+def write_back(t: paddle.Tensor, values: np.ndarray) -> None:
+    """Store ``values`` into ``t`` in place, as a kernel writing its in-place outputs does.
+
+    ``t`` may be a view (``seq_lens_this_time`` is a view of a buffer): the write goes through it.
+    """
+    t.copy_(paddle.to_tensor(np.ascontiguousarray(values), dtype=t.dtype), True)
+
+
+def device_array(t) -> np.ndarray | None:
+    """The values a device kernel would read from ``t`` (no host<->device interaction counted)."""
+    if t is None:
+        return None
+    return t.numpy()
+
+
+def pin_memory(t: paddle.Tensor, site: str) -> paddle.Tensor:
+    """``t.pin_memory()``: a **new** pinned buffer of ``t``'s shape and dtype (counted)."""
+    return runtime.current().new_pinned(t.shape, _dtype_name(t), site)
+
+
+def copy_async(dst: paddle.Tensor, src: paddle.Tensor, site: str) -> None:
+    """``dst.copy_(src, False)`` of a device tensor into a pinned buffer: a non-blocking D2H."""
+    runtime.current().copy_d2h(dst, src, site)
+
+
+def _dtype_name(t: paddle.Tensor) -> str:
+    return str(t.dtype).replace("paddle.", "")

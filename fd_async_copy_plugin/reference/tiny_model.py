@@ -1,0 +1,38 @@
+"""A tiny deterministic language model for the replica runners.
+
+Token embedding plus position embedding, then one linear layer to the vocabulary. Weights come
+from a fixed seed, so every run (and every process) computes the same logits. It follows
+FastDeploy's model interface: ``model(ids_remove_padding, forward_meta)`` returns one hidden row
+per packed token, and ``compute_logits(hidden_states)`` returns float32 logits, as FastDeploy's
+models do (e.g. ``qwen2.py`` casts to float32).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import paddle
+
+from .placement import as_device
+
+
+class TinyModel:
+    def __init__(self, vocab_size: int, max_model_len: int, hidden_size: int = 32, seed: int = 2024) -> None:
+        rng = np.random.RandomState(seed)
+        self.vocab_size = vocab_size
+        self.hidden_size = hidden_size
+        self.embedding = paddle.to_tensor(rng.standard_normal([vocab_size, hidden_size]).astype(np.float32))
+        self.position_embedding = paddle.to_tensor(
+            (0.5 * rng.standard_normal([max_model_len + 1, hidden_size])).astype(np.float32)
+        )
+        scale = 4.0 / np.sqrt(hidden_size)
+        self.lm_head = paddle.to_tensor((scale * rng.standard_normal([hidden_size, vocab_size])).astype(np.float32))
+
+    def __call__(self, ids_remove_padding: paddle.Tensor, forward_meta) -> paddle.Tensor:
+        ids = ids_remove_padding.reshape([-1])
+        hidden = paddle.gather(self.embedding, ids) + paddle.gather(
+            self.position_embedding, forward_meta.position_ids.reshape([-1])
+        )
+        return as_device(paddle.tanh(hidden))
+
+    def compute_logits(self, hidden_states: paddle.Tensor) -> paddle.Tensor:
+        return as_device(paddle.matmul(hidden_states, self.lm_head).astype("float32"))
