@@ -32,6 +32,9 @@ PATCHED_PATHS = (
     "not_need_stop",
     "sampled_token_ids",
     "post_process",
+    "_postprocess.sampled_token_ids",
+    "_postprocess.not_need_stop",
+    "_save_model_output",
 )
 
 
