@@ -201,9 +201,12 @@ def check_update_inputs_v1(original, ctx) -> None:
     if original is None:
         raise IncompatibleError("update_inputs_v1 is not available (FastDeploy's ops are not compiled)")
     try:
-        count = len(inspect.signature(original).parameters)
+        params = inspect.signature(original).parameters.values()
     except (TypeError, ValueError):
         return  # a pybind function: no introspectable signature
+    if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params):
+        return  # FastDeploy's op wrappers forward *args: nothing to count
+    count = len(params)
     if count != _UPDATE_V1_PARAMS:
         raise IncompatibleError(f"update_inputs_v1 takes {count} arguments, FastDeploy 2.4's takes {_UPDATE_V1_PARAMS}")
 

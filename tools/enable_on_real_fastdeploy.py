@@ -1,0 +1,90 @@
+#!/usr/bin/env python3
+"""Enable the plugin on a real FastDeploy source tree (or install) on CPU Paddle and report.
+
+Proves, without a GPU, that the patches resolve and pass their compatibility checks on real
+FastDeploy code, in the import order of FD's GPU worker (plugin hook first, runner imported later),
+and that ``disable()`` restores the originals. FastDeploy's compiled ops are not available on CPU:
+``--stub-ops`` replaces them by callables that forward ``*args`` like FD's op wrappers, so the
+``stop_flag`` targets can be checked too (otherwise ``update_inputs_v1`` resolves to None and
+``stop_flag`` is reported ``skipped``, which is the correct answer for that environment).
+
+    python tools/enable_on_real_fastdeploy.py --fd-src /path/to/FastDeploy [--stub-ops]
+
+Nothing here fetches FastDeploy; point ``--fd-src`` at a checkout you have.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import types
+
+
+class _OpStandIn:
+    def __init__(self, name: str) -> None:
+        self.__name__ = name
+
+    def __call__(self, *args, **kwargs):
+        raise RuntimeError(f"{self.__name__}: compiled FastDeploy op stand-in (CPU check)")
+
+
+class _OpsStandIn(types.ModuleType):
+    def __getattr__(self, name):
+        return _OpStandIn(name)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--fd-src", required=True, help="directory containing the fastdeploy package")
+    parser.add_argument("--stub-ops", action="store_true", help="stand-ins for FD's compiled ops")
+    args = parser.parse_args(argv)
+
+    scratch = tempfile.mkdtemp(prefix="fd-async-copy-check-")
+    os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", scratch)
+    os.chdir(scratch)  # FD writes ./log
+    sys.path.insert(0, os.path.abspath(args.fd_src))
+
+    import paddle
+
+    paddle.set_device("cpu")
+    import fastdeploy.model_executor.ops.gpu as gpu_ops
+
+    gpu_ops.tolerant_import_error()
+    if args.stub_ops:
+        sys.modules["fastdeploy.model_executor.ops.gpu"] = _OpsStandIn("fastdeploy.model_executor.ops.gpu")
+
+    import fd_async_copy_plugin as plugin
+
+    before = plugin.enable(backend="host")
+    print("after enable():", ", ".join(f"{k}={v['state']}" for k, v in before["features"].items()))
+    import fastdeploy.worker.gpu_model_runner as runner  # what FD's worker imports after the hook
+
+    status = plugin.status()
+    print(f"profile: {status['profile']} (version string {status['fastdeploy_version']!r})")
+    for name, entry in status["features"].items():
+        print(f"  {name:15s} {entry['state']:9s} {entry['reason']}")
+    plugin.disable()
+    import fastdeploy.model_executor.layers.sample.sampler as sampler
+    import fastdeploy.model_executor.pre_and_post_process as post
+
+    # Every replacement the plugin installs carries __wrapped__; after disable() none may remain.
+    targets = {
+        "Sampler.gather_logprobs": sampler.Sampler.gather_logprobs,
+        "GPUModelRunner._get_prompt_logprobs_list": runner.GPUModelRunner._get_prompt_logprobs_list,
+        "GPUModelRunner.not_need_stop": getattr(runner.GPUModelRunner, "not_need_stop", None),
+        "gpu_model_runner.post_process": runner.post_process,
+        "pre_and_post_process.post_process": post.post_process,
+        "pre_and_post_process.save_output_topk": post.save_output_topk,
+        "pre_and_post_process.update_inputs_v1": post.update_inputs_v1,
+    }
+    leftovers = [name for name, obj in targets.items() if hasattr(obj, "__wrapped__")]
+    restored = not leftovers
+    print(f"disable(): enabled={plugin.status()['enabled']}, originals restored={restored} {leftovers or ''}")
+    bad = [n for n, e in status["features"].items() if e["state"] == "failed"]
+    return 1 if bad or not restored else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
