@@ -29,6 +29,9 @@ class GuidedDecoding:
     """Guided decoding is off in the replica: every hook is a no-op."""
 
     def __init__(self, fd_config=None) -> None:
+        # FastDeploy's GuidedDecoding keeps max_num_seqs (the plugin sizes its pinned ring from it).
+        scheduler_config = getattr(fd_config, "scheduler_config", None)
+        self.max_num_seqs: int = int(scheduler_config.max_num_seqs if scheduler_config is not None else 1)
         self.logits_processors = []
 
     def apply_reasoning_parser(self, reasoning_parser=None):
