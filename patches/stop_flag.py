@@ -34,6 +34,7 @@ import logging
 import paddle
 
 from fd_async_copy_plugin import runtime
+from fd_async_copy_plugin.ops.stop_flag_library import MAX_BATCH
 from fd_async_copy_plugin.registry.patch import Feature, IncompatibleError, Patch, Target
 
 from ._consumers import GUARD_MARK
@@ -142,6 +143,17 @@ def build_init_share_inputs(original, ctx):
         original(self, max_num_seqs)
         if not _is_cuda_runner(runner_module):
             return  # DCU/Iluvatar subclasses on their platforms keep FastDeploy 2.4's behaviour
+        if int(max_num_seqs) > MAX_BATCH:
+            reason = (
+                f"max_num_seqs={max_num_seqs} exceeds {MAX_BATCH}, the one-block limit of the stop-flag "
+                "kernels (FastDeploy's own update kernels have the same limit but miscount silently); "
+                "lower max_num_seqs"
+            )
+            if ctx.strict:
+                raise ValueError(f"fd_async_copy stop_flag: {reason}")
+            log.error("fd_async_copy: %s; this runner keeps FastDeploy's own stop-flag path", reason)
+            ctx.stand_down(reason)
+            return
         state = StopFlagState(self.share_inputs, int(max_num_seqs), ctx.backend, ctx.ops, copy_tokens)
         registry.add(state)
         self._fdac_stop = state

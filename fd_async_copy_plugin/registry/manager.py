@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from dataclasses import dataclass
@@ -73,6 +74,7 @@ class PatchManager:
         self._pending: dict[str, Any] = {}
         self.strict = False
         self.requested: tuple[str, ...] = ()
+        self._features: dict[str, Feature] = {}
 
     def add_plugin(self, plugin, name: str | None = None) -> None:
         """Register a patch-set plugin object (what an ``fd_async_copy`` entry point provides)."""
@@ -124,6 +126,7 @@ class PatchManager:
             self.enabled = True
             self.states = {}
             all_features = collect_features(self.pm)
+            self._features = all_features
             unknown = [f for f in features if f not in all_features]
             for name in unknown:
                 self._set_state(name, "skipped", "no installed patch set provides this feature")
@@ -158,7 +161,10 @@ class PatchManager:
                     if ops is None:
                         self._set_state(name, "skipped", f"custom ops unavailable: {why}")
                         continue
-                ctx = PatchContext(root=root, profile=profile, backend=self.backend, features=features, ops=ops)
+                ctx = PatchContext(
+                    root=root, profile=profile, backend=self.backend, features=features, ops=ops, strict=strict,
+                    stand_down=functools.partial(self._stand_down, name),
+                )
                 self._schedule(feature, ctx)
             self._finish_strict()
 
@@ -198,6 +204,13 @@ class PatchManager:
             self._set_state(feature.name, "failed", f"{type(exc).__name__}: {exc}")
         else:
             self._set_state(feature.name, "applied", self.states_reason(feature))
+
+    def _stand_down(self, name: str, reason: str) -> None:
+        """A patch left FastDeploy's own path in place at run time (its wrappers pass through)."""
+        self._set_state(name, "skipped", reason)
+        for dependent, state in list(self.states.items()):
+            if state.state == "applied" and name in getattr(self._features.get(dependent), "requires", ()):
+                self._set_state(dependent, "skipped", f"needs {name}, which stood down: {reason}")
 
     @staticmethod
     def states_reason(feature: Feature) -> str:

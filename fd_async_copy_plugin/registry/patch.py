@@ -93,6 +93,10 @@ class PatchContext:
     features: tuple[str, ...]  # every feature requested in this enable() call
     ops: Any = None  # loaded custom ops, or None
     state: dict[str, Any] = field(default_factory=dict)  # feature-owned runtime state
+    strict: bool = False
+    #: called by a patch that finds, at run time, that it must leave FastDeploy's own path in place
+    #: (e.g. a runner too large for the kernels); the manager records the feature as skipped
+    stand_down: Callable[[str], None] = lambda reason: None
 
     def module(self, relative: str):
         return sys.modules[f"{self.root}.{relative}" if relative else self.root]

@@ -1,0 +1,131 @@
+"""Feature ``stop_flag``: degradation when the custom ops cannot be used, and the batch limit.
+
+Without loadable ops (not built, stale, an ABI mismatch) ``stop_flag`` is skipped with the
+reason, ``sampled_tokens`` is skipped because it needs ``stop_flag``, and FastDeploy runs exactly
+as unpatched - same outputs, same host interactions step by step. ``strict=True`` turns the skip
+into an exception. ``max_num_seqs`` above the kernels' one-block limit (1024) is a clear error,
+never a silently wrong stop flag.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+import fd_async_copy_plugin
+from fd_async_copy_plugin.reference.driver import DriverConfig, Request
+from fd_async_copy_plugin.registry import manager as manager_module
+from fd_async_copy_plugin.registry.manager import StrictModeError
+
+pytestmark = pytest.mark.usefixtures("sf_plugin_off")
+
+
+def _no_ops_by_monkeypatch(monkeypatch, tmp_path) -> str:
+    monkeypatch.setattr(manager_module, "_load_ops", lambda: (None, "planted: the ops are not built"))
+    return "planted: the ops are not built"
+
+
+def _no_ops_by_empty_ops_dir(monkeypatch, tmp_path) -> str:
+    monkeypatch.setenv("FD_ASYNC_COPY_OPS_DIR", str(tmp_path))
+    return "fd-async-copy build-ops"  # what the reason tells the user to run
+
+
+NO_OPS = {"load_ops_fails": _no_ops_by_monkeypatch, "empty_ops_dir": _no_ops_by_empty_ops_dir}
+
+
+@pytest.mark.parametrize("backend", ["host", "sim"])
+@pytest.mark.parametrize("how", NO_OPS)
+def test_without_ops_both_features_are_skipped_and_fd_runs_unpatched(sfkit, monkeypatch, tmp_path, how, backend):
+    config, requests, arrivals = sfkit.mixed()
+    base = sfkit.baseline("mixed", config, requests, arrivals)
+    reason = NO_OPS[how](monkeypatch, tmp_path)
+    originals = {n: getattr(sfkit.postproc, n) for n in ("update_inputs_v1", "save_output", "post_process")}
+
+    def probe(runner, record, event):
+        record.append(sorted(k for k in runner.share_inputs if k.startswith(("not_need_stop", "sampled"))))
+
+    run = sfkit.run(config, requests, arrivals=arrivals, backend=backend, features=sfkit.FEATURES, probe=probe)
+    assert run.states == {"stop_flag": "skipped", "sampled_tokens": "skipped"}
+    assert "custom ops unavailable" in run.reasons["stop_flag"] and reason in run.reasons["stop_flag"]
+    assert "stop_flag" in run.reasons["sampled_tokens"]
+    run.result.assert_same(base.result)
+    assert [s.events for s in run.census.steps] == [s.events for s in base.census.steps]
+    assert set(map(tuple, run.probe)) == {("not_need_stop",)}
+    assert sfkit.state(run.runner) is None
+    assert {n: getattr(sfkit.postproc, n) for n in originals} == originals
+
+
+def test_status_names_the_reasons_without_ops(sfkit, monkeypatch, tmp_path):
+    _no_ops_by_monkeypatch(monkeypatch, tmp_path)
+    features = fd_async_copy_plugin.enable(features=list(sfkit.FEATURES), backend="host", root=sfkit.FD24)["features"]
+    assert features["stop_flag"] == {"state": "skipped",
+                                      "reason": "custom ops unavailable: planted: the ops are not built"}
+    assert features["sampled_tokens"]["state"] == "skipped"
+    assert features["sampled_tokens"]["reason"] == "needs stop_flag is skipped"
+
+
+@pytest.mark.parametrize("how", NO_OPS)
+def test_strict_turns_the_skip_into_an_exception_and_leaves_fd_unpatched(sfkit, monkeypatch, tmp_path, how):
+    reason = NO_OPS[how](monkeypatch, tmp_path)
+    originals = {n: getattr(sfkit.postproc, n) for n in ("update_inputs_v1", "save_output", "post_process")}
+    with pytest.raises(StrictModeError, match=r"stop_flag: skipped \(custom ops unavailable") as error:
+        fd_async_copy_plugin.enable(features=list(sfkit.FEATURES), backend="host", root=sfkit.FD24, strict=True)
+    assert reason in str(error.value)
+    assert fd_async_copy_plugin.status()["enabled"] is False
+    assert {n: getattr(sfkit.postproc, n) for n in originals} == originals
+
+
+def test_fd_async_copy_strict_env_turns_the_skip_into_an_exception_at_the_entry_point(sfkit, monkeypatch, tmp_path):
+    """``register()`` (FastDeploy's plugin hook) reads FD_ASYNC_COPY_STRICT; it is pointed at the
+    replica instead of ``fastdeploy`` by binding ``root`` on the ``enable`` it calls."""
+    _no_ops_by_monkeypatch(monkeypatch, tmp_path)
+    monkeypatch.setattr(fd_async_copy_plugin, "enable",
+                        functools.partial(fd_async_copy_plugin.enable, root=sfkit.FD24))
+    for name, value in (("FD_ASYNC_COPY", "1"), ("FD_ASYNC_COPY_FEATURES", "stop_flag,sampled_tokens"),
+                        ("FD_ASYNC_COPY_BACKEND", "host")):
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("FD_ASYNC_COPY_STRICT", "0")
+    fd_async_copy_plugin.register()
+    assert {n: s["state"] for n, s in fd_async_copy_plugin.status()["features"].items()} == {
+        "stop_flag": "skipped", "sampled_tokens": "skipped"}
+    fd_async_copy_plugin.disable()
+
+    monkeypatch.setenv("FD_ASYNC_COPY_STRICT", "1")
+    with pytest.raises(StrictModeError, match="planted: the ops are not built"):
+        fd_async_copy_plugin.register()
+    assert fd_async_copy_plugin.status()["enabled"] is False
+
+
+# ---- max_num_seqs above the kernels' one-block limit ---------------------------------------------
+
+
+def _over_limit():
+    config = DriverConfig(max_num_seqs=1025, vocab_size=64, max_model_len=16, hidden_size=8, save_output_v1=True)
+    return config, [Request("a", [3, 4], max_tokens=2, eos_token_ids=[2])]
+
+
+@pytest.mark.parametrize("backend", ["host", "sim"])
+def test_max_num_seqs_over_1024_stands_down_with_a_clear_reason_never_a_silent_decode(sfkit, backend):
+    """Above the kernels' limit the runner keeps FastDeploy's own path (the replica's 2.4 op, like
+    FastDeploy's, has the same limit): status() says why, and none of our kernels decodes."""
+    config, requests = _over_limit()
+    with sfkit.enabled_runner(config, backend=backend) as runner:
+        entry = fd_async_copy_plugin.status()["features"]
+        assert entry["stop_flag"]["state"] == "skipped"
+        assert "max_num_seqs=1025 exceeds 1024" in entry["stop_flag"]["reason"]
+        assert "lower max_num_seqs" in entry["stop_flag"]["reason"]
+        assert entry["sampled_tokens"]["state"] == "skipped"
+        assert "not_need_stop_device" not in runner.share_inputs  # no state: every wrapper passes through
+    with pytest.raises(Exception) as unpatched:
+        sfkit.run(config, requests, backend=backend)
+    with pytest.raises(Exception) as patched:
+        sfkit.run(config, requests, backend=backend, features=sfkit.FEATURES)
+    assert type(patched.value) is type(unpatched.value) and str(patched.value) == str(unpatched.value)
+
+
+def test_max_num_seqs_over_1024_fails_at_runner_construction_in_strict_mode(sfkit):
+    config, _ = _over_limit()
+    with pytest.raises(ValueError, match=r"max_num_seqs=1025 exceeds 1024"):
+        with sfkit.enabled_runner(config, strict=True):
+            pass
