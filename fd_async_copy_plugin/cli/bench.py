@@ -31,12 +31,12 @@ def run(args) -> int:
             run = run_variant(VARIANTS[name], config, requests, backend=backend, max_steps=steps + 8)
             times[name].extend(run.step_seconds[warmup:])
             runs[name] = run
-    # The census needs one run each; FastDeploy 2.5 (native) is shown for reference.
-    runs["fd25-native"] = run_variant(VARIANTS["fd25-native"], config, requests, backend=backend, max_steps=steps + 8) \
-        if _has_fd25() else None
+    # The census needs one run each: FastDeploy 2.5 native (PR #6176/#6362) and with the plugin.
+    for name in ("fd25-native", "fd25-plugin"):
+        runs[name] = run_variant(VARIANTS[name], config, requests, backend=backend, max_steps=steps + 8)
     summary = {name: summarize_times(values) for name, values in times.items()}
     ratio = summary["fd24-plugin"]["median_ms"] / summary["fd24-unpatched"]["median_ms"]
-    census = {name: census_row(run) for name, run in runs.items() if run is not None}
+    census = {name: census_row(run) for name, run in runs.items()}
     report = {
         "workload": {"batch": batch, "top_k": top_k, "vocab": vocab, "steps": steps, "repeats": repeats},
         "backend": backend,
@@ -57,12 +57,6 @@ def run(args) -> int:
     else:
         print(format_report(report, format_census))
     return 0
-
-
-def _has_fd25() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("fd_async_copy_plugin.reference.fd25.worker.gpu_model_runner") is not None
 
 
 def format_report(report: dict, format_census) -> str:

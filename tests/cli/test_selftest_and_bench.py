@@ -1,0 +1,63 @@
+"""The README's commands: selftest passes bit-identical, bench prints the side-by-side census."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "fd_async_copy_plugin.cli", *args], capture_output=True, text=True, timeout=600
+    )
+
+
+def test_selftest_reports_bit_identical_runs_on_host_and_sim():
+    proc = cli("selftest", "--steps", "24", "--json")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    assert report["ok"] is True
+    assert report["backends"] == ["host", "sim"] and "CUDA unavailable" in report["note"]
+    replicas = {entry["scenario"].split()[0] for entry in report["scenarios"]}
+    assert replicas == {"fd24", "fd25"}
+    for entry in report["scenarios"]:
+        assert entry["ok"] and entry["differences"] == []
+        assert "applied" in entry["features"].values()
+        assert entry["census_plugin"]["device_sync"] == 0
+
+
+def test_selftest_fails_loudly_when_outputs_differ(monkeypatch):
+    """A selftest that cannot fail is worthless: plant a one-token difference."""
+    from fd_async_copy_plugin.cli import selftest
+    from fd_async_copy_plugin import harness
+
+    real = harness.run_scenario
+
+    def corrupted(scenario, backend, max_steps=400):
+        base, plugin = real(scenario, backend, max_steps)
+        first = next(iter(plugin.result.outputs.values()))
+        first.token_ids[0] += 1
+        return base, plugin
+
+    monkeypatch.setattr(harness, "run_scenario", corrupted)
+
+    class Args:
+        steps, backend, json = 8, "host", True
+
+    assert selftest.run(Args()) == 1
+
+
+def test_bench_smoke_json_has_ratio_and_census_side_by_side():
+    proc = cli("bench", "--smoke", "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    assert set(report["host_time_per_step"]) == {"fd24-unpatched", "fd24-plugin"}
+    assert report["ratio_plugin_over_unpatched"] > 0
+    census = report["census_per_step"]
+    assert set(census) == {"fd24-unpatched", "fd24-plugin", "fd25-native", "fd25-plugin"}
+    assert census["fd24-unpatched"]["blocking_d2h"] >= 5
+    plugin = census["fd24-plugin"]
+    assert (plugin["blocking_d2h"], plugin["device_sync"], plugin["pinned_alloc"], plugin["op_on_pinned"]) == (0, 0, 0, 0)
+    assert plugin["event_wait"] == 1 and plugin["first_read_after_wait"] is True
+    assert census["fd25-native"]["pinned_alloc"] >= 3 and census["fd25-plugin"]["pinned_alloc"] == 0
