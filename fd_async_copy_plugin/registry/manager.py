@@ -74,6 +74,7 @@ class PatchManager:
         self._pending: dict[str, Any] = {}
         self.strict = False
         self.requested: tuple[str, ...] = ()
+        self.requested_backend = "auto"
         self._features: dict[str, Feature] = {}
 
     def add_plugin(self, plugin, name: str | None = None) -> None:
@@ -117,12 +118,13 @@ class PatchManager:
     ) -> None:
         with self._lock:
             if self.enabled:
-                if (root, backend) == (self.root, self.backend_name) and set(features) <= set(self.states):
+                same = (root, backend, strict) == (self.root, self.requested_backend, self.strict)
+                if same and set(features) <= set(self.states):
                     return  # idempotent: FastDeploy calls the entry point in every process, maybe twice
                 self.disable()
             self.pm = self.pm or plugin_manager()
             self.root, self.strict = root, strict
-            self.requested = tuple(features)
+            self.requested, self.requested_backend = tuple(features), backend
             self.enabled = True
             self.states = {}
             all_features = collect_features(self.pm)

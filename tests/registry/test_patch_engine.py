@@ -194,3 +194,19 @@ def test_half_initialised_module_ends_in_the_same_patched_state(fakefd, manager,
     assert manager.states["demo"].state == "applied"
     assert runner.GPUModelRunner().execute_model()[0] == "exec"
     assert runner.GPUModelRunner().not_need_stop() == ("stop", "base")
+
+
+def test_enable_twice_with_backend_auto_is_a_noop(fakefd, manager, as_profile, monkeypatch):
+    """``auto`` resolves to a concrete backend; a second identical call must not revert and reapply."""
+    as_profile("fastdeploy-2.4")
+    from fd_async_copy_plugin import runtime
+
+    monkeypatch.setattr(runtime, "make_backend", lambda name: runtime.HostBackend())
+    importlib.import_module(f"{fakefd}.worker.gpu_model_runner")
+    manager.add_plugin(DemoPlugin(DemoFeature()), name="test-auto")
+    manager.enable(("demo",), backend="auto", root=fakefd)
+    first = snapshot(fakefd)
+    applied = manager.applied["demo"]
+    manager.enable(("demo",), backend="auto", root=fakefd)
+    assert manager.applied["demo"] is applied
+    assert all(snapshot(fakefd)[k] is first[k] for k in first)
