@@ -54,15 +54,17 @@ void SetStop(paddle::Tensor& flag, bool value) {
   host_data<bool>(flag)[0] = value;
 }
 
-// FD's positional order (fastdeploy-surface.md 5.1), with `stop_nums` optional (None: compare with
-// max_bsz, as FD 2.5+) and the one-step-stop switch explicit (the Python wrapper reads the env).
-void UpdateInputsV1Host(paddle::Tensor& stop_flags, paddle::Tensor& not_need_stop,
-                        paddle::Tensor& seq_lens_this_time, paddle::Tensor& seq_lens_encoder,
-                        paddle::Tensor& seq_lens_decoder, paddle::Tensor& step_seq_lens_decoder,
-                        paddle::Tensor& prompt_lens, paddle::Tensor& topk_ids,
-                        paddle::Tensor& input_ids, paddle::Tensor& block_tables,
-                        paddle::optional<paddle::Tensor>& stop_nums, paddle::Tensor& next_tokens,
-                        paddle::Tensor& is_block_step, int block_size, bool prefill_one_step_stop) {
+// The checks both update ops run, split where the v1 op checks its extra tensors in between (the
+// order decides which message a call with several bad tensors gets).
+struct Batch {
+  int64_t bsz;
+  int64_t max_bsz;
+};
+
+Batch check_batch(const paddle::Tensor& stop_flags, const paddle::Tensor& not_need_stop,
+                  const paddle::Tensor& seq_lens_this_time,
+                  const paddle::Tensor& seq_lens_encoder,
+                  const paddle::Tensor& seq_lens_decoder) {
   const int64_t max_bsz = rows(stop_flags);
   const int64_t bsz = rows(seq_lens_this_time);
   PD_CHECK(max_bsz <= 1024, "fd_async_copy stop-flag op: ",
@@ -73,28 +75,54 @@ void UpdateInputsV1Host(paddle::Tensor& stop_flags, paddle::Tensor& not_need_sto
   check_host_tensor(seq_lens_this_time, "seq_lens_this_time", paddle::DataType::INT32, bsz);
   check_host_tensor(seq_lens_encoder, "seq_lens_encoder", paddle::DataType::INT32, bsz);
   check_host_tensor(seq_lens_decoder, "seq_lens_decoder", paddle::DataType::INT32, bsz);
-  check_host_tensor(step_seq_lens_decoder, "step_seq_lens_decoder", paddle::DataType::INT32, bsz);
-  check_host_tensor(prompt_lens, "prompt_lens", paddle::DataType::INT64, bsz);
-  check_host_tensor(topk_ids, "topk_ids", paddle::DataType::INT64, bsz);
+  return {bsz, max_bsz};
+}
+
+// Checks the step outputs and input_ids (the kernels read input_ids[i * stride], i < bsz);
+// returns input_ids' row stride.
+int64_t check_step_tensors(const paddle::Tensor& next_tokens, const paddle::Tensor& is_block_step,
+                           const paddle::Tensor& input_ids, int64_t bsz) {
   check_host_tensor(next_tokens, "next_tokens", paddle::DataType::INT64, bsz);
   check_host_tensor(is_block_step, "is_block_step", paddle::DataType::BOOL, bsz);
   const int64_t ids_stride = row_stride(input_ids);
   check_host_tensor(input_ids, "input_ids", paddle::DataType::INT64,
                     bsz == 0 ? 0 : (bsz - 1) * ids_stride + 1);
+  return ids_stride;
+}
+
+// Null when absent: the C implementation then compares with max_bsz.
+const int64_t* checked_stop_nums(const paddle::optional<paddle::Tensor>& stop_nums) {
+  if (!stop_nums) return nullptr;
+  check_host_tensor(*stop_nums, "stop_nums", paddle::DataType::INT64, 1);
+  return host_data<int64_t>(*stop_nums);
+}
+
+// FD's positional order (fastdeploy-surface.md 5.1), with `stop_nums` optional (None: compare with
+// max_bsz, as FD 2.5+) and the one-step-stop switch explicit (the Python wrapper reads the env).
+void UpdateInputsV1Host(paddle::Tensor& stop_flags, paddle::Tensor& not_need_stop,
+                        paddle::Tensor& seq_lens_this_time, paddle::Tensor& seq_lens_encoder,
+                        paddle::Tensor& seq_lens_decoder, paddle::Tensor& step_seq_lens_decoder,
+                        paddle::Tensor& prompt_lens, paddle::Tensor& topk_ids,
+                        paddle::Tensor& input_ids, paddle::Tensor& block_tables,
+                        paddle::optional<paddle::Tensor>& stop_nums, paddle::Tensor& next_tokens,
+                        paddle::Tensor& is_block_step, int block_size, bool prefill_one_step_stop) {
+  const Batch b = check_batch(stop_flags, not_need_stop, seq_lens_this_time, seq_lens_encoder,
+                              seq_lens_decoder);
+  check_host_tensor(step_seq_lens_decoder, "step_seq_lens_decoder", paddle::DataType::INT32, b.bsz);
+  check_host_tensor(prompt_lens, "prompt_lens", paddle::DataType::INT64, b.bsz);
+  check_host_tensor(topk_ids, "topk_ids", paddle::DataType::INT64, b.bsz);
+  const int64_t ids_stride = check_step_tensors(next_tokens, is_block_step, input_ids, b.bsz);
   check_host_tensor(block_tables, "block_tables", paddle::DataType::INT32, 0);
-  const int64_t* stop_nums_data = nullptr;
-  if (stop_nums) {
-    check_host_tensor(*stop_nums, "stop_nums", paddle::DataType::INT64, 1);
-    stop_nums_data = host_data<int64_t>(*stop_nums);
-  }
+  const int64_t* stop_nums_data = checked_stop_nums(stop_nums);
   raise_on_status(fdac_update_inputs_v1_host(
       host_data<bool>(stop_flags), host_data<bool>(not_need_stop),
       host_data<int32_t>(seq_lens_this_time), host_data<int32_t>(seq_lens_encoder),
       host_data<int32_t>(seq_lens_decoder), host_data<int32_t>(step_seq_lens_decoder),
       host_data<int64_t>(prompt_lens), host_data<int64_t>(topk_ids), host_data<int64_t>(input_ids),
       host_data<int32_t>(block_tables), stop_nums_data, host_data<int64_t>(next_tokens),
-      host_data<bool>(is_block_step), static_cast<int>(bsz), static_cast<int>(max_bsz), ids_stride,
-      row_stride(block_tables), block_tables.numel(), block_size, prefill_one_step_stop ? 1 : 0));
+      host_data<bool>(is_block_step), static_cast<int>(b.bsz), static_cast<int>(b.max_bsz),
+      ids_stride, row_stride(block_tables), block_tables.numel(), block_size,
+      prefill_one_step_stop ? 1 : 0));
 }
 
 void UpdateInputsHost(paddle::Tensor& stop_flags, paddle::Tensor& not_need_stop,
@@ -102,31 +130,16 @@ void UpdateInputsHost(paddle::Tensor& stop_flags, paddle::Tensor& not_need_stop,
                       paddle::Tensor& seq_lens_decoder, paddle::Tensor& input_ids,
                       paddle::optional<paddle::Tensor>& stop_nums, paddle::Tensor& next_tokens,
                       paddle::Tensor& is_block_step) {
-  const int64_t max_bsz = rows(stop_flags);
-  const int64_t bsz = rows(seq_lens_this_time);
-  PD_CHECK(max_bsz <= 1024, "fd_async_copy stop-flag op: ", fdac_host_status_message(1));
-  PD_CHECK(bsz <= max_bsz, "fd_async_copy stop-flag op: ", fdac_host_status_message(2));
-  check_host_tensor(not_need_stop, "not_need_stop", paddle::DataType::BOOL, 1);
-  check_host_tensor(stop_flags, "stop_flags", paddle::DataType::BOOL, max_bsz);
-  check_host_tensor(seq_lens_this_time, "seq_lens_this_time", paddle::DataType::INT32, bsz);
-  check_host_tensor(seq_lens_encoder, "seq_lens_encoder", paddle::DataType::INT32, bsz);
-  check_host_tensor(seq_lens_decoder, "seq_lens_decoder", paddle::DataType::INT32, bsz);
-  check_host_tensor(next_tokens, "next_tokens", paddle::DataType::INT64, bsz);
-  check_host_tensor(is_block_step, "is_block_step", paddle::DataType::BOOL, bsz);
-  const int64_t ids_stride = row_stride(input_ids);
-  check_host_tensor(input_ids, "input_ids", paddle::DataType::INT64,
-                    bsz == 0 ? 0 : (bsz - 1) * ids_stride + 1);
-  const int64_t* stop_nums_data = nullptr;
-  if (stop_nums) {
-    check_host_tensor(*stop_nums, "stop_nums", paddle::DataType::INT64, 1);
-    stop_nums_data = host_data<int64_t>(*stop_nums);
-  }
+  const Batch b = check_batch(stop_flags, not_need_stop, seq_lens_this_time, seq_lens_encoder,
+                              seq_lens_decoder);
+  const int64_t ids_stride = check_step_tensors(next_tokens, is_block_step, input_ids, b.bsz);
+  const int64_t* stop_nums_data = checked_stop_nums(stop_nums);
   raise_on_status(fdac_update_inputs_host(
       host_data<bool>(stop_flags), host_data<bool>(not_need_stop),
       host_data<int32_t>(seq_lens_this_time), host_data<int32_t>(seq_lens_encoder),
       host_data<int32_t>(seq_lens_decoder), host_data<int64_t>(input_ids), stop_nums_data,
-      host_data<int64_t>(next_tokens), host_data<bool>(is_block_step), static_cast<int>(bsz),
-      static_cast<int>(max_bsz), ids_stride));
+      host_data<int64_t>(next_tokens), host_data<bool>(is_block_step), static_cast<int>(b.bsz),
+      static_cast<int>(b.max_bsz), ids_stride));
 }
 
 }  // namespace

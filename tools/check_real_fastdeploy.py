@@ -402,6 +402,18 @@ def _format_params(params) -> str:
     return "(" + ", ".join(out) + ")"
 
 
+def missing_and_extra(real_names, replica_names) -> list[str]:
+    """Notes on the names FastDeploy has that the replica lacks, and the reverse (empty if none)."""
+    notes = []
+    missing = [n for n in real_names if n not in replica_names]
+    extra = [n for n in replica_names if n not in real_names]
+    if missing:
+        notes.append("replica lacks " + ", ".join(missing))
+    if extra:
+        notes.append("replica adds " + ", ".join(extra))
+    return notes
+
+
 def compare_signatures(real, replica) -> str:
     """Empty when equal, else a human-readable difference."""
     (rkind, rparams), (pkind, pparams) = real, replica
@@ -412,14 +424,8 @@ def compare_signatures(real, replica) -> str:
         rnames = [p[0] for p in rparams]
         pnames = [p[0] for p in pparams]
         if rnames != pnames:
-            missing = [n for n in rnames if n not in pnames]
-            extra = [n for n in pnames if n not in rnames]
-            if missing:
-                notes.append("replica lacks " + ", ".join(missing))
-            if extra:
-                notes.append("replica adds " + ", ".join(extra))
-            if not missing and not extra:
-                notes.append("parameter order differs")
+            name_notes = missing_and_extra(rnames, pnames)
+            notes.extend(name_notes or ["parameter order differs"])
         for rp, pp in zip(rparams, pparams):
             if rp[0] == pp[0] and rp != pp:
                 if rp[1] != pp[1]:
@@ -985,12 +991,7 @@ def check_fields(fd: Side, rep: Side, report: Report) -> None:
         rnames, pnames = [n for n, _ in real], [n for n, _ in mine]
         notes = []
         if rnames != pnames:
-            missing = [n for n in rnames if n not in pnames]
-            extra = [n for n in pnames if n not in rnames]
-            if missing:
-                notes.append("replica lacks " + ", ".join(missing))
-            if extra:
-                notes.append("replica adds " + ", ".join(extra))
+            notes.extend(missing_and_extra(rnames, pnames))
             common_r = [n for n in rnames if n in pnames]
             common_p = [n for n in pnames if n in rnames]
             if common_r != common_p:

@@ -98,39 +98,23 @@ class StopFlagOps:
             prefill_one_step_stop = prefill_one_step_stop_from_env()
         bsz, max_bsz = check_batch(seq_lens_this_time, stop_flags)
         ids_stride = _row_stride(input_ids)
-        tensors = [
-            ("stop_flags", stop_flags, "bool", max_bsz),
-            ("not_need_stop", not_need_stop, "bool", 1),
-            ("seq_lens_this_time", seq_lens_this_time, "int32", bsz),
-            ("seq_lens_encoder", seq_lens_encoder, "int32", bsz),
-            ("seq_lens_decoder", seq_lens_decoder, "int32", bsz),
+        rows = _state_rows(
+            stop_flags, not_need_stop, seq_lens_this_time, seq_lens_encoder, seq_lens_decoder, bsz, max_bsz
+        ) + [
             ("step_seq_lens_decoder", step_seq_lens_decoder, "int32", bsz),
             ("prompt_lens", prompt_lens, "int64", bsz),
             ("topk_ids", topk_ids, "int64", bsz),
-            ("input_ids", input_ids, "int64", (bsz - 1) * ids_stride + 1 if bsz else 0),
+            _input_ids_row(input_ids, bsz, ids_stride),
             ("block_tables", block_tables, "int32", 0),
-            ("next_tokens", next_tokens, "int64", bsz),
-            ("is_block_step", is_block_step, "bool", bsz),
         ]
-        if stop_nums is not None:
-            tensors.append(("stop_nums", stop_nums, "int64", 1))
-        device = check_device_tensors(tensors)
-        lib = self.cuda_library
-        status = lib.update_inputs_v1(
-            *[_address(t) for _, t, _, _ in tensors[:10]],
-            _address(stop_nums),
-            _address(next_tokens),
-            _address(is_block_step),
-            bsz=bsz,
-            max_bsz=max_bsz,
-            input_ids_stride=ids_stride,
+        device, pointers = _checked_pointers(rows, stop_nums, next_tokens, is_block_step, bsz)
+        self._launch(
+            "update_inputs_v1", pointers, device, bsz, max_bsz, ids_stride,
             block_tables_stride=_row_stride(block_tables),
             block_tables_numel=int(block_tables.numel()),
             block_size=int(block_size),
             prefill_one_step_stop=bool(prefill_one_step_stop),
-            stream=current_stream_handle(device),
         )
-        _raise_on_status(lib, status)
 
     def _update_inputs_cuda(
         self, stop_flags, not_need_stop, seq_lens_this_time, seq_lens_encoder, seq_lens_decoder,
@@ -138,28 +122,21 @@ class StopFlagOps:
     ) -> None:
         bsz, max_bsz = check_batch(seq_lens_this_time, stop_flags)
         ids_stride = _row_stride(input_ids)
-        tensors = [
-            ("stop_flags", stop_flags, "bool", max_bsz),
-            ("not_need_stop", not_need_stop, "bool", 1),
-            ("seq_lens_this_time", seq_lens_this_time, "int32", bsz),
-            ("seq_lens_encoder", seq_lens_encoder, "int32", bsz),
-            ("seq_lens_decoder", seq_lens_decoder, "int32", bsz),
-            ("input_ids", input_ids, "int64", (bsz - 1) * ids_stride + 1 if bsz else 0),
-            ("next_tokens", next_tokens, "int64", bsz),
-            ("is_block_step", is_block_step, "bool", bsz),
-        ]
-        if stop_nums is not None:
-            tensors.append(("stop_nums", stop_nums, "int64", 1))
-        device = check_device_tensors(tensors)
+        rows = _state_rows(
+            stop_flags, not_need_stop, seq_lens_this_time, seq_lens_encoder, seq_lens_decoder, bsz, max_bsz
+        ) + [_input_ids_row(input_ids, bsz, ids_stride)]
+        device, pointers = _checked_pointers(rows, stop_nums, next_tokens, is_block_step, bsz)
+        self._launch("update_inputs", pointers, device, bsz, max_bsz, ids_stride)
+
+    def _launch(self, kernel: str, pointers, device: int, bsz: int, max_bsz: int, ids_stride: int, **scalars) -> None:
+        """Calls ``kernel`` of the CUDA library on Paddle's current stream of ``device``."""
         lib = self.cuda_library
-        status = lib.update_inputs(
-            *[_address(t) for _, t, _, _ in tensors[:6]],
-            _address(stop_nums),
-            _address(next_tokens),
-            _address(is_block_step),
+        status = getattr(lib, kernel)(
+            *pointers,
             bsz=bsz,
             max_bsz=max_bsz,
             input_ids_stride=ids_stride,
+            **scalars,
             stream=current_stream_handle(device),
         )
         _raise_on_status(lib, status)
@@ -178,6 +155,33 @@ def check_batch(seq_lens_this_time, stop_flags) -> tuple[int, int]:
     if bsz > max_bsz:
         raise ValueError(f"bsz={bsz} (seq_lens_this_time) exceeds max_bsz={max_bsz} (stop_flags)")
     return bsz, max_bsz
+
+
+def _state_rows(stop_flags, not_need_stop, seq_lens_this_time, seq_lens_encoder, seq_lens_decoder, bsz, max_bsz):
+    """The leading (name, tensor, dtype, min_numel) rows both kernels take, in argument order."""
+    return [
+        ("stop_flags", stop_flags, "bool", max_bsz),
+        ("not_need_stop", not_need_stop, "bool", 1),
+        ("seq_lens_this_time", seq_lens_this_time, "int32", bsz),
+        ("seq_lens_encoder", seq_lens_encoder, "int32", bsz),
+        ("seq_lens_decoder", seq_lens_decoder, "int32", bsz),
+    ]
+
+
+def _input_ids_row(input_ids, bsz: int, ids_stride: int):
+    # The kernels read input_ids[i * stride] for i < bsz: the last row needs only its first element.
+    return ("input_ids", input_ids, "int64", (bsz - 1) * ids_stride + 1 if bsz else 0)
+
+
+def _checked_pointers(rows, stop_nums, next_tokens, is_block_step, bsz: int) -> tuple[int, list]:
+    """Checks ``rows`` plus the trailing tensors both kernels take (``stop_nums`` may be None) and
+    returns the device id and every address in the kernels' argument order."""
+    tensors = rows + [("next_tokens", next_tokens, "int64", bsz), ("is_block_step", is_block_step, "bool", bsz)]
+    if stop_nums is not None:
+        tensors.append(("stop_nums", stop_nums, "int64", 1))
+    device = check_device_tensors(tensors)
+    pointers = [_address(t) for _, t, _, _ in rows] + [_address(stop_nums), _address(next_tokens), _address(is_block_step)]
+    return device, pointers
 
 
 def check_device_tensors(tensors) -> int:

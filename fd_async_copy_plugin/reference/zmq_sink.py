@@ -106,3 +106,41 @@ class OutputQueue(queue.Queue):
     def put(self, item, block=True, timeout=None):
         self.puts += 1
         super().put(item, block, timeout)
+
+
+#: Put on ``async_output_queue`` by ``close()`` to end the output thread (replica only).
+_SHUTDOWN = object()
+
+
+class AsyncOutputThread:
+    """The model runner's V1 output thread, the same in 2.4 and 2.5 (not a patch point): a
+    ``ZmqIpcClient`` to ``get_save_output_rank{local_rank}_{port}``, the ``async_output_queue``
+    that ``post_process``/``save_output_normal`` put ``StreamTransferData`` lists on, and the
+    daemon thread sending them."""
+
+    def _start_async_output_thread(self, local_rank: int, port) -> None:
+        self.zmq_client = ZmqIpcClient(name=f"get_save_output_rank{local_rank}_{port}")
+        self.zmq_client.connect()
+        self.zmq_client.socket.SNDTIMEO = 3000
+        self.async_output_queue: queue.Queue = OutputQueue()
+        self.async_output_copy_thread = threading.Thread(
+            target=self._async_output_busy_loop, daemon=True, name="WorkerAsyncOutputCopy"
+        )
+        self.async_output_copy_thread.start()
+
+    def _async_output_busy_loop(self):
+        """Entrypoint for the thread which handles outputs asynchronously."""
+        while True:
+            try:
+                output = self.async_output_queue.get()
+                if output is _SHUTDOWN:
+                    return
+                self.zmq_client.send_pyobj(output)
+            except Exception:  # FastDeploy logs and keeps the thread alive
+                pass
+
+    def close(self) -> None:
+        """Replica only: end the output thread (FastDeploy's runs until the process exits)."""
+        if self.async_output_queue is not None:
+            self.async_output_queue.put(_SHUTDOWN)
+            self.async_output_copy_thread.join(timeout=10)

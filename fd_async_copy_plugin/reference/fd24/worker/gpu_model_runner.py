@@ -19,8 +19,6 @@ graphs, attention backends, EP/TP (``paddle.distributed`` calls), routing replay
 from __future__ import annotations
 
 import os
-import queue
-from threading import Thread
 from typing import List, Optional
 
 import numpy as np
@@ -28,7 +26,7 @@ import paddle
 
 from .. import envs
 from ...tiny_model import TinyModel
-from ...zmq_sink import OutputQueue
+from ...zmq_sink import AsyncOutputThread
 from ...placement import as_device, blocking_d2h, host_view, is_pinned, paddle_op_inputs
 from ..engine.request import Request, RequestType
 from ..inter_communicator import ZmqIpcClient
@@ -60,11 +58,8 @@ from ....runtime import census
 #: entry is a GPU buffer.
 HOST_SHARE_INPUTS = frozenset({"not_need_stop", "is_chunk_step", "infer_seed"})
 
-#: Put on ``async_output_queue`` by ``close()`` to end the output thread (replica only).
-_SHUTDOWN = object()
 
-
-class GPUModelRunner(ModelRunnerBase):
+class GPUModelRunner(AsyncOutputThread, ModelRunnerBase):
     def __init__(
         self,
         fd_config,
@@ -137,37 +132,10 @@ class GPUModelRunner(ModelRunnerBase):
         self.zmq_client = None
         self.async_output_queue = None
         if envs.FD_USE_GET_SAVE_OUTPUT_V1:
-            port = self.fd_config.parallel_config.engine_worker_queue_port
-            self.zmq_client = ZmqIpcClient(name=f"get_save_output_rank{local_rank}_{port}")
-            self.zmq_client.connect()
-            self.zmq_client.socket.SNDTIMEO = 3000
-            self.async_output_queue: queue.Queue = OutputQueue()
-            self.async_output_copy_thread = Thread(
-                target=self._async_output_busy_loop,
-                daemon=True,
-                name="WorkerAsyncOutputCopy",
-            )
-            self.async_output_copy_thread.start()
+            self._start_async_output_thread(local_rank, self.fd_config.parallel_config.engine_worker_queue_port)
 
         self.enable_entropy = self.model_config.enable_entropy
         self.exist_prefill_flag = False
-
-    def _async_output_busy_loop(self):
-        """Entrypoint for the thread which handles outputs asynchronously."""
-        while True:
-            try:
-                output = self.async_output_queue.get()
-                if output is _SHUTDOWN:
-                    return
-                self.zmq_client.send_pyobj(output)
-            except Exception:  # FastDeploy logs and keeps the thread alive
-                pass
-
-    def close(self) -> None:
-        """Replica only: end the output thread (FastDeploy's runs until the process exits)."""
-        if self.async_output_queue is not None:
-            self.async_output_queue.put(_SHUTDOWN)
-            self.async_output_copy_thread.join(timeout=10)
 
     def exist_prefill(self):
         """Whether a prefill is in flight: ``seq_lens_encoder.numpy()``, a blocking D2H."""

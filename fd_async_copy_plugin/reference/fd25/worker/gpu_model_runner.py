@@ -23,8 +23,6 @@ Every CUDA event/copy goes through the copy backend (``create_event``/``record``
 from __future__ import annotations
 
 import os
-import queue
-from threading import Thread
 from typing import List, Optional
 
 import numpy as np
@@ -34,7 +32,7 @@ from .. import envs
 from ... import paddle_device
 from ...placement import as_device, blocking_d2h, copy_async
 from ...tiny_model import TinyModel
-from ...zmq_sink import OutputQueue
+from ...zmq_sink import AsyncOutputThread
 from ....runtime import current as current_backend
 from ..engine.request import Request, RequestType
 from ..inter_communicator import ZmqIpcClient
@@ -52,13 +50,12 @@ from ..model_executor.pre_and_post_process import (
 from .input_batch import InputBatch
 from .output import LogprobsTensors, ModelOutputData
 
-_SHUTDOWN = object()
 
 # ``paddle.device.synchronize()`` below must reach the copy backend on the CPU build.
 paddle_device.install()
 
 
-class GPUModelRunner:
+class GPUModelRunner(AsyncOutputThread):
     def __init__(self, fd_config, device: str, device_id: int, rank: int, local_rank: int):
         self.fd_config = fd_config
         self.model_config = fd_config.model_config
@@ -116,32 +113,7 @@ class GPUModelRunner:
         self.zmq_client = None
         self.async_output_queue = None
         if envs.FD_USE_GET_SAVE_OUTPUT_V1:
-            port = self.parallel_config.engine_worker_queue_port
-            self.zmq_client = ZmqIpcClient(name=f"get_save_output_rank{local_rank}_{port}")
-            self.zmq_client.connect()
-            self.zmq_client.socket.SNDTIMEO = 3000
-            self.async_output_queue: queue.Queue = OutputQueue()
-            self.async_output_copy_thread = Thread(
-                target=self._async_output_busy_loop, daemon=True, name="WorkerAsyncOutputCopy"
-            )
-            self.async_output_copy_thread.start()
-
-    def _async_output_busy_loop(self):
-        """Entrypoint for the thread which handles outputs asynchronously."""
-        while True:
-            try:
-                output = self.async_output_queue.get()
-                if output is _SHUTDOWN:
-                    return
-                self.zmq_client.send_pyobj(output)
-            except Exception:  # FastDeploy logs and keeps the thread alive
-                pass
-
-    def close(self) -> None:
-        """Replica only: end the output thread."""
-        if self.async_output_queue is not None:
-            self.async_output_queue.put(_SHUTDOWN)
-            self.async_output_copy_thread.join(timeout=10)
+            self._start_async_output_thread(local_rank, self.parallel_config.engine_worker_queue_port)
 
     def exist_prefill(self):
         """V1: a host flag set when a prefill is inserted, cleared after post-processing."""

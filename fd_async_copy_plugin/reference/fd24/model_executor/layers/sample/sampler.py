@@ -50,6 +50,26 @@ class GuidedDecoding:
         pass
 
 
+def speculative_gather_logprobs(logprobs: paddle.Tensor, num_logprobs: int, token_ids: paddle.Tensor) -> tuple:
+    """The body of ``SpeculativeSampler``/``MTPSampler.gather_logprobs`` (identical in both
+    classes and in 2.4/2.5): ``(logprob_token_ids, logprobs, selected_token_ranks)``, all left on
+    the device. Token ids are [N]; each class wraps the result in its root's ``LogprobsTensors``."""
+    assert token_ids.dtype == paddle.int64
+    token_ids = token_ids.unsqueeze(1)
+    logprobs.clip_(min=paddle.finfo(logprobs.dtype).min)
+    token_logprobs = paddle.take_along_axis(logprobs, token_ids, axis=-1)
+    token_ranks = batched_count_greater_than(logprobs, token_logprobs)
+    if num_logprobs >= 1:
+        topk_logprobs, topk_indices = paddle.topk(logprobs, num_logprobs, axis=-1)
+        indices = paddle.concat([token_ids, topk_indices], axis=1)
+        top_logprobs = paddle.concat([token_logprobs, topk_logprobs], axis=1)
+    else:
+        indices = token_ids
+        top_logprobs = token_logprobs
+    indices, top_logprobs = as_device(indices), as_device(top_logprobs)
+    return indices, top_logprobs, token_ranks
+
+
 class Sampler(nn.Layer):
     """Sampler for normal generation."""
 
@@ -222,20 +242,7 @@ class SpeculativeSampler(nn.Layer):
         return as_device(log_softmax(logits))
 
     def gather_logprobs(self, logprobs: paddle.Tensor, num_logprobs: int, token_ids: paddle.Tensor) -> LogprobsTensors:
-        assert token_ids.dtype == paddle.int64
-        token_ids = token_ids.unsqueeze(1)
-        logprobs.clip_(min=paddle.finfo(logprobs.dtype).min)
-        token_logprobs = paddle.take_along_axis(logprobs, token_ids, axis=-1)
-        token_ranks = batched_count_greater_than(logprobs, token_logprobs)
-        if num_logprobs >= 1:
-            topk_logprobs, topk_indices = paddle.topk(logprobs, num_logprobs, axis=-1)
-            indices = paddle.concat([token_ids, topk_indices], axis=1)
-            top_logprobs = paddle.concat([token_logprobs, topk_logprobs], axis=1)
-        else:
-            indices = token_ids
-            top_logprobs = token_logprobs
-        indices, top_logprobs = as_device(indices), as_device(top_logprobs)
-        return LogprobsTensors(indices, top_logprobs, token_ranks)
+        return LogprobsTensors(*speculative_gather_logprobs(logprobs, num_logprobs, token_ids))
 
     def forward_cuda(self, logits, sampling_metadata, max_model_len, share_inputs, *args):
         raise NotImplementedError("speculative decoding is not modelled by the replica")
@@ -260,20 +267,7 @@ class MTPSampler(nn.Layer):
         return as_device(log_softmax(logits))
 
     def gather_logprobs(self, logprobs: paddle.Tensor, num_logprobs: int, token_ids: paddle.Tensor) -> LogprobsTensors:
-        assert token_ids.dtype == paddle.int64
-        token_ids = token_ids.unsqueeze(1)
-        logprobs.clip_(min=paddle.finfo(logprobs.dtype).min)
-        token_logprobs = paddle.take_along_axis(logprobs, token_ids, axis=-1)
-        token_ranks = batched_count_greater_than(logprobs, token_logprobs)
-        if num_logprobs >= 1:
-            topk_logprobs, topk_indices = paddle.topk(logprobs, num_logprobs, axis=-1)
-            indices = paddle.concat([token_ids, topk_indices], axis=1)
-            top_logprobs = paddle.concat([token_logprobs, topk_logprobs], axis=1)
-        else:
-            indices = token_ids
-            top_logprobs = token_logprobs
-        indices, top_logprobs = as_device(indices), as_device(top_logprobs)
-        return LogprobsTensors(indices, top_logprobs, token_ranks)
+        return LogprobsTensors(*speculative_gather_logprobs(logprobs, num_logprobs, token_ids))
 
     def forward_cuda(self, logits, sampling_metadata, max_model_len, share_inputs, *args):
         raise NotImplementedError("MTP is not modelled by the replica")

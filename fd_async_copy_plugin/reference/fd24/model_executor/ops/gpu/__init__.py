@@ -160,6 +160,89 @@ def set_stop_value_multi_ends(
     write_back(next_tokens, nxt)
 
 
+def run_update_inputs_v1_kernel(
+    stop_flags,
+    seq_lens_this_time,
+    seq_lens_encoder,
+    seq_lens_decoder,
+    step_seq_lens_decoder,
+    prompt_lens,
+    topk_ids,
+    input_ids,
+    block_tables,
+    stop_nums: np.ndarray | None,
+    next_tokens,
+    is_block_step,
+    block_size,
+) -> bool:
+    """The ``update_inputs_v1`` kernel as both versions launch it: updates the tensors in place
+    (only column 0 of ``input_ids``) and returns the new flag; where the flag goes, and whether
+    ``stop_nums`` exists, is each version's op's business."""
+    written = {
+        "stop_flags": stop_flags,
+        "seq_lens_this_time": seq_lens_this_time,
+        "seq_lens_encoder": seq_lens_encoder,
+        "seq_lens_decoder": seq_lens_decoder,
+        "step_seq_lens_decoder": step_seq_lens_decoder,
+        "topk_ids": topk_ids,
+        "is_block_step": is_block_step,
+    }
+    arrays = {name: np.ascontiguousarray(t.numpy()) for name, t in written.items()}
+    ids0 = _column0(input_ids)
+    flag = update_inputs_v1_np(
+        arrays["stop_flags"],
+        None,
+        arrays["seq_lens_this_time"],
+        arrays["seq_lens_encoder"],
+        arrays["seq_lens_decoder"],
+        arrays["step_seq_lens_decoder"],
+        np.ascontiguousarray(prompt_lens.numpy()),
+        arrays["topk_ids"],
+        ids0,
+        np.ascontiguousarray(block_tables.numpy()),
+        stop_nums,
+        np.ascontiguousarray(next_tokens.numpy()),
+        arrays["is_block_step"],
+        int(block_size),
+        prefill_one_step_stop=_env_flag("PREFILL_NODE_ONE_STEP_STOP_V1"),
+    )
+    _write_back_kernel_outputs(written, arrays, input_ids, ids0)
+    return flag
+
+
+def run_update_inputs_kernel(
+    stop_flags, seq_lens_this_time, seq_lens_encoder, seq_lens_decoder, input_ids,
+    stop_nums: np.ndarray | None, next_tokens, is_block_step,
+) -> bool:
+    """The (non-V1) ``update_inputs`` kernel as both versions launch it; see the V1 runner."""
+    written = {
+        "seq_lens_this_time": seq_lens_this_time,
+        "seq_lens_encoder": seq_lens_encoder,
+        "seq_lens_decoder": seq_lens_decoder,
+    }
+    arrays = {name: np.ascontiguousarray(t.numpy()) for name, t in written.items()}
+    ids0 = _column0(input_ids)
+    flag = update_inputs_np(
+        stop_flags.numpy(),
+        None,
+        arrays["seq_lens_this_time"],
+        arrays["seq_lens_encoder"],
+        arrays["seq_lens_decoder"],
+        ids0,
+        stop_nums,
+        next_tokens.numpy(),
+        is_block_step.numpy(),
+    )
+    _write_back_kernel_outputs(written, arrays, input_ids, ids0)
+    return flag
+
+
+def _write_back_kernel_outputs(written: dict, arrays: dict, input_ids, ids0: np.ndarray) -> None:
+    for name, t in written.items():
+        write_back(t, arrays[name])
+    input_ids[:, 0] = paddle.to_tensor(ids0[:, 0], dtype=input_ids.dtype)
+
+
 def _host_flag_from_kernel(not_need_stop, value: bool, site: str) -> None:
     """2.4's host side of the update ops: the kernel wrote a GPU temporary; copy it back to
     pageable memory (blocking) and store it through ``not_need_stop``'s host pointer."""
@@ -189,37 +272,21 @@ def update_inputs_v1(
     block_size,
 ):
     """2.4 signature: 13 tensors (with ``stop_nums``) and ``block_size``."""
-    written = {
-        "stop_flags": stop_flags,
-        "seq_lens_this_time": seq_lens_this_time,
-        "seq_lens_encoder": seq_lens_encoder,
-        "seq_lens_decoder": seq_lens_decoder,
-        "step_seq_lens_decoder": step_seq_lens_decoder,
-        "topk_ids": topk_ids,
-        "is_block_step": is_block_step,
-    }
-    arrays = {name: np.ascontiguousarray(t.numpy()) for name, t in written.items()}
-    ids0 = _column0(input_ids)
-    flag = update_inputs_v1_np(
-        arrays["stop_flags"],
-        None,
-        arrays["seq_lens_this_time"],
-        arrays["seq_lens_encoder"],
-        arrays["seq_lens_decoder"],
-        arrays["step_seq_lens_decoder"],
-        np.ascontiguousarray(prompt_lens.numpy()),
-        arrays["topk_ids"],
-        ids0,
-        np.ascontiguousarray(block_tables.numpy()),
+    flag = run_update_inputs_v1_kernel(
+        stop_flags,
+        seq_lens_this_time,
+        seq_lens_encoder,
+        seq_lens_decoder,
+        step_seq_lens_decoder,
+        prompt_lens,
+        topk_ids,
+        input_ids,
+        block_tables,
         device_array(stop_nums),
-        np.ascontiguousarray(next_tokens.numpy()),
-        arrays["is_block_step"],
-        int(block_size),
-        prefill_one_step_stop=_env_flag("PREFILL_NODE_ONE_STEP_STOP_V1"),
+        next_tokens,
+        is_block_step,
+        block_size,
     )
-    for name, t in written.items():
-        write_back(t, arrays[name])
-    input_ids[:, 0] = paddle.to_tensor(ids0[:, 0], dtype=input_ids.dtype)
     _host_flag_from_kernel(not_need_stop, flag, "update_inputs_v1.not_need_stop")
 
 
@@ -234,27 +301,10 @@ def update_inputs(
     next_tokens,
     is_block_step,
 ):
-    written = {
-        "seq_lens_this_time": seq_lens_this_time,
-        "seq_lens_encoder": seq_lens_encoder,
-        "seq_lens_decoder": seq_lens_decoder,
-    }
-    arrays = {name: np.ascontiguousarray(t.numpy()) for name, t in written.items()}
-    ids0 = _column0(input_ids)
-    flag = update_inputs_np(
-        stop_flags.numpy(),
-        None,
-        arrays["seq_lens_this_time"],
-        arrays["seq_lens_encoder"],
-        arrays["seq_lens_decoder"],
-        ids0,
-        device_array(stop_nums),
-        next_tokens.numpy(),
-        is_block_step.numpy(),
+    flag = run_update_inputs_kernel(
+        stop_flags, seq_lens_this_time, seq_lens_encoder, seq_lens_decoder, input_ids,
+        device_array(stop_nums), next_tokens, is_block_step,
     )
-    for name, t in written.items():
-        write_back(t, arrays[name])
-    input_ids[:, 0] = paddle.to_tensor(ids0[:, 0], dtype=input_ids.dtype)
     _host_flag_from_kernel(not_need_stop, flag, "update_inputs.not_need_stop")
 
 

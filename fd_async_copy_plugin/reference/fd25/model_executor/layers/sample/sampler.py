@@ -14,37 +14,14 @@ from typing import Any, List, Optional
 import paddle
 from paddle import nn
 
+# Not patch points, unchanged in 2.5: guided decoding and the speculative/MTP gather_logprobs body.
+from .....fd24.model_executor.layers.sample.sampler import GuidedDecoding, speculative_gather_logprobs
 from .....placement import as_device, blocking_d2h, copy_async, pin_memory
 from .....sampling_math import greedy_sample, log_softmax, top_p_renormalized_logprobs
 from ....platforms import current_platform
 from ....worker.output import LogprobsTensors, SamplerOutput
 from .logprobs import batched_count_greater_than
 from .meta_data import SamplingMetadata
-
-
-class GuidedDecoding:
-    """Guided decoding is off in the replica: every hook is a no-op."""
-
-    def __init__(self, fd_config=None) -> None:
-        # FastDeploy's GuidedDecoding keeps max_num_seqs (the plugin sizes its pinned ring from it).
-        scheduler_config = getattr(fd_config, "scheduler_config", None)
-        self.max_num_seqs: int = int(scheduler_config.max_num_seqs if scheduler_config is not None else 1)
-        self.logits_processors = []
-
-    def apply_reasoning_parser(self, reasoning_parser=None):
-        pass
-
-    def add_logits_processor(self, ids, future=None, prefill_tokens=[]):
-        pass
-
-    def apply_token_mask(self, logits: paddle.Tensor, prefill_done_idxs: List[int] = []):
-        return logits
-
-    def update_output_tokens(self, next_tokens: paddle.Tensor):
-        pass
-
-    def pre_process(self, prefill_done_idxs: List[int] = []):
-        pass
 
 
 class Sampler(nn.Layer):
@@ -193,20 +170,7 @@ class SpeculativeSampler(nn.Layer):
         pass
 
     def gather_logprobs(self, logprobs: paddle.Tensor, num_logprobs: int, token_ids: paddle.Tensor) -> LogprobsTensors:
-        assert token_ids.dtype == paddle.int64
-        token_ids = token_ids.unsqueeze(1)
-        logprobs.clip_(min=paddle.finfo(logprobs.dtype).min)
-        token_logprobs = paddle.take_along_axis(logprobs, token_ids, axis=-1)
-        token_ranks = batched_count_greater_than(logprobs, token_logprobs)
-        if num_logprobs >= 1:
-            topk_logprobs, topk_indices = paddle.topk(logprobs, num_logprobs, axis=-1)
-            indices = paddle.concat([token_ids, topk_indices], axis=1)
-            top_logprobs = paddle.concat([token_logprobs, topk_logprobs], axis=1)
-        else:
-            indices = token_ids
-            top_logprobs = token_logprobs
-        indices, top_logprobs = as_device(indices), as_device(top_logprobs)
-        return LogprobsTensors(indices, top_logprobs, token_ranks)
+        return LogprobsTensors(*speculative_gather_logprobs(logprobs, num_logprobs, token_ids))
 
     def forward_cuda(self, logits, sampling_metadata, max_model_len, share_inputs, *args):
         raise NotImplementedError("speculative decoding is not modelled by the replica")
@@ -221,20 +185,7 @@ class MTPSampler(nn.Layer):
         self.logprobs_mode = fd_config.model_config.logprobs_mode
 
     def gather_logprobs(self, logprobs: paddle.Tensor, num_logprobs: int, token_ids: paddle.Tensor) -> LogprobsTensors:
-        assert token_ids.dtype == paddle.int64
-        token_ids = token_ids.unsqueeze(1)
-        logprobs.clip_(min=paddle.finfo(logprobs.dtype).min)
-        token_logprobs = paddle.take_along_axis(logprobs, token_ids, axis=-1)
-        token_ranks = batched_count_greater_than(logprobs, token_logprobs)
-        if num_logprobs >= 1:
-            topk_logprobs, topk_indices = paddle.topk(logprobs, num_logprobs, axis=-1)
-            indices = paddle.concat([token_ids, topk_indices], axis=1)
-            top_logprobs = paddle.concat([token_logprobs, topk_logprobs], axis=1)
-        else:
-            indices = token_ids
-            top_logprobs = token_logprobs
-        indices, top_logprobs = as_device(indices), as_device(top_logprobs)
-        return LogprobsTensors(indices, top_logprobs, token_ranks)
+        return LogprobsTensors(*speculative_gather_logprobs(logprobs, num_logprobs, token_ids))
 
     def forward_cuda(self, logits, sampling_metadata, max_model_len, share_inputs, *args):
         raise NotImplementedError("MTP is not modelled by the replica")

@@ -15,28 +15,24 @@
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import paddle
 
 from ..... import kernels
 from .....message_queue import get_queue, pack_tokens, pack_topk
 from .....placement import as_device, host_view, is_pinned, paddle_op_inputs, write_back
-from .....update_inputs_semantics import update_inputs_np, update_inputs_v1_np
 from ...... import runtime
 from .....fd24.model_executor.ops.gpu import (  # noqa: F401  (unchanged in 2.5)
+    _env_flag,
     _not_modelled,
     recover_decode_task,
+    run_update_inputs_kernel,
+    run_update_inputs_v1_kernel,
     set_value_by_flags_and_idx,
     step_paddle,
     step_reschedule,
     step_system_cache,
 )
-
-
-def _env_flag(name: str) -> bool:
-    return os.getenv(name, "")[:1] == "1"
 
 
 def get_padding_offset(input_ids, seq_len, draft_tokens, seq_lens_encoder, token_num_cpu):
@@ -120,37 +116,21 @@ def update_inputs_v1(
     block_size,
 ):
     """2.5 signature: 12 tensors and ``block_size``; ``not_need_stop`` is written where it lives."""
-    written = {
-        "stop_flags": stop_flags,
-        "seq_lens_this_time": seq_lens_this_time,
-        "seq_lens_encoder": seq_lens_encoder,
-        "seq_lens_decoder": seq_lens_decoder,
-        "step_seq_lens_decoder": step_seq_lens_decoder,
-        "topk_ids": topk_ids,
-        "is_block_step": is_block_step,
-    }
-    arrays = {name: np.ascontiguousarray(t.numpy()) for name, t in written.items()}
-    ids0 = np.ascontiguousarray(input_ids.numpy()[:, :1])
-    flag = update_inputs_v1_np(
-        arrays["stop_flags"],
+    flag = run_update_inputs_v1_kernel(
+        stop_flags,
+        seq_lens_this_time,
+        seq_lens_encoder,
+        seq_lens_decoder,
+        step_seq_lens_decoder,
+        prompt_lens,
+        topk_ids,
+        input_ids,
+        block_tables,
         None,
-        arrays["seq_lens_this_time"],
-        arrays["seq_lens_encoder"],
-        arrays["seq_lens_decoder"],
-        arrays["step_seq_lens_decoder"],
-        np.ascontiguousarray(prompt_lens.numpy()),
-        arrays["topk_ids"],
-        ids0,
-        np.ascontiguousarray(block_tables.numpy()),
-        None,
-        np.ascontiguousarray(next_tokens.numpy()),
-        arrays["is_block_step"],
-        int(block_size),
-        prefill_one_step_stop=_env_flag("PREFILL_NODE_ONE_STEP_STOP_V1"),
+        next_tokens,
+        is_block_step,
+        block_size,
     )
-    for name, t in written.items():
-        write_back(t, arrays[name])
-    input_ids[:, 0] = paddle.to_tensor(ids0[:, 0], dtype=input_ids.dtype)
     write_back(not_need_stop, np.array([flag]))
 
 
@@ -164,27 +144,10 @@ def update_inputs(
     next_tokens,
     is_block_step,
 ):
-    written = {
-        "seq_lens_this_time": seq_lens_this_time,
-        "seq_lens_encoder": seq_lens_encoder,
-        "seq_lens_decoder": seq_lens_decoder,
-    }
-    arrays = {name: np.ascontiguousarray(t.numpy()) for name, t in written.items()}
-    ids0 = np.ascontiguousarray(input_ids.numpy()[:, :1])
-    flag = update_inputs_np(
-        stop_flags.numpy(),
-        None,
-        arrays["seq_lens_this_time"],
-        arrays["seq_lens_encoder"],
-        arrays["seq_lens_decoder"],
-        ids0,
-        None,
-        next_tokens.numpy(),
-        is_block_step.numpy(),
+    flag = run_update_inputs_kernel(
+        stop_flags, seq_lens_this_time, seq_lens_encoder, seq_lens_decoder, input_ids, None, next_tokens,
+        is_block_step,
     )
-    for name, t in written.items():
-        write_back(t, arrays[name])
-    input_ids[:, 0] = paddle.to_tensor(ids0[:, 0], dtype=input_ids.dtype)
     write_back(not_need_stop, np.array([flag]))
 
 
