@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from . import disable, enable
 from .reference import ROOTS
 from .reference.driver import DecodeResult, DriverConfig, Request, run_decode
+from . import runtime
 from .runtime import SyncCensus, census as census_module, collecting
 
 #: Census sites on the paths the plugin patches (gather_logprobs, update op, save ops, ZMQ
@@ -59,16 +60,36 @@ VARIANTS = {
 
 
 @contextlib.contextmanager
+def device_for(backend: str):
+    """The replica's "device" tensors live where the backend expects them: the GPU for ``cuda``,
+    the CPU for ``host`` and ``sim`` (also on a GPU machine, where Paddle defaults to the GPU)."""
+    import paddle
+
+    previous = paddle.get_device()
+    paddle.set_device("gpu" if backend == "cuda" else "cpu")
+    try:
+        yield
+    finally:
+        paddle.set_device(previous)
+
+
+@contextlib.contextmanager
 def plugin_state(variant: Variant, backend: str):
     """Enable the plugin for ``variant`` (or make sure it is off); always disabled afterwards."""
     disable()
     status = None
+    previous = None
     if variant.plugin:
         status = enable(features=variant.features, backend=backend, root=variant.root)
+    else:
+        # Unpatched FastDeploy's own copies (2.5's pinned buffers and events) run on the same backend.
+        previous = runtime.use(runtime.make_backend(backend))
     try:
         yield status
     finally:
         disable()
+        if not variant.plugin:
+            runtime.use(previous)
 
 
 @dataclass
@@ -90,7 +111,7 @@ def run_variant(variant: Variant, config: DriverConfig, requests, *, backend: st
         times.append(now - last[0])
         last[0] = now
 
-    with plugin_state(variant, backend) as status, collecting() as census:
+    with device_for(backend), plugin_state(variant, backend) as status, collecting() as census:
         last[0] = time.perf_counter()
         result = run_decode(variant.root, config, requests, arrivals=arrivals, max_steps=max_steps, on_step=on_step)
     return VariantRun(variant, result, census, times, status)

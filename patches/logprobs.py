@@ -82,6 +82,7 @@ class LogprobsCopier:
         self.LogprobsTensors = logprobs_tensors_cls
         self.AsyncLogprobsTensors = make_async_class(logprobs_tensors_cls, backend)
         self.ring: runtime.PinnedRing | None = None
+        self.max_rows = 0
         self._prompt_mode = threading.local()
 
     def prompt_mode(self) -> bool:
@@ -93,12 +94,16 @@ class LogprobsCopier:
     def exit_prompt_mode(self) -> None:
         self._prompt_mode.depth -= 1
 
+    def _capacity(self, rows: int, columns: int) -> dict[str, int]:
+        """Elements for ``rows`` x ``columns``, with rows at least FastDeploy's max_num_seqs."""
+        rows = max(rows, self.max_rows)
+        return {"logprob_token_ids": rows * columns, "logprobs": rows * columns, "selected_token_ranks": rows}
+
     def _ring_for(self, sampler, rows: int, columns: int) -> runtime.PinnedRing:
         if self.ring is None:
-            max_seqs = int(getattr(getattr(sampler, "guided_decoding", None), "max_num_seqs", 0) or 0)
-            rows = max(rows, max_seqs)
-            cols = max(columns, DEFAULT_MAX_LOGPROBS + 1)
-            capacity = {"logprob_token_ids": rows * cols, "logprobs": rows * cols, "selected_token_ranks": rows}
+            # FastDeploy's GuidedDecoding keeps max_num_seqs (2.4, 2.5, develop).
+            self.max_rows = int(getattr(getattr(sampler, "guided_decoding", None), "max_num_seqs", 0) or 0)
+            capacity = self._capacity(rows, max(columns, DEFAULT_MAX_LOGPROBS + 1))
             self.ring = runtime.PinnedRing(self.backend, "logprobs", DTYPES, capacity, slots=RING_SLOTS)
         return self.ring
 
@@ -109,8 +114,10 @@ class LogprobsCopier:
             "logprobs": list(top_logprobs.shape),
             "selected_token_ranks": list(token_ranks.shape),
         }
-        ring = self._ring_for(sampler, int(indices.shape[0]), int(indices.shape[-1]))
-        slot = ring.acquire("gather_logprobs", shapes)
+        rows, columns = int(indices.shape[0]), int(indices.shape[-1])
+        ring = self._ring_for(sampler, rows, columns)
+        # A wider request (more top logprobs, or -1 = the vocabulary) grows a slot for every row at once.
+        slot = ring.acquire("gather_logprobs", shapes, reserve=self._capacity(rows, columns))
         sources = {"logprob_token_ids": indices, "logprobs": top_logprobs, "selected_token_ranks": token_ranks}
         for name in FIELDS:
             self.backend.copy_d2h(slot.buffers[name], sources[name], f"gather_logprobs.{name}")

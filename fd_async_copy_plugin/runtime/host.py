@@ -22,7 +22,8 @@ class HostBackend(CopyBackend):
     def blocking_d2h(self, src, label):
         # On CPU Paddle ``.cpu()`` returns the tensor itself; FastDeploy's result is a copy.
         census_record("blocking_d2h", label)
-        return src.clone()
+        out = src.cpu()
+        return out.clone() if out is src else out
 
     def _copy(self, dst, src, seq, label):
         # Positional ``blocking``: Paddle 3.3 ignores it as a keyword (platform-facts.md).

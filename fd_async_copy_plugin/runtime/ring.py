@@ -120,9 +120,14 @@ class PinnedRing:
         log.error("fd_async_copy: ring %s chose a referenced slot; adding a slot instead", self.name)
         return False
 
-    def acquire(self, writer: str, shapes: dict[str, list[int]]) -> PinnedSlot:
-        """A slot that nobody references, with buffers large enough for tensors of ``shapes``."""
+    def acquire(self, writer: str, shapes: dict[str, list[int]], reserve: dict[str, int] | None = None) -> PinnedSlot:
+        """A slot that nobody references, with buffers large enough for tensors of ``shapes``.
+
+        When a buffer must grow, it grows to ``reserve[field]`` elements if that is larger (e.g. a
+        wider logprob row sized for every sequence, not just this step's), so it grows once.
+        """
         need = {f: (prod(shape) if shape else 1) for f, shape in shapes.items()}
+        reserve = reserve or {}
         slot = self._select()
         if slot is not None and not self._verify_unreferenced(slot, writer):
             slot = None
@@ -137,7 +142,8 @@ class PinnedRing:
             slot = self._add_slot(need)
         for name, elements in need.items():
             if elements > slot.capacity[name]:
-                # Grow once to what this step needs; never shrink inside the loop.
+                # Grow once, to at least what this step needs; never shrink inside the loop.
+                elements = max(elements, int(reserve.get(name, 0)))
                 old = slot.buffers.pop(name)
                 self._new_buffer(slot, name, elements)
                 self.backend.free_pinned(old, f"{self.name}[{slot.index}].{name}")
