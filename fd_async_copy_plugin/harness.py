@@ -36,6 +36,7 @@ PATCHED_PATHS = (
     "_postprocess.sampled_token_ids",
     "_postprocess.not_need_stop",
     "_save_model_output",
+    "paddle.device.synchronize",  # FD 2.5's prompt-logprobs sync (the only device-wide one per step)
 )
 
 
