@@ -54,7 +54,8 @@ class StopFlagState:
         self.backend = backend
         self.ops = ops
         self.legacy = share_inputs["not_need_stop"]  # FastDeploy 2.4's pageable host flag
-        self.device = paddle.full([1], False, dtype="bool")
+        # On the place of FastDeploy's own device buffers (the GPU in a worker; the CPU in tests).
+        self.device = paddle.to_tensor([False], dtype="bool", place=share_inputs["stop_flags"].place)
         self.pinned = backend.new_pinned([1], "bool", "not_need_stop_pinned")
         self.tokens = backend.new_pinned([max_num_seqs, 1], "int64", "sampled_token_ids") if copy_tokens else None
         self.max_num_seqs = max_num_seqs
@@ -143,22 +144,33 @@ def build_init_share_inputs(original, ctx):
         original(self, max_num_seqs)
         if not _is_cuda_runner(runner_module):
             return  # DCU/Iluvatar subclasses on their platforms keep FastDeploy 2.4's behaviour
+        on_gpu = self.share_inputs["stop_flags"].place.is_gpu_place()
+        if on_gpu != (ctx.backend.name == "cuda"):
+            where = "GPU" if on_gpu else "CPU"
+            _stand_down(ctx, f"backend {ctx.backend.name!r} cannot update FastDeploy's {where} buffers; "
+                             f"use FD_ASYNC_COPY_BACKEND={'cuda' if on_gpu else 'host'}")
+            return
         if int(max_num_seqs) > MAX_BATCH:
             reason = (
                 f"max_num_seqs={max_num_seqs} exceeds {MAX_BATCH}, the one-block limit of the stop-flag "
                 "kernels (FastDeploy's own update kernels have the same limit but miscount silently); "
                 "lower max_num_seqs"
             )
-            if ctx.strict:
-                raise ValueError(f"fd_async_copy stop_flag: {reason}")
-            log.error("fd_async_copy: %s; this runner keeps FastDeploy's own stop-flag path", reason)
-            ctx.stand_down(reason)
+            _stand_down(ctx, reason)
             return
         state = StopFlagState(self.share_inputs, int(max_num_seqs), ctx.backend, ctx.ops, copy_tokens)
         registry.add(state)
         self._fdac_stop = state
 
     return _init_share_inputs
+
+
+def _stand_down(ctx, reason: str) -> None:
+    """This runner keeps FastDeploy's own stop-flag path (strict mode: refuse to start)."""
+    if ctx.strict:
+        raise ValueError(f"fd_async_copy stop_flag: {reason}")
+    log.error("fd_async_copy: %s; this runner keeps FastDeploy's own stop-flag path", reason)
+    ctx.stand_down(reason)
 
 
 def build_reset_share_inputs(original, ctx):

@@ -129,3 +129,29 @@ def test_max_num_seqs_over_1024_fails_at_runner_construction_in_strict_mode(sfki
     with pytest.raises(ValueError, match=r"max_num_seqs=1025 exceeds 1024"):
         with sfkit.enabled_runner(config, strict=True):
             pass
+
+
+def test_backend_that_cannot_reach_fastdeploys_buffers_stands_down(sfkit, monkeypatch):
+    """``cuda`` on CPU buffers (or ``host`` on GPU buffers) would crash in the update op mid-decode:
+    the runner keeps FastDeploy's own path instead, and status() says which backend to use."""
+    from fd_async_copy_plugin import runtime
+
+    class CudaNamedHost(runtime.HostBackend):
+        name = "cuda"  # what the feature sees; the buffers of the replica are CPU tensors
+
+    real = runtime.make_backend
+    monkeypatch.setattr(runtime, "make_backend", lambda name: CudaNamedHost() if name == "cuda" else real(name))
+    from fd_async_copy_plugin.ops import load_ops
+
+    ops = load_ops()
+    if not ops.has_cuda_kernels:
+        pytest.skip(f"the CUDA kernel library is not built here: {ops.cuda_why}")
+    config = DriverConfig(max_num_seqs=4, vocab_size=64, max_model_len=16, hidden_size=8)
+    with sfkit.enabled_runner(config, backend="cuda") as runner:
+        entry = fd_async_copy_plugin.status()["features"]["stop_flag"]
+        assert entry["state"] == "skipped"
+        assert "FD_ASYNC_COPY_BACKEND=host" in entry["reason"]
+        assert "not_need_stop_device" not in runner.share_inputs
+    with pytest.raises(ValueError, match="cannot update FastDeploy's CPU buffers"):
+        with sfkit.enabled_runner(config, backend="cuda", strict=True):
+            pass
