@@ -79,7 +79,6 @@ class LogprobsCopier:
 
     def __init__(self, backend, logprobs_tensors_cls) -> None:
         self.backend = backend
-        self.LogprobsTensors = logprobs_tensors_cls
         self.AsyncLogprobsTensors = make_async_class(logprobs_tensors_cls, backend)
         self.ring: runtime.PinnedRing | None = None
         self.max_rows = 0
@@ -121,9 +120,8 @@ class LogprobsCopier:
         sources = {"logprob_token_ids": indices, "logprobs": top_logprobs, "selected_token_ranks": token_ranks}
         for name in FIELDS:
             self.backend.copy_d2h(slot.buffers[name], sources[name], f"gather_logprobs.{name}")
-        event = self.backend.record("gather_logprobs")
+        self.backend.record("gather_logprobs")
         result = self.AsyncLogprobsTensors(*(slot.buffers[name] for name in FIELDS))
-        result._fdac_event = event
         if self.prompt_mode():
             # Prompt logprobs are copied by FastDeploy into its own CPU buffers right away: hand it
             # host-owned tensors (one event-scoped wait per chunk; 2.5 does a device-wide sync here).
@@ -135,7 +133,8 @@ def make_async_class(base, backend):
     """A subclass of FastDeploy's ``LogprobsTensors`` whose fields are pinned ring buffers."""
 
     class AsyncLogprobsTensors(base):
-        """``LogprobsTensors`` backed by pinned buffers, valid once ``_fdac_event`` completed.
+        """``LogprobsTensors`` backed by pinned buffers, valid once the event recorded after their
+        copies completed (the backend finds it: ``CopyBackend.covering_event``).
 
         Consumers never run Paddle ops on the fields: every method below reads through
         ``backend.to_host``, which waits on the copy event first.
