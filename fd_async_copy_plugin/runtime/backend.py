@@ -53,8 +53,6 @@ class CopyBackend:
     """
 
     name = "abstract"
-    #: True when ``copy_d2h`` returns before the data has landed.
-    asynchronous = False
 
     def __init__(self) -> None:
         self._lock = threading.Lock()

@@ -31,7 +31,6 @@ def cuda_available() -> tuple[bool, str]:
 
 class CudaBackend(CopyBackend):
     name = "cuda"
-    asynchronous = True
 
     def __init__(self) -> None:
         ok, why = cuda_available()

@@ -14,7 +14,6 @@ from .census import record as census_record
 
 class HostBackend(CopyBackend):
     name = "host"
-    asynchronous = False
 
     def _alloc(self, shape, dtype):
         return paddle.empty(shape, dtype=dtype).cpu()

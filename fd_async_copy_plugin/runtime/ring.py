@@ -6,7 +6,7 @@ hands the buffers to consumers (inside a ``LogprobsTensors``). Consumers are Fas
 not control - the save path, the ZMQ output thread's payload builder, a deferred save one step
 later in overlap mode - so "is anyone still using this slot?" is answered by the only thing all of
 them share: Python references. A slot is free when no object outside the ring references any of
-its buffers (CPython reference counts are exact and immediate) and no explicit holder remains.
+its buffers (CPython reference counts are exact and immediate).
 
 If no slot is free the ring grows by one slot - a counted pinned allocation, logged - instead of
 overwriting data that someone may still read. Capacity grows (never shrinks) when a step needs more
@@ -40,7 +40,6 @@ class PinnedSlot:
     buffers: dict[str, paddle.Tensor]
     capacity: dict[str, int]
     baseline: dict[str, int] = field(default_factory=dict)
-    holders: dict[str, int] = field(default_factory=dict)
     generation: int = 0
 
 
@@ -89,7 +88,7 @@ class PinnedRing:
         return refs
 
     def is_free(self, slot: PinnedSlot) -> bool:
-        return not slot.holders and not self.external_refs(slot)
+        return not self.external_refs(slot)
 
     def _select(self) -> PinnedSlot | None:
         """The reuse policy: the next free slot in ring order, or None."""
@@ -101,7 +100,7 @@ class PinnedRing:
 
     def _verify_unreferenced(self, slot: PinnedSlot, writer: str) -> bool:
         refs = self.external_refs(slot)
-        if not refs and not slot.holders:
+        if not refs:
             return True
         if self.backend.name == "sim":
             referrers = sorted(
@@ -114,8 +113,8 @@ class PinnedRing:
             )
             raise BufferInUseError(
                 f"{writer!r} is about to overwrite slot {slot.index} of pinned ring {self.name!r} whose "
-                f"previous contents are still referenced ({refs}; holders {sorted(slot.holders)}; "
-                f"referrers: {referrers}): the slot was reused too early"
+                f"previous contents are still referenced ({refs}; referrers: {referrers}): the slot was "
+                "reused too early"
             )
         log.error("fd_async_copy: ring %s chose a referenced slot; adding a slot instead", self.name)
         return False
@@ -152,17 +151,6 @@ class PinnedRing:
         self._next = (slot.index + 1) % len(self.slots)
         slot.generation += 1
         return slot
-
-    # -- explicit holders (for consumers that hold data without referencing the buffers) -------
-    def hold(self, slot: PinnedSlot, holder: str) -> None:
-        slot.holders[holder] = slot.holders.get(holder, 0) + 1
-
-    def release(self, slot: PinnedSlot, holder: str) -> None:
-        count = slot.holders.get(holder, 0)
-        if count <= 1:
-            slot.holders.pop(holder, None)
-        else:
-            slot.holders[holder] = count - 1
 
     @property
     def size(self) -> int:

@@ -37,7 +37,6 @@ def poison_like(values: np.ndarray) -> np.ndarray:
 
 class SimulatedBackend(CopyBackend):
     name = "sim"
-    asynchronous = True
 
     def __init__(self) -> None:
         super().__init__()
