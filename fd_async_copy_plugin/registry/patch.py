@@ -155,15 +155,17 @@ class AppliedFeature:
         for record in reversed(self.records):
             _restore(record)
         # Modules that imported the replaced name after we patched (``from x import name``)
-        # hold the replacement: point them back at the original too.
-        for record in self.records:
+        # hold the replacement: point them back at the original too (one pass over all modules).
+        originals = {id(r.replacement): r.original for r in self.records if r.replacement is not r.original}
+        if originals:
             for module in list(sys.modules.values()):
                 namespace = getattr(module, "__dict__", None)
                 if not isinstance(namespace, dict):
                     continue
                 for key, value in list(namespace.items()):
-                    if value is record.replacement and module is not record.owner:
-                        namespace[key] = record.original
+                    original = originals.get(id(value), _MISSING)
+                    if original is not _MISSING:
+                        namespace[key] = original
         self.feature.teardown(self.ctx)
 
 
