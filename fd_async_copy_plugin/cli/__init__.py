@@ -29,8 +29,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--smoke", action="store_true", help="tiny sizes, for CI")
     bench.add_argument("--json", action="store_true")
 
-    build = sub.add_parser("build-ops", help="compile the custom ops (pybind get_stop/set_stop, host and CUDA update kernels)")
-    build.add_argument("--verbose", action="store_true")
+    build = sub.add_parser(
+        "build-ops",
+        help="compile the custom ops (pybind get_stop/set_stop, host and CUDA update kernels); "
+        "options: --verbose --force --no-cuda --require-cuda --json",
+        add_help=False,  # every option, --help included, goes to the build tool
+    )
 
     try:
         from . import ab
@@ -42,7 +46,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command != "build-ops":
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command in ("selftest", "bench"):
         # These enable and disable the plugin many times; its per-feature log lines would bury the report.
         logging.getLogger("fd_async_copy").setLevel(logging.WARNING)
@@ -61,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "build-ops":
         from ..ops import main_build_ops
 
-        return main_build_ops(["--verbose"] if args.verbose else [])
+        return main_build_ops(extra)
     if args.command == "ab":
         from . import ab
 

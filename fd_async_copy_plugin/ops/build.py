@@ -97,8 +97,9 @@ def build_lock(directory: Path, timeout: float = LOCK_TIMEOUT_S):
 def build_ops(verbose: bool = False, force: bool = False, cuda: bool = True) -> dict:
     """Build whatever is missing or stale; returns a JSON-serialisable report.
 
-    Raises ``BuildError`` when a compiler failed (after trying both artifacts), and
-    ``FileNotFoundError`` when the sources are not installed.
+    Raises ``BuildError`` when the pybind module failed to build (after trying both artifacts),
+    and ``FileNotFoundError`` when the sources are not installed. A failed CUDA build is reported
+    (``report["cuda"]["status"] == "failed"``), not raised: the CUDA kernels are optional.
     """
     src = cache.sources_dir()
     if src is None:
@@ -119,7 +120,8 @@ def build_ops(verbose: bool = False, force: bool = False, cuda: bool = True) -> 
                 report[name] = step(src, directory, verbose, force)
             except BuildError as exc:
                 report[name] = {"status": "failed", "error": str(exc)}
-                failures.append(f"{name}: {exc}")
+                if name == "pybind":
+                    failures.append(f"{name}: {exc}")
     if failures:
         raise BuildError("; ".join(failures))
     return report

@@ -50,7 +50,8 @@ def ops_dir() -> Path:
     if override:
         return Path(override).expanduser().resolve()
     cache_home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return cache_home / "fd_async_copy" / f"paddle-{paddle_version()}-{python_tag()}"
+    build = hashlib.sha256(paddle_build().encode()).hexdigest()[:8]
+    return cache_home / "fd_async_copy" / f"paddle-{paddle_version()}-{python_tag()}-{build}"
 
 
 def _hash_sources(names: tuple[str, ...]) -> str | None:
@@ -63,10 +64,20 @@ def _hash_sources(names: tuple[str, ...]) -> str | None:
     return digest.hexdigest()
 
 
+def paddle_build() -> str:
+    """The Paddle build the module links against: source builds can share a version string, and
+    every venv shares the cache folder, so the commit and the install location are recorded too."""
+    import paddle
+
+    commit = getattr(getattr(paddle, "version", None), "commit", "unknown")
+    return f"{commit}@{os.path.dirname(os.path.abspath(paddle.__file__))}"
+
+
 def pybind_fingerprint() -> dict:
     return {
         "sources_sha256": _hash_sources(PYBIND_SOURCES + HEADERS),
         "paddle": paddle_version(),
+        "paddle_build": paddle_build(),
         "python": python_tag(),
     }
 
