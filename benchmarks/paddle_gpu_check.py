@@ -40,9 +40,14 @@ def check_async_copy(paddle):
     issued = time.perf_counter() - start
     event = paddle.device.cuda.Event(blocking=True)
     event.record()
+    pending = not event.query()  # an asynchronous copy is still queued behind the busy work
     event.synchronize()
-    ok = bool((dst.numpy() == 7).all())
-    return ok, f"copy_ returned after {issued * 1e6:.0f} us with GPU work queued; data correct after event: {ok}"
+    correct = bool((dst.numpy() == 7).all())
+    ok = pending and correct
+    return ok, (
+        f"copy_ returned after {issued * 1e6:.0f} us with GPU work queued; event still pending right "
+        f"after copy_: {pending} (False means copy_ blocked); data correct after the event: {correct}"
+    )
 
 
 def check_resize_keeps_allocation(paddle):

@@ -65,23 +65,23 @@ def main(argv=None) -> int:
     print(f"profile: {status['profile']} (version string {status['fastdeploy_version']!r})")
     for name, entry in status["features"].items():
         print(f"  {name:15s} {entry['state']:9s} {entry['reason']}")
+    # The exact objects the plugin replaced, as it recorded them; after disable() each owner must hold
+    # its original again (identity, not equality).
+    records = [r for applied in plugin._get_manager().applied.values() for r in applied.records]
+    first = {}  # two features may patch one target: the first record holds FastDeploy's object
+    for record in records:
+        first.setdefault((id(record.owner), record.name), record)
     plugin.disable()
-    import fastdeploy.model_executor.layers.sample.sampler as sampler
-    import fastdeploy.model_executor.pre_and_post_process as post
-
-    # Every replacement the plugin installs carries __wrapped__; after disable() none may remain.
-    targets = {
-        "Sampler.gather_logprobs": sampler.Sampler.gather_logprobs,
-        "GPUModelRunner._get_prompt_logprobs_list": runner.GPUModelRunner._get_prompt_logprobs_list,
-        "GPUModelRunner.not_need_stop": getattr(runner.GPUModelRunner, "not_need_stop", None),
-        "gpu_model_runner.post_process": runner.post_process,
-        "pre_and_post_process.post_process": post.post_process,
-        "pre_and_post_process.save_output_topk": post.save_output_topk,
-        "pre_and_post_process.update_inputs_v1": post.update_inputs_v1,
-    }
-    leftovers = [name for name, obj in targets.items() if hasattr(obj, "__wrapped__")]
+    leftovers = []
+    for record in first.values():
+        current = vars(record.owner).get(record.name, None) if isinstance(record.owner, type) else getattr(
+            record.owner, record.name, None)
+        expected = record.original if record.own else None  # an inherited attribute is deleted again
+        if current is not expected:
+            leftovers.append(f"{getattr(record.owner, '__name__', record.owner)}.{record.name}")
     restored = not leftovers
-    print(f"disable(): enabled={plugin.status()['enabled']}, originals restored={restored} {leftovers or ''}")
+    print(f"disable(): enabled={plugin.status()['enabled']}, {len(records)} replaced objects, "
+          f"originals restored={restored} {leftovers or ''}")
     bad = [n for n, e in status["features"].items() if e["state"] == "failed"]
     return 1 if bad or not restored else 0
 

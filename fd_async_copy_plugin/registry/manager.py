@@ -161,7 +161,8 @@ class PatchManager:
                 if feature.needs_ops:
                     ops, why = _load_ops()
                     if ops is None:
-                        self._set_state(name, "skipped", f"custom ops unavailable: {why}")
+                        prefix = "custom ops unavailable"
+                        self._set_state(name, "skipped", why if why.startswith(prefix) else f"{prefix}: {why}")
                         continue
                 ctx = PatchContext(
                     root=root, profile=profile, backend=self.backend, features=features, ops=ops, strict=strict,
