@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import logging
 import textwrap
 import threading
 
@@ -34,6 +35,8 @@ from fd_async_copy_plugin.registry.patch import Feature, IncompatibleError, Patc
 
 from ._consumers import build_guard
 
+log = logging.getLogger("fd_async_copy")
+
 SAMPLER = "model_executor.layers.sample.sampler"
 OUTPUT = "worker.output"
 POSTPROC = "model_executor.pre_and_post_process"
@@ -43,7 +46,14 @@ FIELDS = ("logprob_token_ids", "logprobs", "selected_token_ranks")
 DTYPES = {"logprob_token_ids": "int64", "logprobs": "float32", "selected_token_ranks": "int64"}
 #: FastDeploy's default ``max_logprobs``; the ring grows once if a request asks for more.
 DEFAULT_MAX_LOGPROBS = 20
-RING_SLOTS = 2  # step N may be saved after step N+1 gathered (2.5+ overlap schedule)
+RING_SLOTS = 2  # FD 2.5's overlap schedule still references step N's output when step N+1 gathers
+#: Largest pinned buffer (bytes) the rings reserve or grow to for one field. A step that needs more
+#: (e.g. whole-vocabulary logprobs for a long prompt chunk) is copied with FastDeploy 2.4's blocking
+#: copies instead: correct and bounded, never a multi-GB pinned allocation in the decode loop.
+MAX_PINNED_BYTES = 64 << 20
+#: Marks the plugin's gather_logprobs (sync_scope checks it to know prompt results are host-owned).
+GATHERS_HOST_DATA = "__fd_async_copy_gathers_host_data__"
+_ITEM_BYTES = {"logprob_token_ids": 8, "logprobs": 4, "selected_token_ranks": 8}
 
 _GATHER_CALLS = {"clip_", "take_along_axis", "batched_count_greater_than", "topk", "concat"}
 
@@ -75,12 +85,19 @@ def check_gather_logprobs(original, ctx) -> None:
 
 
 class LogprobsCopier:
-    """Per-process state of the feature: the pinned ring and the prompt-logprobs mode flag."""
+    """Per-process state of the feature: the pinned rings and the prompt-logprobs mode flag.
+
+    Decode results go through a 2-slot ring and are handed out as ``AsyncLogprobsTensors``;
+    prompt-logprob results (copied by FastDeploy into its own CPU buffers right away) go through a
+    separate 1-slot ring and are handed back host-owned, so prompt sizes never inflate the decode
+    ring. Buffers are capped at ``MAX_PINNED_BYTES``.
+    """
 
     def __init__(self, backend, logprobs_tensors_cls) -> None:
         self.backend = backend
+        self.base = logprobs_tensors_cls
         self.AsyncLogprobsTensors = make_async_class(logprobs_tensors_cls, backend)
-        self.ring: runtime.PinnedRing | None = None
+        self.rings: dict[str, runtime.PinnedRing] = {}
         self.max_rows = 0
         self._prompt_mode = threading.local()
 
@@ -93,38 +110,52 @@ class LogprobsCopier:
     def exit_prompt_mode(self) -> None:
         self._prompt_mode.depth -= 1
 
-    def _capacity(self, rows: int, columns: int) -> dict[str, int]:
-        """Elements for ``rows`` x ``columns``, with rows at least FastDeploy's max_num_seqs."""
-        rows = max(rows, self.max_rows)
+    @property
+    def ring(self) -> runtime.PinnedRing | None:
+        """The decode ring (None before the first decode step with logprobs)."""
+        return self.rings.get("decode")
+
+    def _elements(self, rows: int, columns: int) -> dict[str, int]:
         return {"logprob_token_ids": rows * columns, "logprobs": rows * columns, "selected_token_ranks": rows}
 
-    def _ring_for(self, sampler, rows: int, columns: int) -> runtime.PinnedRing:
-        if self.ring is None:
+    def _reserve(self, rows: int, columns: int, prompt: bool) -> dict[str, int]:
+        """What a growing buffer grows to: every sequence's row (decode) if that fits the cap."""
+        wanted = self._elements(rows if prompt else max(rows, self.max_rows), columns)
+        return {f: n if n * _ITEM_BYTES[f] <= MAX_PINNED_BYTES else 0 for f, n in wanted.items()}
+
+    def _ring_for(self, sampler, kind: str, rows: int, columns: int) -> runtime.PinnedRing:
+        ring = self.rings.get(kind)
+        if ring is None:
             # FastDeploy's GuidedDecoding keeps max_num_seqs (2.4, 2.5, develop).
-            self.max_rows = int(getattr(getattr(sampler, "guided_decoding", None), "max_num_seqs", 0) or 0)
-            capacity = self._capacity(rows, max(columns, DEFAULT_MAX_LOGPROBS + 1))
-            self.ring = runtime.PinnedRing(self.backend, "logprobs", DTYPES, capacity, slots=RING_SLOTS)
-        return self.ring
+            self.max_rows = self.max_rows or int(
+                getattr(getattr(sampler, "guided_decoding", None), "max_num_seqs", 0) or 0
+            )
+            prompt = kind == "prompt"
+            capacity = self._reserve(rows, max(columns, DEFAULT_MAX_LOGPROBS + 1), prompt)
+            capacity = {f: max(1, n) for f, n in capacity.items()}
+            ring = runtime.PinnedRing(self.backend, f"logprobs.{kind}", DTYPES, capacity, slots=1 if prompt else RING_SLOTS)
+            self.rings[kind] = ring
+        return ring
 
     def copy(self, sampler, indices, top_logprobs, token_ranks):
-        """Issue the three non-blocking copies and record one event; return the async result."""
-        shapes = {
-            "logprob_token_ids": list(indices.shape),
-            "logprobs": list(top_logprobs.shape),
-            "selected_token_ranks": list(token_ranks.shape),
-        }
-        rows, columns = int(indices.shape[0]), int(indices.shape[-1])
-        ring = self._ring_for(sampler, rows, columns)
-        # A wider request (more top logprobs, or -1 = the vocabulary) grows a slot for every row at once.
-        slot = ring.acquire("gather_logprobs", shapes, reserve=self._capacity(rows, columns))
+        """Issue the three non-blocking copies and record one event; return the result."""
         sources = {"logprob_token_ids": indices, "logprobs": top_logprobs, "selected_token_ranks": token_ranks}
+        rows, columns = int(indices.shape[0]), int(indices.shape[-1])
+        prompt = self.prompt_mode()
+        if any(n * _ITEM_BYTES[f] > MAX_PINNED_BYTES for f, n in self._elements(rows, columns).items()):
+            log.info("fd_async_copy: %d x %d logprobs exceed the pinned cap; copied blocking", rows, columns)
+            return self.base(*(self.backend.blocking_d2h(sources[f], f"gather_logprobs.{f}") for f in FIELDS))
+        ring = self._ring_for(sampler, "prompt" if prompt else "decode", rows, columns)
+        shapes = {f: list(t.shape) for f, t in sources.items()}
+        # A wider request (more top logprobs, or -1 = the vocabulary) grows a slot for every row at once.
+        slot = ring.acquire("gather_logprobs", shapes, reserve=self._reserve(rows, columns, prompt))
         for name in FIELDS:
             self.backend.copy_d2h(slot.buffers[name], sources[name], f"gather_logprobs.{name}")
         self.backend.record("gather_logprobs")
         result = self.AsyncLogprobsTensors(*(slot.buffers[name] for name in FIELDS))
-        if self.prompt_mode():
-            # Prompt logprobs are copied by FastDeploy into its own CPU buffers right away: hand it
-            # host-owned tensors (one event-scoped wait per chunk; 2.5 does a device-wide sync here).
+        if prompt:
+            # FastDeploy copies prompt logprobs into its own CPU buffers right away: hand it host-owned
+            # tensors (one event-scoped wait per chunk; 2.5 does a device-wide sync here).
             return result.materialize("prompt_logprobs")
         return result
 
@@ -192,6 +223,7 @@ def build_gather_logprobs(original, ctx):
 
     gather_logprobs.__doc__ = original.__doc__
     gather_logprobs.__wrapped__ = original
+    setattr(gather_logprobs, GATHERS_HOST_DATA, True)
     return gather_logprobs
 
 
@@ -230,14 +262,15 @@ class LogprobsFeature(Feature):
     profiles = {"fastdeploy-2.4": "apply", "fastdeploy-2.5": "apply", "fastdeploy-2.6+": "apply"}
 
     def patches(self, ctx):
-        patches = [
-            Patch(Target(SAMPLER, "Sampler.gather_logprobs"), build_gather_logprobs, check_gather_logprobs),
-            Patch(Target(RUNNER, "GPUModelRunner._get_prompt_logprobs_list"), build_prompt_logprobs),
-            Patch(Target(POSTPROC, "save_output_topk"), build_guard("save_output_topk")),
-        ]
+        # Consumers first, the producer last: an apply (or revert) never leaves a window where
+        # gather_logprobs hands out pinned buffers to an unguarded consumer.
+        patches = [Patch(Target(POSTPROC, "save_output_topk"), build_guard("save_output_topk"))]
         if ctx.profile == "fastdeploy-2.4":
             patches.append(Patch(Target(POSTPROC, "post_process_normal"), build_post_process_normal))
-        return patches
+        return patches + [
+            Patch(Target(RUNNER, "GPUModelRunner._get_prompt_logprobs_list"), build_prompt_logprobs),
+            Patch(Target(SAMPLER, "Sampler.gather_logprobs"), build_gather_logprobs, check_gather_logprobs),
+        ]
 
     def prepare(self, ctx):
         ctx.state["logprobs"] = LogprobsCopier(ctx.backend, ctx.module(OUTPUT).LogprobsTensors)

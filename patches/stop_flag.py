@@ -70,6 +70,20 @@ class StopFlagState:
 
     PINNED_KEYS = ("not_need_stop_pinned", "sampled_token_ids")
 
+    def detach(self, share_inputs) -> None:
+        """Hand the runner back to FastDeploy's own path (``disable()``): the legacy flag made
+        current, and the keys the plugin added removed - FD 2.4's reset would ``fill_()`` them."""
+        self.sync("disable")
+        added = {
+            "not_need_stop_device": self.device,
+            "not_need_stop_gpu": self.device,
+            "not_need_stop_pinned": self.pinned,
+            "sampled_token_ids": self.tokens,
+        }
+        for key, value in added.items():
+            if value is not None and share_inputs.get(key) is value:
+                del share_inputs[key]
+
     def _reset_host_buffers(self) -> None:
         # Host->pinned memcpy through Tensor.copy_ (no Paddle op, the buffer stays pinned).
         self.pinned.copy_(paddle.to_tensor([False]).cpu(), True)
@@ -108,9 +122,19 @@ class _Registry:
 
     def __init__(self) -> None:
         self.by_flag: dict[int, tuple[object, StopFlagState]] = {}
+        self.runners: list = []
 
-    def add(self, state: StopFlagState) -> None:
+    def add(self, state: StopFlagState, runner) -> None:
         self.by_flag[id(state.legacy)] = (state.legacy, state)
+        self.runners.append(runner)
+
+    def detach_all(self) -> None:
+        for runner in self.runners:
+            state = runner.__dict__.pop("_fdac_stop", None)
+            if state is not None:
+                state.detach(runner.share_inputs)
+        self.runners.clear()
+        self.by_flag.clear()
 
     def for_flag(self, flag) -> StopFlagState | None:
         entry = self.by_flag.get(id(flag))
@@ -159,7 +183,7 @@ def build_init_share_inputs(original, ctx):
             _stand_down(ctx, reason)
             return
         state = StopFlagState(self.share_inputs, int(max_num_seqs), ctx.backend, ctx.ops, copy_tokens)
-        registry.add(state)
+        registry.add(state, self)
         self._fdac_stop = state
 
     return _init_share_inputs
@@ -367,7 +391,9 @@ class StopFlagFeature(Feature):
         ctx.state["stop_flag"] = _Registry()
 
     def teardown(self, ctx):
-        ctx.state.pop("stop_flag", None)
+        registry = ctx.state.pop("stop_flag", None)
+        if registry is not None:
+            registry.detach_all()
 
 
 class SampledTokensFeature(Feature):

@@ -6,10 +6,11 @@ Why:    FastDeploy PR #6362 (2.5+) added ``paddle.device.synchronize()`` in
         ``LogprobsTensors.slice_rows`` copies the *whole* tensor (``.cpu()``) for every row, and
         ``_build_stream_transfer_data`` calls it once per batch row: O(B) full copies per step on
         the ZMQ output path (``FD_USE_GET_SAVE_OUTPUT_V1``).
-How:    During ``_get_prompt_logprobs_list`` the device-wide synchronize is scoped to an event
-        recorded on the current stream (which covers the copies issued there). ``slice_rows``
-        reads only the rows asked for; pinned fields are read through their pointer after their
-        copy event, so no Paddle op touches pinned memory.
+How:    ``paddle.device.synchronize`` is unchanged except inside ``_get_prompt_logprobs_list`` on the
+        calling thread: there it waits for the current stream only (the copies FastDeploy issued
+        there are on it), or for nothing when the ``logprobs`` feature's gather already handed back
+        host-owned data after its own event wait. ``slice_rows`` reads only the rows asked for,
+        through the pointer for host memory, so no Paddle op touches a pinned tensor.
 Mirrors: fixes flaws of FastDeploy PR #6362.
 FD:     2.5 and 2.6+/develop. FastDeploy 2.4 has neither flaw (``native``).
 Delete: when FastDeploy's ``_get_prompt_logprobs_list`` waits on an event and ``slice_rows`` slices
@@ -23,15 +24,17 @@ import inspect
 import textwrap
 import threading
 
+import numpy as np
 import paddle
 
 from fd_async_copy_plugin import runtime
 from fd_async_copy_plugin.registry.patch import Feature, IncompatibleError, Patch, Target
+from fd_async_copy_plugin.runtime.backend import host_view
+
+from .logprobs import GATHERS_HOST_DATA
 
 OUTPUT = "worker.output"
 RUNNER = "worker.gpu_model_runner"
-
-_swap_lock = threading.Lock()
 
 
 def _calls_device_synchronize(fn) -> bool:
@@ -53,21 +56,42 @@ def check_prompt_logprobs(original, ctx) -> None:
         raise IncompatibleError("_get_prompt_logprobs_list has no paddle.device.synchronize() to scope")
 
 
-def build_prompt_logprobs(original, ctx):
-    def event_scoped_synchronize(device=None):
-        backend = runtime.current()
-        backend.wait(backend.record("prompt_logprobs"), "prompt_logprobs")
+_scope = threading.local()  # the runner whose _get_prompt_logprobs_list runs on this thread
 
+
+def _gathers_host_data(runner) -> bool:
+    """True when the runner's sampler is the plugin's ``gather_logprobs``: in prompt mode it hands
+    back host-owned tensors after its own wait, so FastDeploy's synchronize has nothing to wait for."""
+    gather = getattr(type(getattr(runner, "sampler", None)), "gather_logprobs", None)
+    return bool(getattr(gather, GATHERS_HOST_DATA, False))
+
+
+def build_device_synchronize(original, ctx):
+    """``paddle.device.synchronize`` itself: unchanged everywhere except inside the prompt-logprobs
+    method on the calling thread, where it waits for the current stream only (the copies FastDeploy
+    issued there are on it) - or for nothing, when the plugin's gather already waited."""
+
+    def synchronize(*args, **kwargs):
+        runner = getattr(_scope, "runner", None)
+        if runner is None:
+            return original(*args, **kwargs)
+        if _gathers_host_data(runner):
+            return None
+        runtime.current().stream_synchronize("prompt_logprobs")
+        return None
+
+    synchronize.__wrapped__ = original
+    return synchronize
+
+
+def build_prompt_logprobs(original, ctx):
     def _get_prompt_logprobs_list(self, hidden_states):
-        # paddle.device.synchronize is looked up at call time inside FastDeploy's method: scope it
-        # to an event on the current stream for the duration of this call only.
-        with _swap_lock:
-            saved = paddle.device.synchronize
-            paddle.device.synchronize = event_scoped_synchronize
-            try:
-                return original(self, hidden_states)
-            finally:
-                paddle.device.synchronize = saved
+        outer = getattr(_scope, "runner", None)
+        _scope.runner = self
+        try:
+            return original(self, hidden_states)
+        finally:
+            _scope.runner = outer
 
     _get_prompt_logprobs_list.__wrapped__ = original
     return _get_prompt_logprobs_list
@@ -80,9 +104,12 @@ def build_slice_rows(original, ctx):
         for field in self:
             if backend.is_pinned(field):
                 rows.append(backend.to_host(field, "slice_rows", start, end))
+            elif field.place.is_cpu_place() or field.place.is_cuda_pinned_place():
+                # Host memory (FastDeploy's own pinned buffers included): read the rows through the
+                # pointer - a Paddle op here would move a pinned tensor to the GPU.
+                rows.append(paddle.to_tensor(np.array(host_view(field)[start:end], copy=True), place=paddle.CPUPlace()))
             else:
-                part = field[start:end]
-                rows.append(paddle.to_tensor(part.numpy(), place=paddle.CPUPlace()))
+                rows.append(paddle.to_tensor(field[start:end].numpy(), place=paddle.CPUPlace()))
         return type(self)(*rows)
 
     slice_rows.__doc__ = original.__doc__
@@ -101,6 +128,7 @@ class SyncScopeFeature(Feature):
 
     def patches(self, ctx):
         return [
+            Patch(Target("paddle.device", "synchronize", absolute=True), build_device_synchronize),
             Patch(Target(RUNNER, "GPUModelRunner._get_prompt_logprobs_list"), build_prompt_logprobs, check_prompt_logprobs),
             Patch(Target(OUTPUT, "LogprobsTensors.slice_rows"), build_slice_rows),
         ]

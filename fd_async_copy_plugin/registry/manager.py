@@ -173,7 +173,7 @@ class PatchManager:
 
     def _schedule(self, feature: Feature, ctx: PatchContext) -> None:
         """Apply now if every module is imported; otherwise when the last one is."""
-        modules = [f"{ctx.root}.{m}" if m else ctx.root for m in feature.modules(ctx)]
+        modules = feature.module_names(ctx)
         waiting = [m for m in modules if not WATCHER.is_ready(m)]
         if not waiting:
             self._apply(feature, ctx)

@@ -35,8 +35,12 @@ class Target:
     module: str  # relative to the FastDeploy root, e.g. "worker.gpu_model_runner"
     attr: str  # attribute path inside the module, e.g. "GPUModelRunner.not_need_stop"
     required: bool = True
+    #: ``module`` is a full module name outside FastDeploy (e.g. ``paddle.device``)
+    absolute: bool = False
 
     def module_name(self, root: str) -> str:
+        if self.absolute:
+            return self.module
         return f"{root}.{self.module}" if self.module else root
 
     def describe(self, root: str) -> str:
@@ -118,7 +122,13 @@ class Feature:
 
     def modules(self, ctx: PatchContext) -> list[str]:
         """Modules (relative to root) that must be fully imported before applying."""
-        return sorted({p.target.module for p in self.patches(ctx) if p.target.required})
+        return sorted({p.target.module for p in self.patches(ctx) if p.target.required and not p.target.absolute})
+
+    def module_names(self, ctx: PatchContext) -> list[str]:
+        """Full names of the modules to wait for (``modules()`` under the root, plus absolute ones)."""
+        names = {f"{ctx.root}.{m}" if m else ctx.root for m in self.modules(ctx)}
+        names |= {p.target.module for p in self.patches(ctx) if p.target.required and p.target.absolute}
+        return sorted(names)
 
     def patches(self, ctx: PatchContext) -> list[Patch]:
         raise NotImplementedError

@@ -220,6 +220,20 @@ SF_FEATURES = ("stop_flag", "sampled_tokens")
 SF_EOS_NEVER = 9999  # an eos id outside every test vocabulary: requests run to max_tokens
 
 
+class SFRunnerSnapshot:
+    """A runner as it was while the plugin was enabled: ``disable()`` hands live runners back to
+    FastDeploy (removing the plugin's keys and state), so tests that inspect a run afterwards read
+    this snapshot of ``share_inputs`` and the plugin's state; anything else goes to the runner."""
+
+    def __init__(self, runner) -> None:
+        self._runner = runner
+        self.share_inputs = dict(runner.share_inputs)
+        self._fdac_stop = getattr(runner, "_fdac_stop", None)
+
+    def __getattr__(self, name):
+        return getattr(self._runner, name)
+
+
 @dataclass
 class SFRun:
     """One decode run of the fd24 replica and what the stop-flag tests inspect afterwards."""
@@ -242,6 +256,7 @@ class SFKit:
 
     FD24 = ROOTS["fd24"]
     FEATURES = SF_FEATURES
+    snapshot = staticmethod(SFRunnerSnapshot)
     EOS_NEVER = SF_EOS_NEVER
 
     def __init__(self) -> None:
@@ -294,7 +309,8 @@ class SFKit:
                                     on_step=on_step)
             reported = fd_async_copy_plugin.status()["features"] if features is not None else {}
             return SFRun(result, census, {n: s["state"] for n, s in reported.items()}, backend,
-                         captured[0] if captured else None, record, {n: s["reason"] for n, s in reported.items()})
+                         SFRunnerSnapshot(captured[0]) if captured else None, record,
+                         {n: s["reason"] for n, s in reported.items()})
         finally:
             module.GPUModelRunner = base_class
             fd_async_copy_plugin.disable()

@@ -98,7 +98,7 @@ def _guard_reading_before_the_event(via_fastdeploy_numpy: bool):
 
 def test_a_save_guard_reading_before_the_event_raises(monkeypatch, lpkit, unpatched_run):
     monkeypatch.setattr(logprobs_patch, "build_guard", _guard_reading_before_the_event(False))
-    with pytest.raises(PendingCopyError, match=r"logprobs\[\d\]\..*save_output_topk"):
+    with pytest.raises(PendingCopyError, match=r"logprobs\.decode\[\d\]\..*save_output_topk"):
         _run_planted("fd24-save_output_topk", lpkit, unpatched_run)
 
 
@@ -142,7 +142,7 @@ def _eager_ring(monkeypatch, *, verify: bool = True) -> None:
 @pytest.mark.parametrize("name", ["fd25-overlap", "fd25-overlap-zmq"])
 def test_b_reusing_the_slot_the_deferred_save_still_holds_raises(name, monkeypatch, lpkit, unpatched_run):
     _eager_ring(monkeypatch)
-    with pytest.raises(BufferInUseError, match=r"pinned ring 'logprobs'.*reused too early"):
+    with pytest.raises(BufferInUseError, match=r"pinned ring 'logprobs.decode'.*reused too early"):
         _run_planted(name, lpkit, unpatched_run)
 
 

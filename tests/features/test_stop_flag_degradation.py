@@ -155,3 +155,16 @@ def test_backend_that_cannot_reach_fastdeploys_buffers_stands_down(sfkit, monkey
     with pytest.raises(ValueError, match="cannot update FastDeploy's CPU buffers"):
         with sfkit.enabled_runner(config, backend="cuda", strict=True):
             pass
+
+
+def test_disable_hands_live_runners_back_to_fastdeploys_own_path(sfkit):
+    """After disable() a runner that was patched runs FastDeploy 2.4's path with a current flag and
+    without the plugin's keys (FD's reset would otherwise fill_() the pinned buffers)."""
+    config = DriverConfig(max_num_seqs=4, vocab_size=64, max_model_len=16, hidden_size=8)
+    with sfkit.enabled_runner(config) as runner:
+        assert "not_need_stop_pinned" in runner.share_inputs
+    for key in ("not_need_stop_device", "not_need_stop_gpu", "not_need_stop_pinned", "sampled_token_ids"):
+        assert key not in runner.share_inputs, key
+    assert not hasattr(runner, "_fdac_stop")
+    runner.reset_share_inputs()  # FastDeploy's own reset, on a clean dict
+    assert bool(runner.not_need_stop()) is False

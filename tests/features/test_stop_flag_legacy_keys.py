@@ -123,7 +123,7 @@ def _reset_mid_run(sfkit, backend, monkeypatch, before_reset=None):
         with runtime.collecting() as census:
             runner.reset_share_inputs()
         seen["census"] = census
-        seen["runner"], seen["state"] = runner, state
+        seen["runner"], seen["state"] = sfkit.snapshot(runner), state
         raise _Abort
 
     with pytest.raises(_Abort):
