@@ -53,11 +53,14 @@ def enable(features=None, backend: str = "auto", strict: bool = False, root: str
     raise ``ConfigError`` before anything is touched. Features whose FastDeploy modules are not
     imported yet are applied when they are (state ``pending`` until then).
     """
-    from .config import API_BACKENDS, parse_backend, parse_features
+    from .config import API_BACKENDS, ConfigError, parse_backend, parse_features
 
     if features is None or isinstance(features, str):
         names = parse_features(features, source="features")
     else:
+        features = list(features)
+        if not features:
+            raise ConfigError("features=[] names no feature; pass None or 'all' for every feature")
         names = parse_features(",".join(features), source="features")
     backend = parse_backend(backend, source="backend", allowed=API_BACKENDS)
     _get_manager().enable(names, backend=backend, strict=bool(strict), root=root)
@@ -99,6 +102,15 @@ def register() -> None:
     manager = _get_manager()
     if manager.enabled:
         return  # idempotent: a second call in the same process changes nothing
-    enable(config.features, backend=config.backend, strict=config.strict)
+    try:
+        enable(config.features, backend=config.backend, strict=config.strict)
+    except Exception:
+        # FastDeploy calls this at module level of its models package: an exception here would stop
+        # the server from starting. Only strict mode asks for that.
+        if config.strict:
+            raise
+        log.exception("fd_async_copy: enabling failed; FastDeploy runs unpatched")
+        disable()
+        return
     summary = ", ".join(f"{n}={s['state']}" for n, s in status()["features"].items())
     log.info("fd_async_copy: %s", summary or "no features")

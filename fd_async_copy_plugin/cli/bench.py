@@ -5,7 +5,7 @@ noise hits both alike; the ratio is plugin / unpatched of the median per-step ho
 steady-state decode steps. On the CPU build of Paddle every copy is synchronous, so this measures
 the plugin's host overhead (target: ratio <= 1.05), not the GPU overlap it buys; the census shows
 what a GPU host would stop waiting for. On a Paddle GPU build it also compares copy strategies
-(``benchmarks/paddle_gpu_copy_strategies.py``).
+(``fd_async_copy_plugin/gpu_copy_strategies.py``).
 """
 
 from __future__ import annotations

@@ -60,7 +60,7 @@ def diagnose(root: str = "fastdeploy", environ=None) -> dict:
     paddle_info = report["paddle"]
     backend = config.backend
     backend_problem = None
-    if backend == "auto":
+    if backend in ("auto", "cuda"):
         if paddle_info.get("cuda_usable"):
             backend = "cuda"
         else:
@@ -78,7 +78,7 @@ def diagnose(root: str = "fastdeploy", environ=None) -> dict:
         state, reason = manager.plan(feature, profile.profile, config.features, profile.reason)
         if state == "apply":
             if backend_problem:
-                state, reason = "skipped", f"backend auto stands down: {backend_problem}"
+                state, reason = "skipped", f"backend {backend} stands down: {backend_problem}"
             elif feature.needs_ops and not report["ops"].get("loadable"):
                 state, reason = "skipped", f"custom ops: {report['ops'].get('error') or 'not loadable'}"
             elif feature.needs_ops and backend == "cuda" and not report["ops"].get("cuda_kernels", {}).get("available"):
@@ -86,6 +86,11 @@ def diagnose(root: str = "fastdeploy", environ=None) -> dict:
             else:
                 state = "would-apply"
         features[name] = {"state": state, "reason": reason}
+    for name, entry in features.items():  # as enable() does: a feature needs its requirements applied
+        feature = available.get(name)
+        unmet = [r for r in getattr(feature, "requires", ()) if features.get(r, {}).get("state") != "would-apply"]
+        if entry["state"] == "would-apply" and unmet:
+            entry.update(state="skipped", reason=f"needs {', '.join(unmet)}")
     report["features"] = features
     return report
 

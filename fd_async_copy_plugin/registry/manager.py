@@ -87,8 +87,17 @@ class PatchManager:
         self.states[name] = FeatureState(state, reason)
         level = logging.INFO if state in ("applied", "native", "pending") else logging.WARNING
         log.log(level, "fd_async_copy: feature %s: %s (%s)", name, state, reason)
-        if self.pm is not None:
+        self._notify(name, state, reason)
+
+    def _notify(self, name: str, state: str, reason: str) -> None:
+        """Tell observers; a failing third-party hook must not break FastDeploy (it may run inside
+        FD's own imports, when a deferred feature is applied)."""
+        if self.pm is None:
+            return
+        try:
             self.pm.hook.fd_async_copy_feature_state(name=name, state=state, reason=reason)
+        except Exception:
+            log.exception("fd_async_copy: a fd_async_copy_feature_state hook failed (ignored)")
 
     def plan(
         self, feature: Feature, profile: str, requested: tuple[str, ...], profile_reason: str = ""
@@ -141,7 +150,10 @@ class PatchManager:
             for name, (state, reason) in planned.items():
                 if state != "apply":
                     self._set_state(name, state, reason)
-            to_apply = [name for name, (state, _) in planned.items() if state == "apply"]
+            # Dependencies first (sampled_tokens needs stop_flag applied), whatever order was asked.
+            to_apply = _dependency_order(
+                [name for name, (state, _) in planned.items() if state == "apply"], all_features
+            )
             if not to_apply:
                 self._finish_strict()
                 return
@@ -240,8 +252,7 @@ class PatchManager:
             self._pending.clear()
             for name in reversed(list(self.applied)):
                 self.applied.pop(name).revert()
-                if self.pm is not None:
-                    self.pm.hook.fd_async_copy_feature_state(name=name, state="reverted", reason="disable()")
+                self._notify(name, "reverted", "disable()")
             if self.enabled:
                 runtime.use(None)
             self.enabled = False
@@ -268,6 +279,21 @@ class PatchManager:
             for extra in self.pm.hook.fd_async_copy_status_extra(status=status):
                 status.update(extra or {})
         return status
+
+
+def _dependency_order(names: list[str], features: dict[str, Feature]) -> list[str]:
+    ordered: list[str] = []
+
+    def visit(name: str) -> None:
+        if name in ordered or name not in names:
+            return
+        for required in features[name].requires:
+            visit(required)
+        ordered.append(name)
+
+    for name in names:
+        visit(name)
+    return ordered
 
 
 def _load_ops():

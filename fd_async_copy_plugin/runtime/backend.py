@@ -58,7 +58,6 @@ class CopyBackend:
         self._lock = threading.Lock()
         self._seq = 0  # sequence number of the last copy issued
         self._completed = 0  # every copy with seq <= _completed has landed, from the host's view
-        self._holders: dict[int, dict[str, int]] = {}
         self._pinned_ids: set[int] = set()
         self._copy_seq: dict[int, tuple[int, str]] = {}  # id(dst) -> (seq, writer) of the last copy
         self._recent_events: deque[CopyEvent] = deque(maxlen=64)
@@ -73,7 +72,6 @@ class CopyBackend:
     def free_pinned(self, t: paddle.Tensor, label: str) -> None:
         census.record("pinned_free", label)
         self._pinned_ids.discard(id(t))
-        self._holders.pop(id(t), None)
 
     def is_pinned(self, t) -> bool:
         return id(t) in self._pinned_ids
@@ -85,9 +83,6 @@ class CopyBackend:
     # -- copies and events --------------------------------------------------------------------
     def copy_d2h(self, dst: paddle.Tensor, src: paddle.Tensor, label: str) -> None:
         """Issue a non-blocking D2H copy of ``src`` into the pinned buffer ``dst``."""
-        holders = self._holders.get(id(dst))
-        if holders:
-            self._on_write_while_held(dst, label, holders)
         census.record("async_d2h", label)
         with self._lock:
             self._seq += 1
@@ -126,9 +121,6 @@ class CopyBackend:
         self._wait_native(event)
         with self._lock:
             self._completed = max(self._completed, event.seq)
-
-    def is_complete(self, event: CopyEvent) -> bool:
-        return event.seq <= self._completed
 
     def device_synchronize(self, reason: str) -> None:
         census.record("device_sync", reason)
@@ -175,24 +167,6 @@ class CopyBackend:
     def _missing_record(self, t, reader: str, writer: str) -> CopyEvent:
         return self.record(f"implicit-for-{reader}")
 
-    # -- consumer ownership --------------------------------------------------------------------
-    def hold(self, buf: paddle.Tensor, holder: str) -> None:
-        with self._lock:
-            holders = self._holders.setdefault(id(buf), {})
-            holders[holder] = holders.get(holder, 0) + 1
-
-    def release(self, buf: paddle.Tensor, holder: str) -> None:
-        with self._lock:
-            holders = self._holders.get(id(buf))
-            if not holders or holder not in holders:
-                return
-            holders[holder] -= 1
-            if holders[holder] <= 0:
-                del holders[holder]
-
-    def holders(self, buf: paddle.Tensor) -> list[str]:
-        return sorted(self._holders.get(id(buf), {}))
-
     # -- subclass hooks ------------------------------------------------------------------------
     def _alloc(self, shape: list[int], dtype: str) -> paddle.Tensor:
         raise NotImplementedError
@@ -210,12 +184,6 @@ class CopyBackend:
         return None
 
     def _check_readable(self, buf: paddle.Tensor, reader: str) -> None:
-        return None
-
-
-    def _on_write_while_held(self, dst: paddle.Tensor, writer: str, holders: dict[str, int]) -> None:
-        # Real backends cannot detect this at the hardware level; the ring prevents it. The
-        # simulator turns it into an error.
         return None
 
 

@@ -11,6 +11,8 @@ import paddle
 
 from .backend import CopyBackend, CopyEvent
 
+_EVENT_POOL = 8
+
 
 def cuda_available() -> tuple[bool, str]:
     """Whether this Paddle can run the ``cuda`` backend, and why not.
@@ -39,9 +41,9 @@ class CudaBackend(CopyBackend):
         super().__init__()
         # Events are reused round-robin instead of created per step. Re-recording an event that
         # an older CopyEvent still refers to only makes that waiter wait longer, never shorter.
-        self._events = [
-            paddle.device.cuda.Event(enable_timing=False, blocking=True) for _ in range(8)
-        ]
+        # They are created at the first record, per device: the plugin is enabled before FastDeploy's
+        # worker selects its GPU, and an event belongs to the device current when it was created.
+        self._events: dict[int, list] = {}
         self._next_event = 0
 
     def _alloc(self, shape, dtype):  # pragma: no cover - GPU builds only
@@ -54,8 +56,14 @@ class CudaBackend(CopyBackend):
 
     def _record_native(self, seq, label):  # pragma: no cover - GPU builds only
         # Blocking (sleeping) events: the host does not spin on the driver lock while waiting.
-        event = self._events[self._next_event]
-        self._next_event = (self._next_event + 1) % len(self._events)
+        device = paddle.device.current_device()
+        pool = self._events.get(device)
+        if pool is None:
+            pool = self._events[device] = [
+                paddle.device.cuda.Event(enable_timing=False, blocking=True) for _ in range(_EVENT_POOL)
+            ]
+        event = pool[self._next_event % _EVENT_POOL]
+        self._next_event += 1
         event.record()
         return event
 

@@ -11,8 +11,8 @@ backend makes such bugs deterministic and loud:
 - ``read`` of a buffer with a copy in flight raises ``PendingCopyError`` naming the buffer, the
   writer and the reader. Code that bypasses ``read`` (e.g. FastDeploy's own ``.numpy()``) sees the
   poison, which makes outputs differ from the unpatched run.
-- ``copy_d2h`` into a buffer a consumer still holds raises ``BufferInUseError`` naming the buffer,
-  the holders and the writer.
+- A pinned ring that picks a slot whose previous contents are still referenced raises
+  ``BufferInUseError`` naming the ring, the slot, the referrers and the writer (``ring.py``).
 - Events are sequence numbers on one modelled stream: waiting on an event releases exactly the
   copies issued before it was recorded; a device or stream synchronize releases everything.
 """
@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 import paddle
 
-from .backend import AsyncCopyError, BufferInUseError, CopyBackend, CopyEvent, PendingCopyError
+from .backend import AsyncCopyError, CopyBackend, CopyEvent, PendingCopyError
 
 POISON_INT = -7777
 
@@ -87,12 +87,6 @@ class SimulatedBackend(CopyBackend):
                 f"host read of pinned buffer {self.label_of(buf)!r} by {reader!r} before the copy "
                 f"{pending[3]!r} into it completed: wait on an event recorded after that copy first"
             )
-
-    def _on_write_while_held(self, dst, writer, holders):
-        raise BufferInUseError(
-            f"copy {writer!r} into pinned buffer {self.label_of(dst)!r} while its previous "
-            f"contents are still held by {sorted(holders)}: the buffer was reused too early"
-        )
 
     def _missing_record(self, t, reader, writer):
         raise AsyncCopyError(

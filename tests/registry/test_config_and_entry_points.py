@@ -145,3 +145,41 @@ def test_doctor_human_output_reports_bad_env():
         env={**__import__("os").environ, "FD_ASYNC_COPY_BACKEND": "gpu"},
     ).stdout
     assert "CONFIG ERROR" in out and "FD_ASYNC_COPY_BACKEND='gpu'" in out
+
+
+def test_enable_with_an_empty_feature_list_is_an_error_not_everything():
+    with pytest.raises(ConfigError, match=r"features=\[\]"):
+        fd_async_copy_plugin.enable(features=[])
+    assert fd_async_copy_plugin.status()["enabled"] is False
+
+
+def test_register_survives_an_unexpected_failure_unless_strict(monkeypatch, caplog):
+    """FastDeploy calls register() at module level of its models package: only strict mode may
+    stop the server; otherwise FD runs unpatched and the reason is logged."""
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("planted: a broken third-party patch set")
+
+    monkeypatch.setattr(fd_async_copy_plugin._get_manager(), "enable", broken)
+    monkeypatch.setenv("FD_ASYNC_COPY", "1")
+    monkeypatch.delenv("FD_ASYNC_COPY_STRICT", raising=False)
+    monkeypatch.setattr(logging.getLogger("fd_async_copy"), "propagate", True)
+    caplog.set_level(logging.INFO, logger="fd_async_copy")
+    fd_async_copy_plugin.register()
+    assert any("planted" in (r.exc_text or "") or "enabling failed" in r.getMessage() for r in caplog.records)
+    monkeypatch.setenv("FD_ASYNC_COPY_STRICT", "1")
+    with pytest.raises(RuntimeError, match="planted"):
+        fd_async_copy_plugin.register()
+
+
+def test_dependencies_apply_first_whatever_order_is_asked():
+    status = fd_async_copy_plugin.enable(features="sampled_tokens,stop_flag", backend="host",
+                                         root="fd_async_copy_plugin.reference.fd24")
+    try:
+        import importlib
+
+        importlib.import_module("fd_async_copy_plugin.reference.fd24.worker.gpu_model_runner")
+        states = {n: e["state"] for n, e in fd_async_copy_plugin.status()["features"].items()}
+        assert states == {"sampled_tokens": "applied", "stop_flag": "applied"}, (status, states)
+    finally:
+        fd_async_copy_plugin.disable()
