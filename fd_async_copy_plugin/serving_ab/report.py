@@ -76,9 +76,23 @@ class ABReport:
         )
 
     @property
+    def unexplained_divergences(self) -> list:
+        """A/B divergences on requests the base server answered identically twice (``--control``).
+
+        A request on which the base disagrees with itself (different batching under concurrent
+        clients, kernels that are not batch-invariant) proves nothing about the plugin.
+        """
+        if self.control is None:
+            return list(self.comparison.divergences)
+        noisy = {d.request.index for d in self.control.divergences}
+        return [d for d in self.comparison.divergences if d.request.index not in noisy]
+
+    @property
     def verdict(self) -> str:
-        if self.comparison.divergences:
+        if self.unexplained_divergences:
             return "divergent"
+        if self.comparison.divergences:
+            return "inconclusive"  # every divergence is one the base also shows against itself
         if (
             self.comparison.count(BOTH_FAILED)
             or self.comparison.count(IDENTICAL) == 0

@@ -1,7 +1,10 @@
 """The fixed, seeded set of OpenAI-compatible requests the A/B check sends to both servers.
 
 Every request is greedy (``temperature`` 0, ``top_p`` 1) so that an unpatched and a patched
-FastDeploy must produce the same tokens; any difference is the plugin's fault, not sampling noise.
+FastDeploy must produce the same tokens. With one client (``--concurrency 1``) any difference is the
+plugin's; with concurrent clients FastDeploy may batch requests differently from run to run and its
+kernels are not batch-invariant, so ``--control`` (the base run twice) tells which requests are
+stable enough to judge.
 The set covers the output paths the plugin changes: sampled token ids (every request), the stop
 flag (``max_tokens`` 1 finishes on the first step, long requests run many decode steps and may stop
 on EOS), sampled-token logprobs with top-k 0/5/20, and prompt logprobs (FastDeploy's

@@ -213,7 +213,12 @@ def test_verdict_and_exit_code():
     assert _report([same, both]).exit_code == 3
     assert _report([]).exit_code == 3  # nothing compared proves nothing
     assert _report([same], control=Comparison([diff])).exit_code == 3
-    assert _report([diff], control=Comparison([diff])).exit_code == 1
+    # the base disagrees with itself on that very request: nothing is proven about the plugin
+    assert _report([diff], control=Comparison([diff])).exit_code == 3
+    (other,) = [r for r in build_request_set(2, 0) if r.index != req.index][:1]
+    stable_diff = RequestOutcome(other, DIVERGENT, Divergence(other, "choices[0].token_ids[0]", 1, 2))
+    # a divergence on a request the base answered identically twice is the plugin's
+    assert _report([stable_diff], control=Comparison([diff])).exit_code == 1
 
 
 def test_a_malformed_answer_is_a_failed_request_not_a_crash():
