@@ -31,6 +31,7 @@ import functools
 import inspect
 import logging
 
+import numpy as np
 import paddle
 
 from fd_async_copy_plugin import runtime
@@ -174,6 +175,11 @@ def build_init_share_inputs(original, ctx):
             _stand_down(ctx, f"backend {ctx.backend.name!r} cannot update FastDeploy's {where} buffers; "
                              f"use FD_ASYNC_COPY_BACKEND={'cuda' if on_gpu else 'host'}")
             return
+        if on_gpu:
+            problem = ctx.state.setdefault("cuda_probe", probe_cuda_kernels(ctx.ops, self.share_inputs["stop_flags"].place))
+            if problem:
+                _stand_down(ctx, problem)
+                return
         if int(max_num_seqs) > MAX_BATCH:
             reason = (
                 f"max_num_seqs={max_num_seqs} exceeds {MAX_BATCH}, the one-block limit of the stop-flag "
@@ -187,6 +193,31 @@ def build_init_share_inputs(original, ctx):
         self._fdac_stop = state
 
     return _init_share_inputs
+
+
+def probe_cuda_kernels(ops, place) -> str:
+    """Launch the update kernel once on a 1-slot batch at runner construction; "" when it ran.
+
+    A kernel that cannot run on this GPU (e.g. built for other architectures) must stand the
+    feature down here, not raise in the middle of the first decode step. UNVERIFIED ON GPU.
+    """
+    try:
+        def full(shape, value, dtype):
+            return paddle.to_tensor(np.full(shape, value, dtype=dtype), place=place)
+
+        ops.update_inputs_v1_cuda(
+            full([1, 1], True, "bool"), full([1], False, "bool"), full([1, 1], 0, "int32"),
+            full([1, 1], 0, "int32"), full([1, 1], 0, "int32"), full([1, 1], 0, "int32"),
+            full([1, 1], 1, "int64"), full([1, 1], 0, "int64"), full([1, 1], 0, "int64"),
+            full([1, 1], 0, "int32"), None, full([1, 1], 0, "int64"), full([1], False, "bool"), 1,
+            False,
+        )
+        if place.is_gpu_place():
+            paddle.device.synchronize()  # once, at construction: surfaces launch errors here
+    except Exception as exc:
+        return f"the CUDA stop-flag kernel cannot run here ({type(exc).__name__}: {exc}); rebuild with " \
+               "FD_ASYNC_COPY_CUDA_ARCHS set for this GPU (`fd-async-copy build-ops --force`)"
+    return ""
 
 
 def _stand_down(ctx, reason: str) -> None:

@@ -168,3 +168,28 @@ def test_disable_hands_live_runners_back_to_fastdeploys_own_path(sfkit):
     assert not hasattr(runner, "_fdac_stop")
     runner.reset_share_inputs()  # FastDeploy's own reset, on a clean dict
     assert bool(runner.not_need_stop()) is False
+
+
+def test_cuda_probe_reports_a_kernel_that_cannot_run_instead_of_failing_mid_decode():
+    """Runner construction launches the kernel once; a failure becomes a stand-down reason."""
+    import paddle
+
+    from fd_async_copy_plugin.patches.stop_flag import probe_cuda_kernels
+
+    class Broken:
+        def update_inputs_v1_cuda(self, *args):
+            raise RuntimeError("no kernel image is available for execution on the device")
+
+    class Works:
+        def __init__(self):
+            self.calls = []
+
+        def update_inputs_v1_cuda(self, *args):
+            self.calls.append(args)
+
+    reason = probe_cuda_kernels(Broken(), paddle.CPUPlace())
+    assert "cannot run here" in reason and "no kernel image" in reason and "FD_ASYNC_COPY_CUDA_ARCHS" in reason
+    works = Works()
+    assert probe_cuda_kernels(works, paddle.CPUPlace()) == ""
+    (args,) = works.calls
+    assert len(args) == 15 and args[-2:] == (1, False)  # FD 2.4's 13 tensors + block_size + one-step-stop
