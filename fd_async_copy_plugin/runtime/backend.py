@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
+import weakref
 from collections import deque
 from typing import Iterable
 
@@ -58,23 +59,27 @@ class CopyBackend:
         self._lock = threading.Lock()
         self._seq = 0  # sequence number of the last copy issued
         self._completed = 0  # every copy with seq <= _completed has landed, from the host's view
-        self._pinned_ids: set[int] = set()
-        self._copy_seq: dict[int, tuple[int, str]] = {}  # id(dst) -> (seq, writer) of the last copy
+        # Keyed by id() but checked by identity through weak references: an id can be reused by an
+        # unrelated tensor once a buffer is gone, and must never make that tensor look pinned.
+        # (Paddle tensors cannot be dict keys themselves: their == is elementwise.)
+        self._pinned: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+        self._copy_seq: dict[int, tuple[int, str, weakref.ref]] = {}  # id(dst) -> last copy
         self._recent_events: deque[CopyEvent] = deque(maxlen=64)
 
     # -- allocation ---------------------------------------------------------------------------
     def new_pinned(self, shape: Iterable[int], dtype: str, label: str) -> paddle.Tensor:
         census.record("pinned_alloc", label)
         t = self._alloc([int(s) for s in shape], dtype)
-        self._pinned_ids.add(id(t))
+        self._pinned[id(t)] = t
         return t
 
     def free_pinned(self, t: paddle.Tensor, label: str) -> None:
         census.record("pinned_free", label)
-        self._pinned_ids.discard(id(t))
+        self._pinned.pop(id(t), None)
+        self._copy_seq.pop(id(t), None)
 
     def is_pinned(self, t) -> bool:
-        return id(t) in self._pinned_ids
+        return t is not None and self._pinned.get(id(t)) is t
 
     def internal_refs(self, buf) -> int:
         """References to ``buf`` the backend itself holds (so the ring can tell consumers' apart)."""
@@ -87,7 +92,7 @@ class CopyBackend:
         with self._lock:
             self._seq += 1
             seq = self._seq
-            self._copy_seq[id(dst)] = (seq, label)
+            self._copy_seq[id(dst)] = (seq, label, weakref.ref(dst))
         self._copy(dst, src, seq, label)
 
     def blocking_d2h(self, src: paddle.Tensor, label: str) -> paddle.Tensor:
@@ -102,10 +107,14 @@ class CopyBackend:
         self._recent_events.append(event)
         return event
 
+    def _last_copy(self, buf) -> tuple[int, str, weakref.ref] | None:
+        entry = self._copy_seq.get(id(buf))
+        return entry if entry is not None and entry[2]() is buf else None
+
     def covering_event(self, buf: paddle.Tensor) -> CopyEvent | None:
         """The earliest recorded event that covers the last copy into ``buf`` (None: no copy
         pending or nothing recorded after it)."""
-        last = self._copy_seq.get(id(buf))
+        last = self._last_copy(buf)
         if last is None or last[0] <= self._completed:
             return None
         for event in self._recent_events:
@@ -156,7 +165,7 @@ class CopyBackend:
         """
         if not self.is_pinned(t):
             return t if start is None and end is None else t[start:end]
-        last = self._copy_seq.get(id(t))
+        last = self._last_copy(t)
         if last is not None and last[0] > self._completed:
             event = self.covering_event(t)
             if event is None:

@@ -100,3 +100,24 @@ def test_host_backend_copies_synchronously_and_counts_the_same_interactions():
         host.to_host(buf, "r")
     counts = census.steps[0].counts()
     assert counts["async_d2h"] == 1 and counts["pinned_alloc"] == 1 and counts["host_read"] == 1
+
+
+def test_a_recycled_id_never_makes_an_unrelated_tensor_look_pinned():
+    """Buffers are tracked by id(); once one is gone its id can be reused by any new tensor."""
+    sim = SimulatedBackend()
+    collided = False
+    for _ in range(200):
+        buf = sim.new_pinned([4], "int64", "short-lived")
+        sim.copy_d2h(buf, paddle.to_tensor([1, 2, 3, 4], dtype="int64"), "copy")
+        sim.device_synchronize("land")
+        old_id = id(buf)
+        del buf
+        fresh = paddle.zeros([4], dtype="int64")
+        if id(fresh) == old_id:
+            collided = True
+            assert not sim.is_pinned(fresh)
+            assert sim.to_host(fresh, "reader") is fresh  # not treated as a pinned buffer
+            break
+    if not collided:
+        pytest.skip("CPython did not reuse an id in 200 tries")
+    assert not sim.is_pinned(None)
