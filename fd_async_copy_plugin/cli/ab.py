@@ -12,6 +12,7 @@ import json
 import os
 import shlex
 import sys
+import urllib.parse
 from pathlib import Path
 
 EXIT_LAUNCH_FAILED = 4
@@ -85,6 +86,11 @@ def _validate(args) -> str | None:
             return f"--{name} must be >= 1"
     if args.max_tokens < 2:
         return "--max-tokens must be >= 2"
+    for flag, url in (("--base-url", args.base_url), ("--candidate-url", args.candidate_url)):
+        if url is not None:
+            parsed = urllib.parse.urlsplit(url)
+            if parsed.scheme not in ("http", "https") or not parsed.netloc:
+                return f"{flag} {url!r} is not an http(s) URL like http://127.0.0.1:8180"
     return None
 
 
@@ -134,9 +140,11 @@ def run(args) -> int:
     except ServerStartError as exc:
         print(f"fd-async-copy ab: {exc}", file=sys.stderr)
         return EXIT_LAUNCH_FAILED
-    except ValueError as exc:  # a malformed URL
-        print(f"fd-async-copy ab: error: {exc}", file=sys.stderr)
-        return 2
+    except ValueError as exc:  # arguments were checked above: this is a failure of the check itself
+        print(f"fd-async-copy ab: could not complete the comparison: {exc}", file=sys.stderr)
+        from ..serving_ab.report import EXIT_INCONCLUSIVE
+
+        return EXIT_INCONCLUSIVE
     if args.json:
         print(json.dumps(report.to_json(), indent=2))
     else:

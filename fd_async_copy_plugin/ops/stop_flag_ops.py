@@ -130,6 +130,7 @@ class StopFlagOps:
 
     def _launch(self, kernel: str, pointers, device: int, bsz: int, max_bsz: int, ids_stride: int, **scalars) -> None:
         """Calls ``kernel`` of the CUDA library on Paddle's current stream of ``device``."""
+        check_current_device(device)
         lib = self.cuda_library
         status = getattr(lib, kernel)(
             *pointers,
@@ -143,6 +144,19 @@ class StopFlagOps:
 
 
 # --- argument checks for the raw-pointer path (the C++ host path checks in C++) -----------------
+
+
+def check_current_device(device: int) -> None:
+    """The launcher runs on the calling thread's current CUDA device: it must hold the tensors.
+    (FastDeploy selects one GPU per worker; the runner-construction probe surfaces a mismatch.)"""
+    import paddle
+
+    current = paddle.device.current_device()
+    if current != device:
+        raise ValueError(
+            f"the stop-flag tensors are on gpu:{device} but the current device is gpu:{current}; "
+            "the kernel would launch on the wrong GPU"
+        )
 
 
 def check_batch(seq_lens_this_time, stop_flags) -> tuple[int, int]:

@@ -42,6 +42,7 @@ def host_library(tmp_path_factory):
 def raw_path_ops(host_library, monkeypatch):
     monkeypatch.setattr(stop_flag_ops, "check_device_tensors", lambda tensors: 0)
     monkeypatch.setattr(stop_flag_ops, "current_stream_handle", lambda device: None)
+    monkeypatch.setattr(stop_flag_ops, "check_current_device", lambda device: None)
     pybind = load_ops()
     return StopFlagOps(pybind.module, host_library, ""), pybind
 
@@ -74,3 +75,13 @@ def test_v0_raw_pointer_path_matches_the_host_op(raw_path_ops):
         for n in V0_ARRAYS:
             if a[n] is not None:
                 np.testing.assert_array_equal(a[n].numpy(), b[n].numpy(), err_msg=n)
+
+
+def test_launch_on_another_device_than_the_tensors_is_refused(monkeypatch):
+    import paddle
+
+    monkeypatch.setattr(paddle.device, "current_device", lambda: 1)
+    with pytest.raises(ValueError, match=r"on gpu:0 but the current device is gpu:1"):
+        stop_flag_ops.check_current_device(0)
+    monkeypatch.setattr(paddle.device, "current_device", lambda: 0)
+    stop_flag_ops.check_current_device(0)

@@ -120,3 +120,10 @@ def test_a_launched_server_is_stopped_with_its_whole_process_group(tmp_path):
     assert server.process.returncode == 0  # SIGTERM handled: a clean shutdown, not a kill
     with pytest.raises(ProcessLookupError):
         os.killpg(pid, 0)
+
+
+def test_ab_rejects_a_malformed_url_as_a_usage_error(capsys):
+    from fd_async_copy_plugin.cli import main
+
+    assert main(["ab", "--base-url", "localhost:8180", "--candidate-url", "http://127.0.0.1:1"]) == 2
+    assert "is not an http(s) URL" in capsys.readouterr().err
