@@ -387,6 +387,11 @@ def check_correctness(fw, cuda_lib, host_lib, report, min_slots: int) -> int:
             partial += bsz < max_bsz
             full += max_bsz == 1024
         coverage = f"; branches {branches}" if variant == "v1" else ""
+        # Every branch must really be exercised (a random generator can drift away from one).
+        thin = [b for b, n in branches.items() if n < min(100, min_slots // 100)] if variant == "v1" else []
+        if thin:
+            failures += 1
+            report(f"  COVERAGE {variant}: branches {thin} were exercised fewer than 100 times")
         report(f"  {variant}: {slots} slot states in {batches} batches ({partial} with bsz < max_bsz, "
                f"{full} with max_bsz = 1024){coverage}: {'OK' if not failures else 'FAILED'}")
 
@@ -520,6 +525,10 @@ def main(argv=None) -> int:
     fw = make_framework(args.framework)
     report(f"framework: {fw.describe()}")
     with tempfile.TemporaryDirectory() as tmp:
+        if bool(args.cuda_lib) != bool(args.host_lib):
+            parser_error = "--cuda-lib and --host-lib go together (both prebuilt libraries, or neither)"
+            report(f"error: {parser_error}")
+            return 2
         if args.cuda_lib and args.host_lib:
             cuda_path, host_path = Path(args.cuda_lib), Path(args.host_lib)
         else:
@@ -531,7 +540,10 @@ def main(argv=None) -> int:
 
         report("correctness (GPU kernel vs host C++ vs numpy reference, every array and the device flag):")
         failures = check_correctness(fw, cuda_lib, host_lib, report, args.slots)
-        failures += check_stream_order(fw, cuda_lib, report, args.busy_cycles)
+        if fw.name == "dry-run":
+            report("  stream order: skipped (dry-run: no GPU stream to queue work on)")
+        else:
+            failures += check_stream_order(fw, cuda_lib, report, args.busy_cycles)
         report("timing (host side, per decode step; max_bsz = 128):")
         time_steps(fw, cuda_lib, report, args.busy_cycles, args.steps)
 
