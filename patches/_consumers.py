@@ -6,7 +6,8 @@ after the buffer's copy event. This is the "wait as late as possible" point, and
 ops off pinned memory (FastDeploy's save ops are Paddle custom ops: given a pinned tensor, Paddle
 would move it to the GPU with a blocking copy and re-point the buffer there).
 
-Guards are idempotent: two features guarding the same consumer share one wrapper.
+Guards are idempotent: features guarding the same consumer share one wrapper; what each feature
+adds (e.g. the stop flag's substitutions) is registered with ``add_substitute``.
 """
 
 from __future__ import annotations
@@ -17,21 +18,45 @@ from fd_async_copy_plugin import runtime
 
 GUARD_MARK = "__fd_async_copy_guard__"
 
+#: Feature-provided stand-ins: ``fn(value, reader)`` returns what the consumer should get instead of
+#: ``value`` (or ``value`` itself). The stop-flag feature registers one that makes FastDeploy's flag
+#: current and swaps the device sampled tokens for their pinned copy.
+_SUBSTITUTES: list = []
+
+
+def add_substitute(fn) -> None:
+    _SUBSTITUTES.append(fn)
+
+
+def remove_substitute(fn) -> None:
+    if fn in _SUBSTITUTES:
+        _SUBSTITUTES.remove(fn)
+
+
+def host_value(value, reader: str):
+    """What a guarded consumer receives for one argument."""
+    backend = runtime.current()
+    if backend.is_pinned(value):
+        return backend.to_host(value, reader)
+    for substitute in _SUBSTITUTES:
+        replaced = substitute(value, reader)
+        if replaced is not value:
+            return replaced
+    return value
+
 
 def host_inputs_guard(consumer, reader: str):
-    """Wrap ``consumer`` so pinned tensor arguments reach it as host-ready pageable tensors."""
+    """Wrap ``consumer`` so its arguments reach it host-ready (see ``host_value``)."""
     if getattr(consumer, GUARD_MARK, False):
         return consumer
 
     @functools.wraps(consumer)
     def guarded(*args, **kwargs):
-        backend = runtime.current()
-        args = [backend.to_host(a, reader) if backend.is_pinned(a) else a for a in args]
-        kwargs = {k: backend.to_host(v, reader) if backend.is_pinned(v) else v for k, v in kwargs.items()}
+        args = [host_value(a, reader) for a in args]
+        kwargs = {k: host_value(v, reader) for k, v in kwargs.items()}
         return consumer(*args, **kwargs)
 
     setattr(guarded, GUARD_MARK, True)
-    guarded.__wrapped_consumer__ = consumer
     return guarded
 
 

@@ -38,7 +38,7 @@ from fd_async_copy_plugin import runtime
 from fd_async_copy_plugin.ops.stop_flag_library import MAX_BATCH
 from fd_async_copy_plugin.registry.patch import Feature, IncompatibleError, Patch, Target
 
-from ._consumers import GUARD_MARK
+from ._consumers import add_substitute, build_guard, remove_substitute
 
 log = logging.getLogger("fd_async_copy")
 
@@ -149,6 +149,18 @@ class _Registry:
 
     def all(self):
         return [state for _, state in self.by_flag.values()]
+
+    def substitute(self, value, reader: str):
+        """For the save consumers: FastDeploy's flag made current (same object), the step's device
+        sampled tokens swapped for their pinned copy read after the event."""
+        state = self.for_flag(value)
+        if state is not None:
+            state.sync(reader)
+            return value
+        state = self.for_tokens(value)
+        if state is not None:
+            return state.host_tokens(reader)
+        return value
 
 
 # --- runner patches -----------------------------------------------------------------------------
@@ -339,39 +351,6 @@ def build_update_inputs(original, ctx):
     return update_inputs
 
 
-def build_save_guard(reader: str):
-    """Consumers of the step's outputs: pinned tokens and the synced flag replace what FD passes."""
-
-    def build(original, ctx):
-        if original is None:
-            return original
-        registry: _Registry = ctx.state["stop_flag"]
-
-        def substitute(value):
-            backend = runtime.current()
-            if backend.is_pinned(value):
-                return backend.to_host(value, reader)
-            state = registry.for_flag(value)
-            if state is not None:
-                state.sync(reader)
-                return value
-            state = registry.for_tokens(value)
-            if state is not None:
-                return state.host_tokens(reader)
-            return value
-
-        @functools.wraps(original)
-        def guarded(*args, **kwargs):
-            args = [substitute(a) for a in args]
-            kwargs = {k: substitute(v) for k, v in kwargs.items()}
-            return original(*args, **kwargs)
-
-        setattr(guarded, GUARD_MARK, True)
-        return guarded
-
-    return build
-
-
 def build_post_process(original, ctx):
     registry: _Registry = ctx.state["stop_flag"]
 
@@ -400,7 +379,7 @@ class StopFlagFeature(Feature):
 
     def patches(self, ctx):
         guards = [
-            Patch(Target(POSTPROC, name), build_save_guard(name))
+            Patch(Target(POSTPROC, name), build_guard(name))
             for name in ("save_output", "save_output_topk", "_build_stream_transfer_data")
         ]
         return [
@@ -419,11 +398,13 @@ class StopFlagFeature(Feature):
         ]
 
     def prepare(self, ctx):
-        ctx.state["stop_flag"] = _Registry()
+        ctx.state["stop_flag"] = registry = _Registry()
+        add_substitute(registry.substitute)
 
     def teardown(self, ctx):
         registry = ctx.state.pop("stop_flag", None)
         if registry is not None:
+            remove_substitute(registry.substitute)
             registry.detach_all()
 
 

@@ -16,8 +16,6 @@ Planted, each by monkeypatching one piece of ``patches/stop_flag.py``:
 
 from __future__ import annotations
 
-import functools
-
 import pytest
 
 from fd_async_copy_plugin.runtime import AsyncCopyError, PendingCopyError
@@ -67,32 +65,11 @@ def _sync_without_wait(self, reader: str) -> None:
     self.flag_pending = False
 
 
-def _early_save_guard(stop_flag_module):
-    """(b) the pinned tokens go to the consumer as they are; the wait comes after it."""
-
-    def build_save_guard(reader: str):
-        def build(original, ctx):
-            if original is None:
-                return original
-            registry = ctx.state["stop_flag"]
-
-            @functools.wraps(original)
-            def guarded(*args, **kwargs):
-                handed = []
-                for a in args:
-                    state = registry.for_tokens(a)
-                    handed.append(state.tokens if state is not None else a)
-                result = original(*handed, **kwargs)
-                for state in registry.all():
-                    state.sync(reader)
-                return result
-
-            setattr(guarded, stop_flag_module.GUARD_MARK, True)
-            return guarded
-
-        return build
-
-    return build_save_guard
+def _early_substitute(self, value, reader: str):
+    """(b) the save consumers get the pinned token buffer itself and nothing waits before the
+    consumer runs (the flag is made current only after post_process, by its own wrapper)."""
+    state = self.for_tokens(value)
+    return state.tokens if state is not None else value
 
 
 def _after_update_event_first(self, topk_ids) -> None:
@@ -137,7 +114,7 @@ def _plant(monkeypatch, sfkit, bug: str) -> None:
     if bug == "a-sync-without-wait":
         monkeypatch.setattr(state, "sync", _sync_without_wait)
     elif bug == "b-tokens-before-event":
-        monkeypatch.setattr(module, "build_save_guard", _early_save_guard(module))
+        monkeypatch.setattr(module._Registry, "substitute", _early_substitute)
     elif bug == "c-record-before-copy":
         monkeypatch.setattr(state, "after_update", _after_update_event_first)
     elif bug == "c-wait-on-early-event":
