@@ -129,22 +129,10 @@ def census_row(run: VariantRun, skip: int = 2) -> dict:
         row[kind] = on / n
         row[f"{kind}_elsewhere"] = off / n
     row["first_read_after_wait"] = all(
-        _first_patched_read_after_wait(s) in (True, None) for s in steps
+        s.first_read_after_wait(on_patched_path) in (True, None) for s in steps
     )
     row["pinned_alloc_after_warmup"] = sum(s.count("pinned_alloc") + s.count("pinned_free") for s in steps)
     return row
-
-
-def _first_patched_read_after_wait(step) -> bool | None:
-    waited = False
-    for kind, site in step.events:
-        if not on_patched_path(site):
-            continue
-        if kind in ("blocking_d2h", "device_sync", "stream_sync", "event_wait"):
-            waited = True
-        elif kind == "host_read":
-            return waited
-    return None
 
 
 CENSUS_COLUMNS = (

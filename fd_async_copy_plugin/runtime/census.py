@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Callable, Iterator
 
 #: The kinds of interaction the census counts, with a short description used in reports.
 KINDS: dict[str, str] = {
@@ -45,13 +45,15 @@ class StepRecord:
     def sites(self, kind: str) -> list[str]:
         return [site for k, site in self.events if k == kind]
 
-    def first_read_after_wait(self) -> bool | None:
+    def first_read_after_wait(self, sites: Callable[[str], bool] | None = None) -> bool | None:
         """True when the first host read of the step comes after at least one wait.
 
-        None when the step had no host read.
+        ``sites`` restricts both to the sites it accepts. None when the step had no such host read.
         """
         waited = False
-        for kind, _ in self.events:
+        for kind, site in self.events:
+            if sites is not None and not sites(site):
+                continue
             if kind in _WAIT_KINDS:
                 waited = True
             elif kind == "host_read":

@@ -38,15 +38,10 @@ def _patched(step, kind) -> list:
 
 def _first_read_waits(step) -> bool:
     """The step's first host read on a patched path comes after a wait on that path."""
-    waited = False
-    for kind, site in step.events:
-        if not on_patched_path(site):
-            continue
-        if kind in ("event_wait", "blocking_d2h", "device_sync", "stream_sync"):
-            waited = True
-        elif kind == "host_read":
-            return waited
-    raise AssertionError(f"step {step.index} has no host read on a patched path")
+    result = step.first_read_after_wait(on_patched_path)
+    if result is None:
+        raise AssertionError(f"step {step.index} has no host read on a patched path")
+    return result
 
 
 @pytest.fixture(scope="module")
