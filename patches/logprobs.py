@@ -28,6 +28,7 @@ import logging
 import textwrap
 import threading
 
+import numpy as np
 import paddle
 
 from fd_async_copy_plugin import runtime
@@ -53,7 +54,7 @@ RING_SLOTS = 2  # FD 2.5's overlap schedule still references step N's output whe
 MAX_PINNED_BYTES = 64 << 20
 #: Marks the plugin's gather_logprobs (sync_scope checks it to know prompt results are host-owned).
 GATHERS_HOST_DATA = "__fd_async_copy_gathers_host_data__"
-_ITEM_BYTES = {"logprob_token_ids": 8, "logprobs": 4, "selected_token_ranks": 8}
+_ITEM_BYTES = {field: np.dtype(dtype).itemsize for field, dtype in DTYPES.items()}
 
 _GATHER_CALLS = {"clip_", "take_along_axis", "batched_count_greater_than", "topk", "concat"}
 
