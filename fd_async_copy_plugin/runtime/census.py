@@ -23,10 +23,23 @@ KINDS: dict[str, str] = {
     "pinned_free": "pinned frees",
     "op_on_pinned": "Paddle ops on pinned tensors",
     "host_read": "host reads of copied data",
+    # Recorded by device-value tracking (reference/device_tracking.py, tests and bench only):
+    # every blocking point, whoever causes it; the site is ``encode_host_wait(...)``.
+    "host_wait": "host waits (tracked)",
 }
 
 #: Kinds after which host data of the step is known to be complete.
 _WAIT_KINDS = frozenset({"blocking_d2h", "device_sync", "stream_sync", "event_wait"})
+
+
+def encode_host_wait(mechanism: str, long: bool, where: str, what: str) -> str:
+    """The census site of a ``host_wait``: ``long|short``, mechanism, ``file:line function``, what."""
+    return f"{'long' if long else 'short'}|{mechanism}|{where}|{what}"
+
+
+def decode_host_wait(site: str) -> dict:
+    length, mechanism, where, what = site.split("|", 3)
+    return {"long": length == "long", "mechanism": mechanism, "where": where, "what": what}
 
 
 @dataclass

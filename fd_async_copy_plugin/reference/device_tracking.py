@@ -1,0 +1,542 @@
+"""Device-value tracking on CPU Paddle: every host wait a decode step makes, whoever causes it.
+
+Test and bench infrastructure only (it lives next to the FastDeploy replica, and nothing in the
+plugin's runtime imports it): an FD worker never loads this module.
+
+On CPU Paddle every tensor is a CPU tensor. Inside ``tracking()``:
+
+- **Marks.** A tensor is "on the device" when it carries the replica's device mark
+  (``placement.as_device``: FastDeploy's ``share_inputs`` buffers, model and sampler outputs) or
+  when it was made by an op FastDeploy's GPU build would run on the device: a Paddle op or
+  Tensor method with a marked input (every ``paddle._C_ops`` callable, the ``paddle`` /
+  ``paddle.tensor`` / ``paddle.nn.functional`` functions and every ``paddle.Tensor`` method and
+  operator dunder are wrapped: ``numel()``, reductions, comparisons, ``astype``, slicing,
+  ``paddle.concat``, in-place ops, arithmetic ...), or a creation op (``paddle.full``,
+  ``paddle.to_tensor``, ``paddle.empty`` ...) with no host ``place``: on a GPU build those
+  allocate on the GPU.
+- **Host reads.** ``int()``, ``float()``, ``bool()``/truth tests, ``__index__``, ``.item()``,
+  ``.numpy()``, ``.tolist()``, ``np.asarray``, ``str()``, ``.cpu()``, ``.pin_memory()``, a
+  ``copy_`` into host memory that is not a pinned buffer of the copy backend, or a ``setitem``
+  of a device value into a host tensor, applied to a marked tensor: each is a **blocking D2H**
+  (a stream-ordered copy the host waits for), recorded with its call site (``file:line
+  function``) - FastDeploy replica, patch, runtime or Paddle glue alike. Metadata (``shape``,
+  ``dtype``, ``place``, ``len()``, ``data_ptr()``) is not a read.
+- **Implicit H2D.** A pageable host tensor passed into an op that runs on the device (an op with
+  a marked input, or a replica stand-in for a Paddle op, ``phi_op``) goes through Paddle's place
+  transform (``TransDataPlace``: the stream is synchronized, then a blocking copy): a host wait.
+  This is how FastDeploy 2.4's CPU ``infer_seed`` makes ``top_p_sampling`` drain the stream.
+- **Event waits and synchronizes** through the copy backend (FastDeploy 2.5's events in the
+  replica, the plugin's events) count too: every ``wait`` call, and every device/stream sync.
+- **Pinned buffers** written by the backend's asynchronous copy are not marked: the copy itself
+  is not a read (``copy_d2h`` runs untracked, as the DMA it models), and reading the buffer is
+  judged by the simulator.
+- **Device code.** The replica's stand-ins for FastDeploy's compiled ops and its model read
+  tensors with ``.numpy()`` to compute on the CPU; they run under ``device_code()`` (nothing is
+  recorded, nothing is checked). The host side of such an op (``token_num.copy_to(CPUPlace)``
+  in ``get_padding_offset``, the flag copy in ``update_inputs_v1``) runs under ``host_code()``.
+
+Each wait is **long** when device work that is still running in FastDeploy's GPU build - the
+forward or the sampler, launched since the host last waited (``heavy()``) - must finish first,
+else **short** (the GPU is already idle; the cost is a copy round trip).
+
+Records go to the active sync census as kind ``host_wait`` (``census.encode_host_wait``) and to
+``Tracker.waits``. Wrapping costs Python overhead on every Paddle call while a tracker is
+active; nothing is wrapped outside ``tracking()``, and everything is restored on exit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import os
+import sys
+import threading
+from dataclasses import dataclass
+from typing import Iterator, Optional
+
+import numpy as np
+import paddle
+
+from ..runtime import census
+from ..runtime.backend import CopyBackend
+
+MARK = "_fd_reference_on_device"
+
+#: Tensor methods that read the tensor's values on the host.
+HOST_READS = frozenset({
+    "numpy", "item", "tolist", "__int__", "__float__", "__bool__", "__nonzero__", "__index__",
+    "__complex__", "__array__", "__format__", "__str__", "__repr__", "__reduce__", "__reduce_ex__",
+    "cpu", "pin_memory", "_copy_to", "__deepcopy__",
+})
+#: Creation ops: on a GPU build the result lives on the device unless a host ``place`` is given.
+CREATION = frozenset({
+    "full", "zeros", "ones", "empty", "to_tensor", "arange", "linspace", "eye", "rand", "randn",
+    "randint", "uniform", "normal", "assign", "tensor", "logspace",
+})
+#: Tensor attributes never wrapped: object protocol, metadata, the tracker's own needs.
+_NOT_WRAPPED = frozenset({
+    "__init__", "__new__", "__getattribute__", "__getattr__", "__setattr__", "__delattr__",
+    "__class__", "__dict__", "__del__", "__hash__", "__init_subclass__", "__subclasshook__",
+    "__sizeof__", "__dir__", "__len__", "data_ptr", "_is_initialized", "is_dense", "is_dist",
+    "is_sparse", "is_selected_rows", "dim", "ndimension", "element_size", "is_contiguous",
+    "_place_str", "value", "get_tensor", "_share_underline_tensor_to", "_is_shared_underline_tensor_with",
+    "is_same_shape", "_numel", "is_floating_point", "is_complex", "is_integer", "__weakref__",
+    "__module__", "__doc__", "__subclasscheck__", "__instancecheck__", "_md5sum",
+    "_tensor_use_gpudnn", "_use_gpudnn", "register_hook", "_register_grad_hook",
+    "__cuda_array_interface__", "__dlpack__", "__dlpack_device__",
+})
+#: Modules whose public functions are wrapped (where ``paddle.X`` functions are defined).
+_FUNCTION_MODULES = ("paddle.tensor", "paddle.base.dygraph.generated_tensor_methods_patch", "paddle.nn.functional")
+
+_PADDLE_DIR = os.path.dirname(paddle.__file__)
+_NUMPY_DIR = os.path.dirname(np.__file__)
+_HERE = os.path.abspath(__file__)
+_PLACEMENT = os.path.join(os.path.dirname(_HERE), "placement.py")
+_SKIPPED_FILES = {_HERE, _PLACEMENT, os.path.abspath(functools.__file__), os.path.abspath(contextlib.__file__)}
+_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(_HERE)))
+_RUNTIME_DIR = os.path.join(os.path.dirname(os.path.dirname(_HERE)), "runtime") + os.sep
+
+
+@dataclass(frozen=True)
+class HostWait:
+    """One blocking point: what, where, and whether it waits for running device work."""
+
+    step: int
+    mechanism: str  # "d2h", "h2d", "event", "sync"
+    long: bool
+    file: str
+    line: int
+    function: str
+    what: str
+
+    @property
+    def where(self) -> str:
+        return f"{self.file}:{self.line} {self.function}"
+
+
+class _Local(threading.local):
+    depth = 0  # >0 while inside a wrapped call (only the outermost call is judged)
+    device = 0  # >0 inside device_code()
+
+
+_local = _Local()
+_ACTIVE: Optional["Tracker"] = None
+
+
+def is_marked(t) -> bool:
+    return isinstance(t, paddle.Tensor) and getattr(t, MARK, False) is True
+
+
+def _mark(t) -> None:
+    setattr(t, MARK, True)
+
+
+def _tensors(value, out: list, depth: int = 0) -> list:
+    if isinstance(value, paddle.Tensor):
+        out.append(value)
+    elif depth < 3 and isinstance(value, (list, tuple)):
+        for v in value:
+            _tensors(v, out, depth + 1)
+    elif depth < 3 and isinstance(value, dict):
+        for v in value.values():
+            _tensors(v, out, depth + 1)
+    return out
+
+
+def _is_host_place(place) -> bool:
+    if place is None:
+        return False
+    if isinstance(place, str):
+        return place.lower().startswith(("cpu", "pinned", "gpu_pinned"))
+    return isinstance(place, (paddle.CPUPlace, paddle.CUDAPinnedPlace))
+
+
+def _site(skip: int = 2, backend_is_mechanism: bool = False) -> tuple[str, int, str]:
+    """The first frame outside the tracker, the replica's placement helpers, Paddle and numpy
+    (and, for event waits and synchronizes, the copy backend: its caller is the site)."""
+    frame = sys._getframe(skip)
+    skipped_dirs = (_PADDLE_DIR, _NUMPY_DIR, _RUNTIME_DIR) if backend_is_mechanism else (_PADDLE_DIR, _NUMPY_DIR)
+    while frame is not None:
+        filename = os.path.abspath(frame.f_code.co_filename)
+        if filename not in _SKIPPED_FILES and not filename.startswith(skipped_dirs):
+            rel = os.path.relpath(filename, _PACKAGE_ROOT) if filename.startswith(_PACKAGE_ROOT) else filename
+            return rel, frame.f_lineno, frame.f_code.co_name
+        frame = frame.f_back
+    return "<unknown>", 0, "<unknown>"
+
+
+class Tracker:
+    """The state of one ``tracking()`` block."""
+
+    def __init__(self) -> None:
+        self.waits: list[HostWait] = []
+        self._lock = threading.Lock()
+        self._heavy = 0  # heavy device work launched so far
+        self._heavy_done = 0  # heavy work the host has waited for
+        self._event_heavy: dict[int, tuple[object, int]] = {}
+
+    # -- device work --------------------------------------------------------------------------
+    def heavy(self, label: str) -> None:
+        with self._lock:
+            self._heavy += 1
+
+    def _stream_wait(self) -> bool:
+        with self._lock:
+            long = self._heavy > self._heavy_done
+            self._heavy_done = self._heavy
+            return long
+
+    # -- records ------------------------------------------------------------------------------
+    def record(self, mechanism: str, what: str, long: bool, skip: int = 3) -> HostWait:
+        file, line, function = _site(skip, backend_is_mechanism=mechanism in ("event", "sync"))
+        active = census.active()
+        step = active.steps[-1].index if active is not None and active.steps else -1
+        wait = HostWait(step, mechanism, long, file, line, function, what)
+        with self._lock:
+            self.waits.append(wait)
+        census.record("host_wait", census.encode_host_wait(mechanism, long, wait.where, what))
+        return wait
+
+    def d2h(self, what: str) -> None:
+        self.record("d2h", what, self._stream_wait(), skip=4)
+
+    def h2d(self, what: str) -> None:
+        self.record("h2d", what, self._stream_wait(), skip=4)
+
+    # -- events (through the copy backend) -----------------------------------------------------
+    def event_recorded(self, event) -> None:
+        with self._lock:
+            self._event_heavy[id(event)] = (event, self._heavy)
+
+    def event_waited(self, event, reason: str) -> None:
+        with self._lock:
+            entry = self._event_heavy.get(id(event))
+            heavy = entry[1] if entry is not None and entry[0] is event else self._heavy
+            long = heavy > self._heavy_done
+            self._heavy_done = max(self._heavy_done, heavy)
+        self.record("event", f"event wait {reason}", long, skip=4)
+
+    def synchronized(self, what: str) -> None:
+        self.record("sync", what, self._stream_wait(), skip=4)
+
+
+def active() -> Optional[Tracker]:
+    return _ACTIVE
+
+
+def heavy(label: str) -> None:
+    """Device work that runs long on a GPU (the forward, the sampler) was launched."""
+    tracker = _ACTIVE
+    if tracker is not None and _local.device == 0:
+        tracker.heavy(label)
+
+
+@contextlib.contextmanager
+def device_code() -> Iterator[None]:
+    """Code that stands for device code (a compiled op's kernels, the model): untracked."""
+    _local.device += 1
+    try:
+        yield
+    finally:
+        _local.device -= 1
+
+
+@contextlib.contextmanager
+def host_code() -> Iterator[None]:
+    """The host side of a stand-in op (inside ``device_code``): tracked again."""
+    saved_device, saved_depth = _local.device, _local.depth
+    _local.device = _local.depth = 0
+    try:
+        yield
+    finally:
+        _local.device, _local.depth = saved_device, saved_depth
+
+
+def device_op(fn):
+    """Decorator for a replica stand-in of a compiled FastDeploy op: its body is device code."""
+
+    @functools.wraps(fn)
+    def op(*args, **kwargs):
+        if _ACTIVE is None:
+            return fn(*args, **kwargs)
+        with device_code():
+            return fn(*args, **kwargs)
+
+    return op
+
+
+def phi_op(name: str, **inputs) -> None:
+    """A replica stand-in for a Paddle (PHI) op is called with ``inputs`` (by argument name):
+    Paddle's data transform moves a pageable host input of a device op to the device,
+    synchronizing the stream first. Recorded at the site that called the op."""
+    tracker = _ACTIVE
+    if tracker is None or _local.device:
+        return
+    if not any(is_marked(t) for t in _tensors(list(inputs.values()), [])):
+        return  # a host op
+    for arg, value in inputs.items():
+        if any(not is_marked(t) and not _is_pinned(t) for t in _tensors(value, [])):
+            tracker.record("h2d", f"{name}({arg}=pageable host tensor)", tracker._stream_wait(), skip=4)
+            return
+
+
+def _is_pinned(t) -> bool:
+    from .. import runtime
+
+    try:
+        return runtime.current().is_pinned(t)
+    except Exception:  # no backend configured
+        return False
+
+
+# ---- the wrappers -----------------------------------------------------------------------------
+
+
+def _judge_op(tracker: Tracker, name: str, args, kwargs, result, creation: bool):
+    inputs = _tensors(list(args), [])
+    inputs = _tensors(list(kwargs.values()), inputs)
+    marked = [t for t in inputs if is_marked(t)]
+    if marked:
+        for t in inputs:
+            if not is_marked(t) and not _is_pinned(t) and t is not result:
+                tracker.record("h2d", f"{name}: pageable host input", tracker._stream_wait(), skip=4)
+                break
+    on_device = bool(marked)
+    if creation and not marked and not inputs:
+        on_device = not _is_host_place(kwargs.get("place"))
+    if creation and not marked and name == "to_tensor":
+        on_device = not _is_host_place(kwargs.get("place", args[2] if len(args) > 2 else None))
+    if on_device:
+        for t in _tensors(result, []):
+            if not _is_pinned(t):
+                _mark(t)
+    return result
+
+
+def _wrap_function(name: str, fn, creation: bool):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        tracker = _ACTIVE
+        if tracker is None or _local.device or _local.depth:
+            return fn(*args, **kwargs)
+        _local.depth += 1
+        try:
+            result = fn(*args, **kwargs)
+        finally:
+            _local.depth -= 1
+        return _judge_op(tracker, name, args, kwargs, result, creation)
+
+    wrapper.__fd_tracking_original__ = fn
+    return wrapper
+
+
+def _unmarked_copy(t):
+    out = _ORIGINAL_CLONE(t)
+    setattr(out, MARK, False)
+    return out
+
+
+def _wrap_method(name: str, fn):
+    read = name in HOST_READS
+
+    @functools.wraps(fn)
+    def wrapper(self, *args, **kwargs):
+        tracker = _ACTIVE
+        if tracker is None or _local.device or _local.depth:
+            return fn(self, *args, **kwargs)
+        if name == "copy_":
+            return _copy_(tracker, fn, self, args, kwargs)
+        if name == "__setitem__":
+            return _setitem(tracker, fn, self, args)
+        if read and is_marked(self):
+            if name == "_copy_to" and not _is_host_place(args[0] if args else kwargs.get("place")):
+                pass
+            else:
+                tracker.d2h(f".{name}()" if not name.startswith("__") else f"{name.strip('_')}()")
+                _local.depth += 1
+                try:
+                    result = fn(self, *args, **kwargs)
+                finally:
+                    _local.depth -= 1
+                if isinstance(result, paddle.Tensor) and (result is self or is_marked(result)):
+                    result = _unmarked_copy(result) if result is self else result
+                    setattr(result, MARK, False)
+                return result
+        _local.depth += 1
+        try:
+            result = fn(self, *args, **kwargs)
+        finally:
+            _local.depth -= 1
+        if name in ("cuda",):
+            if isinstance(result, paddle.Tensor):
+                _mark(result)
+            return result
+        if read:
+            return result
+        return _judge_op(tracker, name, (self,) + args, kwargs, result, False)
+
+    wrapper.__fd_tracking_original__ = fn
+    return wrapper
+
+
+def _copy_(tracker: Tracker, fn, dst, args, kwargs):
+    src = args[0] if args else kwargs.get("src")
+    if isinstance(src, paddle.Tensor):
+        if is_marked(src) and not is_marked(dst) and not _is_pinned(dst):
+            tracker.d2h("copy_ into pageable host memory")
+        elif not is_marked(src) and is_marked(dst) and _is_pinned(src):
+            pass  # pinned -> device: an async H2D
+    _local.depth += 1
+    try:
+        return fn(dst, *args, **kwargs)
+    finally:
+        _local.depth -= 1
+
+
+def _setitem(tracker: Tracker, fn, self, args):
+    key, value = args[0], args[1]
+    values = _tensors(value, [])
+    keys = _tensors(key, [])
+    if is_marked(self):
+        if any(not is_marked(v) and not _is_pinned(v) for v in values):
+            tracker.h2d("setitem: pageable host value")
+    elif any(is_marked(v) for v in values + keys):
+        tracker.d2h("setitem of a device value into host memory")
+    _local.depth += 1
+    try:
+        return fn(self, *args)
+    finally:
+        _local.depth -= 1
+
+
+_ORIGINAL_CLONE = paddle.Tensor.clone
+
+
+def _backend_wrappers() -> list[tuple[object, str, object]]:
+    """(owner, name, replacement) for the copy backend: events, syncs, and the async copy."""
+    original_record = CopyBackend.record
+    original_wait = CopyBackend.wait
+    original_device_sync = CopyBackend.device_synchronize
+    original_stream_sync = CopyBackend.stream_synchronize
+    original_copy = CopyBackend.copy_d2h
+
+    def record(self, label):
+        event = original_record(self, label)
+        tracker = _ACTIVE
+        if tracker is not None:
+            tracker.event_recorded(event)
+        return event
+
+    def wait(self, event, reason):
+        tracker = _ACTIVE
+        if tracker is not None and not _local.device:
+            tracker.event_waited(event, reason)
+        return original_wait(self, event, reason)
+
+    def device_synchronize(self, reason):
+        tracker = _ACTIVE
+        if tracker is not None and not _local.device:
+            tracker.synchronized(f"device synchronize {reason}")
+        return original_device_sync(self, reason)
+
+    def stream_synchronize(self, reason):
+        tracker = _ACTIVE
+        if tracker is not None and not _local.device:
+            tracker.synchronized(f"stream synchronize {reason}")
+        return original_stream_sync(self, reason)
+
+    def copy_d2h(self, dst, src, label):
+        # The modelled DMA: the copy is not a host read (the simulator snapshots the source).
+        with device_code():
+            return original_copy(self, dst, src, label)
+
+    return [
+        (CopyBackend, "record", record),
+        (CopyBackend, "wait", wait),
+        (CopyBackend, "device_synchronize", device_synchronize),
+        (CopyBackend, "stream_synchronize", stream_synchronize),
+        (CopyBackend, "copy_d2h", copy_d2h),
+    ]
+
+
+def _tensor_method_names() -> list[str]:
+    names = []
+    for name in dir(paddle.Tensor):
+        if name in _NOT_WRAPPED:
+            continue
+        if name.startswith("_") and not (name.startswith("__") and name.endswith("__")) and name not in (
+            "_copy_to", "_to", "_getitem_dygraph", "_setitem_dygraph", "_getitem_static"
+        ):
+            continue
+        try:
+            raw = inspect.getattr_static(paddle.Tensor, name)
+        except AttributeError:
+            continue
+        if isinstance(raw, (property, staticmethod, classmethod)) or inspect.isdatadescriptor(raw):
+            continue
+        if not callable(raw) or isinstance(raw, type):
+            continue
+        names.append(name)
+    return names
+
+
+def _function_targets() -> list[tuple[object, str, object]]:
+    """(module, name, function) for every public op function reachable as paddle.X,
+    paddle.tensor.X, paddle.nn.functional.X, and every ``paddle._C_ops`` callable."""
+    targets = []
+    seen: dict[int, object] = {}
+    for module in (paddle, paddle.tensor, paddle.nn.functional):
+        for name in dir(module):
+            if name.startswith("_"):
+                continue
+            obj = getattr(module, name, None)
+            if not (inspect.isfunction(obj) or inspect.isbuiltin(obj)):
+                continue
+            if not (getattr(obj, "__module__", None) or "").startswith(_FUNCTION_MODULES):
+                continue
+            targets.append((module, name, obj))
+            seen[id(obj)] = obj
+    for name in dir(paddle._C_ops):
+        if name.startswith("_"):
+            continue
+        obj = getattr(paddle._C_ops, name, None)
+        if callable(obj) and not isinstance(obj, type) and not inspect.ismodule(obj):
+            targets.append((paddle._C_ops, name, obj))
+    return targets
+
+
+@contextlib.contextmanager
+def tracking() -> Iterator[Tracker]:
+    """Track device values for the duration of the block (one tracker at a time)."""
+    global _ACTIVE
+    if _ACTIVE is not None:
+        raise RuntimeError("device tracking is already active")
+    saved: list[tuple[object, str, object, bool]] = []
+
+    def patch(owner, name, replacement):
+        had = name in vars(owner) if isinstance(owner, type) else True
+        saved.append((owner, name, getattr(owner, name) if not isinstance(owner, type) else vars(owner).get(name), had))
+        setattr(owner, name, replacement)
+
+    tracker = Tracker()
+    try:
+        wrapped: dict[int, object] = {}
+        for module, name, fn in _function_targets():
+            replacement = wrapped.get(id(fn))
+            if replacement is None:
+                replacement = wrapped[id(fn)] = _wrap_function(name, fn, name in CREATION)
+            patch(module, name, replacement)
+        for name in _tensor_method_names():
+            patch(paddle.Tensor, name, _wrap_method(name, getattr(paddle.Tensor, name)))
+        for owner, name, replacement in _backend_wrappers():
+            patch(owner, name, replacement)
+        _ACTIVE = tracker
+        yield tracker
+    finally:
+        _ACTIVE = None
+        for owner, name, original, had in reversed(saved):
+            if had:
+                setattr(owner, name, original)
+            else:
+                delattr(owner, name)
