@@ -17,6 +17,8 @@ import paddle
 
 from .. import runtime
 from ..runtime import census
+from . import device_tracking
+from .device_tracking import device_code, device_op, heavy, phi_op  # noqa: F401  (tracking hooks)
 
 _DEVICE_ATTR = "_fd_reference_on_device"
 
@@ -38,12 +40,18 @@ def is_pinned(t) -> bool:
 def blocking_d2h(t: paddle.Tensor, site: str) -> paddle.Tensor:
     """FastDeploy's ``.cpu()`` of a device tensor: a counted blocking copy to pageable memory.
 
-    Always returns a new, unmarked tensor: on CPU Paddle ``.cpu()`` returns the same object, and
-    the result must not alias (or look like) the device tensor.
+    A plain Paddle ``.cpu()`` (not the plugin's copy backend), run as host code so that device
+    tracking records it at the caller's site, also inside a stand-in op's body. Always returns a
+    new, unmarked tensor: on CPU Paddle ``.cpu()`` returns the same object, and the result must
+    not alias (or look like) the device tensor.
     """
-    out = runtime.current().blocking_d2h(t, site)
+    census.record("blocking_d2h", site)
+    with device_tracking.host_code():
+        out = t.cpu()
     if out is t:
         out = t.clone()
+    if is_device(out):
+        setattr(out, _DEVICE_ATTR, False)
     return out
 
 
@@ -103,3 +111,13 @@ def copy_async(dst: paddle.Tensor, src: paddle.Tensor, site: str) -> None:
 
 def _dtype_name(t: paddle.Tensor) -> str:
     return str(t.dtype).replace("paddle.", "")
+
+
+def device_ops(namespace: dict) -> None:
+    """Wrap every public function defined in a replica ops module (``globals()``) as device code."""
+    import inspect
+
+    for name, fn in list(namespace.items()):
+        if name.startswith("_") or not inspect.isfunction(fn) or fn.__module__ != namespace["__name__"]:
+            continue
+        namespace[name] = device_op(fn)

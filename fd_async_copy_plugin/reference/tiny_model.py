@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import paddle
 
-from .placement import as_device
+from .placement import as_device, heavy
 
 
 class TinyModel:
@@ -28,6 +28,7 @@ class TinyModel:
         self.lm_head = paddle.to_tensor((scale * rng.standard_normal([hidden_size, vocab_size])).astype(np.float32))
 
     def __call__(self, ids_remove_padding: paddle.Tensor, forward_meta) -> paddle.Tensor:
+        heavy("forward")
         ids = ids_remove_padding.reshape([-1])
         hidden = paddle.gather(self.embedding, ids) + paddle.gather(
             self.position_embedding, forward_meta.position_ids.reshape([-1])
@@ -35,4 +36,5 @@ class TinyModel:
         return as_device(paddle.tanh(hidden))
 
     def compute_logits(self, hidden_states: paddle.Tensor) -> paddle.Tensor:
+        heavy("compute_logits")
         return as_device(paddle.matmul(hidden_states, self.lm_head).astype("float32"))

@@ -27,7 +27,7 @@ import paddle
 from .. import envs
 from ...tiny_model import TinyModel
 from ...zmq_sink import AsyncOutputThread
-from ...placement import as_device, blocking_d2h, host_view, is_pinned, paddle_op_inputs
+from ...placement import as_device, blocking_d2h, device_code, host_view, is_pinned, paddle_op_inputs
 from ..engine.request import Request, RequestType
 from ..inter_communicator import ZmqIpcClient
 from ..model_executor.forward_meta import ForwardMeta
@@ -581,9 +581,11 @@ class GPUModelRunner(AsyncOutputThread, ModelRunnerBase):
     def _position_ids(self) -> paddle.Tensor:
         """Each packed token's position: ``seq_lens_decoder`` of its slot plus its offset in the
         step (what the attention metadata encodes in FastDeploy)."""
-        cu = self.share_inputs["cu_seqlens_q"].numpy().reshape(-1)
-        dec = self.share_inputs["seq_lens_decoder"].numpy().reshape(-1)
-        this_time = self.share_inputs["seq_lens_this_time"].numpy().reshape(-1)
+        # What the attention metadata encodes on the device (no host read in FastDeploy).
+        with device_code():
+            cu = self.share_inputs["cu_seqlens_q"].numpy().reshape(-1)
+            dec = self.share_inputs["seq_lens_decoder"].numpy().reshape(-1)
+            this_time = self.share_inputs["seq_lens_this_time"].numpy().reshape(-1)
         positions = [dec[b] + np.arange(n) for b, n in enumerate(this_time) if n > 0]
         flat = np.concatenate(positions) if positions else np.zeros([0], dtype=np.int64)
         return as_device(paddle.to_tensor(flat.astype(np.int64)))

@@ -30,7 +30,7 @@ import paddle
 
 from .. import envs
 from ... import paddle_device
-from ...placement import as_device, blocking_d2h, copy_async
+from ...placement import as_device, blocking_d2h, copy_async, device_code
 from ...tiny_model import TinyModel
 from ...zmq_sink import AsyncOutputThread
 from ....runtime import current as current_backend
@@ -295,9 +295,11 @@ class GPUModelRunner(AsyncOutputThread):
 
     def initialize_forward_meta(self, is_dummy_or_profile_run=False):
         si = self.share_inputs
-        cu = si["cu_seqlens_q"].numpy().reshape(-1)
-        dec = si["seq_lens_decoder"].numpy().reshape(-1)
-        this_time = si["seq_lens_this_time"].numpy().reshape(-1)
+        # What the attention metadata encodes on the device (no host read in FastDeploy).
+        with device_code():
+            cu = si["cu_seqlens_q"].numpy().reshape(-1)
+            dec = si["seq_lens_decoder"].numpy().reshape(-1)
+            this_time = si["seq_lens_this_time"].numpy().reshape(-1)
         positions = [dec[b] + np.arange(n) for b, n in enumerate(this_time) if n > 0]
         flat = np.concatenate(positions).astype(np.int64) if positions else np.zeros([0], dtype=np.int64)
         # Padding rows of an over-estimated token count (overlap schedule) sit at position 0.

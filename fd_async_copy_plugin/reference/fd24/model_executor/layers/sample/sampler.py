@@ -18,10 +18,11 @@ import paddle
 from paddle import nn
 
 from .....placement import as_device, blocking_d2h
-from .....sampling_math import greedy_sample, keep_sampling_mask, log_softmax, top_p_renormalized_logprobs
+from .....sampling_math import keep_sampling_mask, log_softmax, top_p_renormalized_logprobs
 from ....platforms import current_platform
 from ....worker.output import LogprobsTensors, SamplerOutput
 from .logprobs import batched_count_greater_than
+from .ops import top_k_top_p_sampling
 from .meta_data import SamplingMetadata
 
 
@@ -198,7 +199,13 @@ class Sampler(nn.Layer):
                 probs, sampling_metadata.top_p, sampling_metadata.top_k_list
             )
 
-        next_tokens = greedy_sample(probs)
+        _, next_tokens = top_k_top_p_sampling(
+            probs,
+            sampling_metadata.top_p,
+            sampling_metadata.top_k,
+            sampling_metadata.top_k_list,
+            topp_seed=sampling_metadata.seed,
+        )
 
         logprobs_tensors = (
             None if num_logprobs is None else self.gather_logprobs(raw_logprobs, num_logprobs, token_ids=next_tokens)

@@ -30,6 +30,7 @@ from ..... import kernels
 from .....message_queue import get_queue, pack_tokens, pack_topk
 from .....placement import (
     as_device,
+    device_ops,
     blocking_d2h,
     device_array,
     host_view,
@@ -371,3 +372,8 @@ speculate_schedule_cache = _not_modelled("speculate_schedule_cache")
 share_external_data = _not_modelled("share_external_data")
 set_data_ipc = _not_modelled("set_data_ipc")
 unset_data_ipc = _not_modelled("unset_data_ipc")
+
+
+# Every op above is compiled device code in FastDeploy: device tracking does not see the stand-ins'
+# own reads of their inputs (the host sides they model record through ``placement``).
+device_ops(globals())

@@ -17,10 +17,11 @@ from paddle import nn
 # Not patch points, unchanged in 2.5: guided decoding and the speculative/MTP gather_logprobs body.
 from .....fd24.model_executor.layers.sample.sampler import GuidedDecoding, speculative_gather_logprobs
 from .....placement import as_device, blocking_d2h, copy_async, pin_memory
-from .....sampling_math import greedy_sample, log_softmax, top_p_renormalized_logprobs
+from .....sampling_math import log_softmax, top_p_renormalized_logprobs
 from ....platforms import current_platform
 from ....worker.output import LogprobsTensors, SamplerOutput
 from .logprobs import batched_count_greater_than
+from .ops import top_k_top_p_sampling
 from .meta_data import SamplingMetadata
 
 
@@ -145,7 +146,13 @@ class Sampler(nn.Layer):
             elif self.logprobs_mode == "processed_logits":
                 raw_logprobs = logits.clone()
         probs = paddle.nn.functional.softmax(logits)
-        next_tokens = greedy_sample(probs)
+        _, next_tokens = top_k_top_p_sampling(
+            probs,
+            sampling_metadata.top_p,
+            sampling_metadata.top_k,
+            sampling_metadata.top_k_list,
+            topp_seed=sampling_metadata.seed,
+        )
         logprobs_tensors = (
             None if num_logprobs is None else self.gather_logprobs(raw_logprobs, num_logprobs, token_ids=next_tokens)
         )

@@ -20,7 +20,7 @@ import paddle
 
 from ..... import kernels
 from .....message_queue import get_queue, pack_tokens, pack_topk
-from .....placement import as_device, host_view, is_pinned, paddle_op_inputs, write_back
+from .....placement import as_device, device_ops, host_view, is_pinned, paddle_op_inputs, write_back
 from ...... import runtime
 from .....fd24.model_executor.ops.gpu import (  # noqa: F401  (unchanged in 2.5)
     _env_flag,
@@ -216,3 +216,8 @@ speculate_schedule_cache = _not_modelled("speculate_schedule_cache")
 share_external_data = _not_modelled("share_external_data")
 set_data_ipc = _not_modelled("set_data_ipc")
 unset_data_ipc = _not_modelled("unset_data_ipc")
+
+
+# Every op above is compiled device code in FastDeploy: device tracking does not see the stand-ins'
+# own reads of their inputs (the host sides they model record through ``placement``).
+device_ops(globals())
