@@ -6,7 +6,9 @@ how to build a workload, run a variant with a sync census, and report the census
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import dataclasses
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -50,6 +52,8 @@ class Variant:
     root: str
     plugin: bool
     features: tuple[str, ...] | None = None
+    #: FastDeploy 2.5's ``enable_overlap_schedule`` (forces ``DriverConfig.overlap``)
+    overlap: bool = False
 
 
 VARIANTS = {
@@ -58,6 +62,12 @@ VARIANTS = {
     "fd24-plugin": Variant("fd24-plugin", ROOTS["fd24"], True),
     "fd25-plugin": Variant("fd25-plugin", ROOTS["fd25"], True),
 }
+#: The whole-step census (``host_waits``) also covers 2.5's overlap schedule.
+CENSUS_VARIANTS = {
+    **VARIANTS,
+    "fd25-native-overlap": Variant("fd25-native-overlap", ROOTS["fd25"], False, overlap=True),
+}
+CENSUS_ORDER = ("fd24-unpatched", "fd24-plugin", "fd25-native", "fd25-native-overlap", "fd25-plugin")
 
 
 @contextlib.contextmanager
@@ -103,7 +113,9 @@ class VariantRun:
 
 
 def run_variant(variant: Variant, config: DriverConfig, requests, *, backend: str = "host",
-                max_steps: int = 256, arrivals=None) -> VariantRun:
+                max_steps: int = 256, arrivals=None, track: bool = False) -> VariantRun:
+    """Run ``variant``; ``track`` adds device-value tracking (``host_wait`` census records: every
+    blocking point of each step, see ``reference/device_tracking.py``; slower, tests/bench only)."""
     times: list[float] = []
     last = [time.perf_counter()]
 
@@ -112,7 +124,13 @@ def run_variant(variant: Variant, config: DriverConfig, requests, *, backend: st
         times.append(now - last[0])
         last[0] = now
 
-    with device_for(backend), plugin_state(variant, backend) as status, collecting() as census:
+    if variant.overlap and not config.overlap:
+        config = dataclasses.replace(config, overlap=True)
+    tracking = contextlib.nullcontext()
+    if track:
+        from .reference.device_tracking import tracking
+        tracking = tracking()
+    with device_for(backend), plugin_state(variant, backend) as status, collecting() as census, tracking:
         last[0] = time.perf_counter()
         result = run_decode(variant.root, config, requests, arrivals=arrivals, max_steps=max_steps, on_step=on_step)
     return VariantRun(variant, result, census, times, status)
@@ -132,7 +150,98 @@ def census_row(run: VariantRun, skip: int = 2) -> dict:
         s.first_read_after_wait(on_patched_path) in (True, None) for s in steps
     )
     row["pinned_alloc_after_warmup"] = sum(s.count("pinned_alloc") + s.count("pinned_free") for s in steps)
+    if any(k == "host_wait" for s in run.census.steps for k, _ in s.events):
+        row["host_waits"] = host_waits(run.census.steps, skip)
     return row
+
+
+#: fd24-step-syncs.md's names for the blocking points, by the function the site is in.
+SITE_LABELS = {
+    "get_padding_offset": "S1",
+    "_prepare_inputs": "S2",
+    "exist_prefill": "S3/S7",
+    "top_k_top_p_sampling": "T",
+    "_host_flag_from_kernel": "S5",
+    "save_output": "S6",
+    "save_output_topk": "S6",
+    "_build_stream_transfer_data": "S6",
+    "gather_logprobs": "L1-3",
+    "insert_tasks_v1": "I1",
+    "_save_model_output": "save event",
+    "_postprocess": "token_num",
+}
+
+
+def site_label(wait: dict) -> str:
+    function = wait["where"].rsplit(" ", 1)[-1]
+    if wait["mechanism"] == "event" and function == "_prepare_inputs":
+        return "token_num"
+    if wait["mechanism"] == "event" and function not in SITE_LABELS:
+        return "save event"
+    return SITE_LABELS.get(function, "")
+
+
+def host_waits(steps, skip: int = 2) -> dict:
+    """Blocking points per decode step, from the ``host_wait`` census records (device tracking).
+
+    ``total``/``long``/``short`` describe the typical (most common) step after ``skip`` warm-up
+    steps: its number of waits, and how many wait for running device work (the forward or the
+    sampler). ``mean`` is the mean over those steps. ``sites`` lists every distinct blocking point
+    with its mean count per step.
+    """
+    steps = steps[skip:] or steps
+    per_step = [[census_module.decode_host_wait(site) for k, site in s.events if k == "host_wait"] for s in steps]
+    if not per_step:
+        return {"total": 0, "long": 0, "short": 0, "mean": 0.0, "steps": 0, "sites": []}
+    signature = collections.Counter(
+        (len(waits), sum(w["long"] for w in waits)) for waits in per_step
+    ).most_common(1)[0][0]
+    counts: collections.Counter = collections.Counter()
+    first_seen: dict = {}
+    for waits in per_step:
+        for w in waits:
+            key = (w["where"], w["mechanism"], w["long"], w["what"])
+            counts[key] += 1
+            first_seen.setdefault(key, len(first_seen))
+    n = len(per_step)
+    sites = [
+        {
+            "site": where,
+            "mechanism": mechanism,
+            "long": long,
+            "what": what,
+            "label": site_label({"where": where, "mechanism": mechanism}),
+            "per_step": counts[key] / n,
+        }
+        for key in sorted(counts, key=first_seen.get)
+        for where, mechanism, long, what in [key]
+    ]
+    return {
+        "total": signature[0],
+        "long": signature[1],
+        "short": signature[0] - signature[1],
+        "mean": sum(len(w) for w in per_step) / n,
+        "steps": n,
+        "sites": sites,
+    }
+
+
+def format_host_waits(rows: dict[str, dict], width: int = 100) -> str:
+    """One block per variant: the typical step's waits, then each site (within ``width`` columns)."""
+    lines = [f"{'host waits per decode step (device tracking)':46s}{'total':>7s}{'long':>6s}{'short':>7s}{'mean':>7s}"]
+    for name, row in rows.items():
+        hw = row.get("host_waits")
+        if hw is None:
+            continue
+        lines.append(f"{name:46s}{hw['total']:7d}{hw['long']:6d}{hw['short']:7d}{hw['mean']:7.2f}")
+        for site in hw["sites"]:
+            tag = f"{site['label'] or '-':>10s} {'long ' if site['long'] else 'short'} {site['mechanism']:5s}"
+            where = site["site"]
+            room = width - len(tag) - 9
+            if len(where) > room:
+                where = "..." + where[-(room - 3):]
+            lines.append(f"  {tag} {where:{room}s}{site['per_step']:5.2f}")
+    return "\n".join(line[:width] for line in lines)
 
 
 CENSUS_COLUMNS = (

@@ -12,10 +12,21 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 
 
 def run(args) -> int:
-    from ..harness import VARIANTS, census_row, format_census, logprob_workload, run_variant, summarize_times
+    from ..harness import (
+        CENSUS_ORDER,
+        CENSUS_VARIANTS,
+        VARIANTS,
+        census_row,
+        format_census,
+        host_waits,
+        logprob_workload,
+        run_variant,
+        summarize_times,
+    )
     from ..runtime.cuda import cuda_available
 
     batch, top_k, vocab, steps, repeats = args.batch, args.top_k, args.vocab, args.steps, args.repeats
@@ -37,6 +48,20 @@ def run(args) -> int:
     summary = {name: summarize_times(values) for name, values in times.items()}
     ratio = summary["fd24-plugin"]["median_ms"] / summary["fd24-unpatched"]["median_ms"]
     census = {name: census_row(run) for name, run in runs.items()}
+    # The whole-step census: device-value tracking on a plain decode workload (no logprobs) and on
+    # the logprob workload above, one tracked run per variant (tracking is slow: never timed).
+    # KV blocks of 64 tokens: no request needs a new block (a DECODE task, I1) during the run.
+    plain_config, plain_requests = plain_workload(min(batch, 32), vocab, min(steps, 16))
+    lp_config, lp_requests = logprob_workload(min(batch, 32), top_k, vocab, min(steps, 16))
+    plain_config, lp_config = replace(plain_config, block_size=64), replace(lp_config, block_size=64)
+    for name in CENSUS_ORDER:
+        variant = CENSUS_VARIANTS[name]
+        plain = run_variant(variant, plain_config, plain_requests, backend=backend, max_steps=40, track=True)
+        with_lp = run_variant(variant, lp_config, lp_requests, backend=backend, max_steps=40, track=True)
+        row = census.setdefault(name, census_row(with_lp))
+        row["host_waits"] = host_waits(plain.census.steps)
+        row["host_waits_with_logprobs"] = host_waits(with_lp.census.steps)
+    census = {name: census[name] for name in (*CENSUS_ORDER, *[n for n in census if n not in CENSUS_ORDER])}
     report = {
         "workload": {"batch": batch, "top_k": top_k, "vocab": vocab, "steps": steps, "repeats": repeats},
         "backend": backend,
@@ -59,6 +84,15 @@ def run(args) -> int:
     return 0
 
 
+def plain_workload(batch: int, vocab: int, steps: int):
+    """``batch`` requests without logprobs, all admitted at step 0, decoding ``steps`` tokens."""
+    from ..harness import logprob_workload
+
+    config, requests = logprob_workload(batch, 0, vocab, steps)
+    config = replace(config, enable_logprob=False)
+    return config, [replace(r, logprobs=None) for r in requests]
+
+
 def format_report(report: dict, format_census) -> str:
     w = report["workload"]
     lines = [
@@ -72,7 +106,17 @@ def format_report(report: dict, format_census) -> str:
         f"ratio plugin/unpatched (median): {report['ratio_plugin_over_unpatched']:.3f}  (target <= {report['target_ratio']})"
     )
     lines.append("")
-    lines.append(format_census(report["census_per_step"]))
+    census_rows = {k: v for k, v in report["census_per_step"].items() if "blocking_d2h" in v}
+    lines.append(format_census(census_rows))
+    lines.append("")
+    from ..harness import format_host_waits
+
+    lines.append("plain decode (no logprobs):")
+    lines.append(format_host_waits(report["census_per_step"]))
+    lines.append("with logprobs (every request asks for top-k):")
+    lines.append(format_host_waits(
+        {k: {"host_waits": v["host_waits_with_logprobs"]} for k, v in report["census_per_step"].items()}
+    ))
     if "copy_strategies" in report:  # pragma: no cover - GPU only
         lines.append("")
         lines.append("copy strategies on this GPU (per step, host us):")

@@ -95,6 +95,7 @@ _HERE = os.path.abspath(__file__)
 _PLACEMENT = os.path.join(os.path.dirname(_HERE), "placement.py")
 _SKIPPED_FILES = {_HERE, _PLACEMENT, os.path.abspath(functools.__file__), os.path.abspath(contextlib.__file__)}
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(_HERE)))
+_PLUGIN_DIR = os.path.dirname(os.path.dirname(_HERE)) + os.sep
 _RUNTIME_DIR = os.path.join(os.path.dirname(os.path.dirname(_HERE)), "runtime") + os.sep
 
 
@@ -160,7 +161,12 @@ def _site(skip: int = 2, backend_is_mechanism: bool = False) -> tuple[str, int, 
     while frame is not None:
         filename = os.path.abspath(frame.f_code.co_filename)
         if filename not in _SKIPPED_FILES and not filename.startswith(skipped_dirs):
-            rel = os.path.relpath(filename, _PACKAGE_ROOT) if filename.startswith(_PACKAGE_ROOT) else filename
+            if filename.startswith(_PLUGIN_DIR):
+                rel = os.path.relpath(filename, _PLUGIN_DIR)
+            elif filename.startswith(_PACKAGE_ROOT):
+                rel = os.path.relpath(filename, _PACKAGE_ROOT)
+            else:
+                rel = filename
             return rel, frame.f_lineno, frame.f_code.co_name
         frame = frame.f_back
     return "<unknown>", 0, "<unknown>"
@@ -303,10 +309,11 @@ def _judge_op(tracker: Tracker, name: str, args, kwargs, result, creation: bool)
                 tracker.record("h2d", f"{name}: pageable host input", tracker._stream_wait(), skip=4)
                 break
     on_device = bool(marked)
-    if creation and not marked and not inputs:
-        on_device = not _is_host_place(kwargs.get("place"))
-    if creation and not marked and name == "to_tensor":
-        on_device = not _is_host_place(kwargs.get("place", args[2] if len(args) > 2 else None))
+    if creation and not marked:
+        place = kwargs.get("place", kwargs.get("device"))
+        if name == "to_tensor" and place is None and len(args) > 2:
+            place = args[2]
+        on_device = not _is_host_place(place) and not kwargs.get("pin_memory", False)
     if on_device:
         for t in _tensors(result, []):
             if not _is_pinned(t):

@@ -16,7 +16,9 @@ class HostBackend(CopyBackend):
     name = "host"
 
     def _alloc(self, shape, dtype):
-        return paddle.empty(shape, dtype=dtype).cpu()
+        # Host memory directly: ``paddle.empty(shape).cpu()`` would be a device allocation and a
+        # blocking D2H on a GPU build (device tracking reports it).
+        return paddle.empty(shape, dtype=dtype, device="cpu")
 
     def blocking_d2h(self, src, label):
         # On CPU Paddle ``.cpu()`` returns the tensor itself; FastDeploy's result is a copy.

@@ -35,6 +35,10 @@ def poison_like(values: np.ndarray) -> np.ndarray:
     return np.full(values.shape, POISON_INT, dtype=values.dtype)
 
 
+def _host_tensor(values: np.ndarray) -> paddle.Tensor:
+    return paddle.to_tensor(values, place=paddle.CPUPlace())
+
+
 class SimulatedBackend(CopyBackend):
     name = "sim"
 
@@ -59,19 +63,19 @@ class SimulatedBackend(CopyBackend):
         return sorted(writer for _, _, _, writer in self._pending.values())
 
     def _alloc(self, shape, dtype):
-        t = paddle.empty(shape, dtype=dtype).cpu()
-        t.copy_(paddle.to_tensor(poison_like(t.numpy())), True)
+        t = paddle.empty(shape, dtype=dtype, device="cpu")
+        t.copy_(_host_tensor(poison_like(t.numpy())), True)
         return t
 
     def _copy(self, dst, src, seq, label):
         data = np.array(src.numpy(), copy=True)
-        dst.copy_(paddle.to_tensor(poison_like(data)), True)
+        dst.copy_(_host_tensor(poison_like(data)), True)
         self._pending[id(dst)] = (dst, data, seq, label)
 
     def _land(self, upto: int) -> None:
         for key, (dst, data, seq, _) in list(self._pending.items()):
             if seq <= upto:
-                dst.copy_(paddle.to_tensor(data), True)
+                dst.copy_(_host_tensor(data), True)
                 del self._pending[key]
 
     def _wait_native(self, event: CopyEvent) -> None:
