@@ -145,12 +145,23 @@ def _tensors(value, out: list, depth: int = 0) -> list:
     return out
 
 
+class DevicePlace(paddle.CPUPlace):
+    """``t.place`` of a marked tensor while tracking: Paddle takes it as the CPU place it is on
+    CPU Paddle, and the tracker knows that a tensor created there lives on the device (as
+    ``paddle.to_tensor(..., place=share_inputs["stop_flags"].place)`` does in a GPU worker)."""
+
+
 def _is_host_place(place) -> bool:
-    if place is None:
+    if place is None or isinstance(place, DevicePlace):
         return False
     if isinstance(place, str):
         return place.lower().startswith(("cpu", "pinned", "gpu_pinned"))
-    return isinstance(place, (paddle.CPUPlace, paddle.CUDAPinnedPlace))
+    if isinstance(place, (paddle.CPUPlace, paddle.CUDAPinnedPlace)):
+        return True
+    try:
+        return bool(place.is_cpu_place() or place.is_cuda_pinned_place())
+    except AttributeError:
+        return False
 
 
 def _site(skip: int = 2, backend_is_mechanism: bool = False) -> tuple[str, int, str]:
@@ -538,6 +549,12 @@ def tracking() -> Iterator[Tracker]:
             patch(paddle.Tensor, name, _wrap_method(name, getattr(paddle.Tensor, name)))
         for owner, name, replacement in _backend_wrappers():
             patch(owner, name, replacement)
+        original_place = inspect.getattr_static(paddle.Tensor, "place")
+
+        def place(self):
+            return DevicePlace() if is_marked(self) else original_place.__get__(self, type(self))
+
+        patch(paddle.Tensor, "place", property(place))
         _ACTIVE = tracker
         yield tracker
     finally:
