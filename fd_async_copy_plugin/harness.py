@@ -226,6 +226,21 @@ def host_waits(steps, skip: int = 2) -> dict:
     }
 
 
+def plugin_host_reads(census: SyncCensus) -> list[dict]:
+    """Tracked host reads of device values and implicit H2Ds (not event waits) whose site is
+    outside the FastDeploy replica - in the plugin's patches, runtime, ops or glue - over set-up and
+    every step. The plugin's contract on its patched paths: none."""
+    out = []
+    for step in (census.setup, *census.steps):
+        for kind, site in step.events:
+            if kind != "host_wait":
+                continue
+            wait = census_module.decode_host_wait(site)
+            if wait["mechanism"] in ("d2h", "h2d") and not wait["where"].startswith("reference/"):
+                out.append({**wait, "step": step.index})
+    return out
+
+
 def format_host_waits(rows: dict[str, dict], width: int = 100) -> str:
     """One block per variant: the typical step's waits, then each site (within ``width`` columns)."""
     lines = [f"{'host waits per decode step (device tracking)':46s}{'total':>7s}{'long':>6s}{'short':>7s}{'mean':>7s}"]

@@ -86,10 +86,13 @@ class StopFlagState:
                 del share_inputs[key]
 
     def _reset_host_buffers(self) -> None:
-        # Host->pinned memcpy through Tensor.copy_ (no Paddle op, the buffer stays pinned).
-        self.pinned.copy_(paddle.to_tensor([False]).cpu(), True)
+        # Host->pinned memcpy through Tensor.copy_ (no Paddle op, the buffer stays pinned). The
+        # sources are made on the host: ``paddle.full(...).cpu()`` would be a GPU allocation and a
+        # blocking D2H in a worker (device tracking catches it).
+        self.pinned.copy_(paddle.to_tensor(np.array([False]), place=paddle.CPUPlace()), True)
         if self.tokens is not None:
-            self.tokens.copy_(paddle.full([self.max_num_seqs, 1], -1, dtype="int64").cpu(), True)
+            minus_one = np.full([self.max_num_seqs, 1], -1, dtype="int64")
+            self.tokens.copy_(paddle.to_tensor(minus_one, place=paddle.CPUPlace()), True)
 
     def after_update(self, topk_ids) -> None:
         """Right after the update op: copy the device flag (and final tokens) to pinned, record."""

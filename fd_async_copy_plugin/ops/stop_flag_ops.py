@@ -111,7 +111,7 @@ class StopFlagOps:
         self._launch(
             "update_inputs_v1", pointers, device, bsz, max_bsz, ids_stride,
             block_tables_stride=_row_stride(block_tables),
-            block_tables_numel=int(block_tables.numel()),
+            block_tables_numel=_numel(block_tables),
             block_size=int(block_size),
             prefill_one_step_stop=bool(prefill_one_step_stop),
         )
@@ -216,8 +216,8 @@ def check_device_tensors(tensors) -> int:
             raise ValueError(f"{name} has dtype {t.dtype}, expected {dtype}")
         if not t.is_contiguous():
             raise ValueError(f"{name} must be contiguous")
-        if int(t.numel()) < min_numel:
-            raise ValueError(f"{name} has {int(t.numel())} elements, needs at least {min_numel}")
+        if _numel(t) < min_numel:
+            raise ValueError(f"{name} has {_numel(t)} elements, needs at least {min_numel}")
     if len(devices) != 1:
         raise ValueError(f"stop-flag tensors are spread over GPUs {sorted(devices)}")
     return devices.pop()
@@ -238,9 +238,17 @@ def current_stream_handle(device_id: int) -> int:
 
 def _address(t) -> int | None:
     """Device address, or None (NULL) for an absent or empty tensor, which no slot touches."""
-    if t is None or int(t.numel()) == 0:
+    if t is None or _numel(t) == 0:
         return None
     return int(t.data_ptr())
+
+
+def _numel(t) -> int:
+    """Element count from the shape (host metadata): ``int(t.numel())`` is a blocking D2H on GPU."""
+    count = 1
+    for dim in t.shape:
+        count *= int(dim)
+    return count
 
 
 def _rows(t) -> int:
