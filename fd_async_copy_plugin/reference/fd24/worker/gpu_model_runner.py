@@ -699,8 +699,8 @@ class GPUModelRunner(AsyncOutputThread, ModelRunnerBase):
             # and ranks); the replica uses zeros so that runs compare bit for bit.
             sampler_output.logprobs_tensors = LogprobsTensors(
                 logprob_token_ids=sampler_output.sampled_token_ids,
-                logprobs=paddle.zeros(sampler_output.sampled_token_ids.shape, dtype="float32").cpu(),
-                selected_token_ranks=paddle.zeros([sampler_output.sampled_token_ids.shape[0]], dtype="int64").cpu(),
+                logprobs=paddle.zeros(sampler_output.sampled_token_ids.shape, dtype="float32", device="cpu"),
+                selected_token_ranks=paddle.zeros([sampler_output.sampled_token_ids.shape[0]], dtype="int64", device="cpu"),
             )
 
         # 5. Post Process
