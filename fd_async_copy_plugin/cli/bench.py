@@ -96,7 +96,7 @@ def plain_workload(batch: int, vocab: int, steps: int):
 def format_report(report: dict, format_census) -> str:
     w = report["workload"]
     lines = [
-        f"fd-async-copy bench: reference FastDeploy 2.4, B={w['batch']}, K={w['top_k']}, vocab={w['vocab']}, "
+        f"fd-async-copy bench: reference FastDeploy 2.4, B={w['batch']}, K={w['top_k']}, vocab={w['vocab']},",
         f"{w['steps']} steps x {w['repeats']} alternating rounds, backend {report['backend']}",
         f"{'host time per decode step':34s}{'median ms':>12s}{'p90 ms':>12s}{'steps':>8s}",
     ]

@@ -74,3 +74,17 @@ def test_bench_smoke_json_has_ratio_and_census_side_by_side():
     assert (plugin["blocking_d2h"], plugin["device_sync"], plugin["pinned_alloc"], plugin["op_on_pinned"]) == (0, 0, 0, 0)
     assert plugin["event_wait"] == 1 and plugin["first_read_after_wait"] is True
     assert census["fd25-native"]["pinned_alloc"] >= 3 and census["fd25-plugin"]["pinned_alloc"] == 0
+
+
+def test_bench_tables_fit_100_columns():
+    from fd_async_copy_plugin.harness import census_module, format_census, format_host_waits
+
+    long_site = "reference/fd24/model_executor/layers/sample/ops/top_k_top_p_sampling.py:48 top_k_top_p_sampling"
+    row = {key: 123.45 for key in census_module.KINDS}
+    row.update(blocking_d2h_elsewhere=4.0, first_read_after_wait=True)
+    row["host_waits"] = {"total": 10, "long": 2, "short": 8, "mean": 10.0, "steps": 4, "sites": [
+        {"site": long_site, "mechanism": "event", "long": False, "what": "x", "label": "save event", "per_step": 1.0},
+    ]}
+    text = format_census({"fd25-native-overlap": row}) + "\n" + format_host_waits({"fd25-native-overlap": row})
+    assert max(len(line) for line in text.splitlines()) <= 100, text
+    assert "top_k_top_p_sampling" in text  # a long site keeps its end (file:line function)
