@@ -84,6 +84,14 @@ def host_view(t: paddle.Tensor, site: str) -> np.ndarray:
     return t.numpy()
 
 
+def count_d2h(site: str) -> None:
+    """The replica's own counters for a FastDeploy read of a device value spelled as in FastDeploy
+    (``.numpy()``, ``if t[idx]:``) at the call site: a blocking D2H and a host read. Device
+    tracking records the read itself, where it happens."""
+    census.record("blocking_d2h", site)
+    census.record("host_read", site)
+
+
 def write_back(t: paddle.Tensor, values: np.ndarray) -> None:
     """Store ``values`` into ``t`` in place, as a kernel writing its in-place outputs does.
 

@@ -27,7 +27,7 @@ import paddle
 from .. import envs
 from ...tiny_model import TinyModel
 from ...zmq_sink import AsyncOutputThread
-from ...placement import as_device, blocking_d2h, device_code, host_view, is_pinned, paddle_op_inputs
+from ...placement import as_device, blocking_d2h, count_d2h, device_code, host_view, is_pinned, paddle_op_inputs
 from ..engine.request import Request, RequestType
 from ..inter_communicator import ZmqIpcClient
 from ..model_executor.forward_meta import ForwardMeta
@@ -138,8 +138,10 @@ class GPUModelRunner(AsyncOutputThread, ModelRunnerBase):
         self.exist_prefill_flag = False
 
     def exist_prefill(self):
-        """Whether a prefill is in flight: ``seq_lens_encoder.numpy()``, a blocking D2H."""
-        return np.any(host_view(self.share_inputs["seq_lens_encoder"], "exist_prefill.seq_lens_encoder") > 0)
+        """Whether a prefill is in flight: ``seq_lens_encoder.numpy()``, a blocking D2H (S3 from
+        ``collect_distributed_status``, S7 from the worker loop through ``gpu_worker``)."""
+        count_d2h("exist_prefill.seq_lens_encoder")
+        return np.any(self.share_inputs["seq_lens_encoder"].numpy() > 0)
 
     def exist_decode(self):
         return np.any(host_view(self.share_inputs["seq_lens_decoder"], "exist_decode.seq_lens_decoder") > 0)
@@ -255,8 +257,8 @@ class GPUModelRunner(AsyncOutputThread, ModelRunnerBase):
                 self.share_inputs["block_tables"][idx : idx + 1, :encoder_block_num] = np.array(
                     request.block_tables, dtype="int32"
                 )
-                # ``if self.share_inputs["is_block_step"][idx]``: a device scalar read on the host.
-                if bool(blocking_d2h(self.share_inputs["is_block_step"][idx], "insert_tasks_v1.is_block_step")):
+                count_d2h("insert_tasks_v1.is_block_step")
+                if self.share_inputs["is_block_step"][idx]:  # a device scalar read on the host (I1)
                     has_decode_task = True
                 continue
             else:  # preempted task
@@ -535,8 +537,9 @@ class GPUModelRunner(AsyncOutputThread, ModelRunnerBase):
         self.share_inputs["cu_seqlens_q"].copy_(cu_seqlens_q, False)
         self.share_inputs["cu_seqlens_k"].copy_(cu_seqlens_k, False)
 
-        # Update bad tokens len: ``np.max(bad_tokens_len.numpy())``, a blocking D2H.
-        max_bad_tokens_len = np.max(host_view(self.share_inputs["bad_tokens_len"], "_prepare_inputs.bad_tokens_len"))
+        # Update bad tokens len: a blocking D2H (S2).
+        count_d2h("_prepare_inputs.bad_tokens_len")
+        max_bad_tokens_len = np.max(self.share_inputs["bad_tokens_len"].numpy())
 
         self.initialize_forward_meta(is_dummy_or_profile_run=is_dummy_or_profile_run)
 

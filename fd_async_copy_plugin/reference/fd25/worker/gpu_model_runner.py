@@ -30,7 +30,7 @@ import paddle
 
 from .. import envs
 from ... import paddle_device
-from ...placement import as_device, blocking_d2h, copy_async, device_code
+from ...placement import as_device, blocking_d2h, copy_async, count_d2h, device_code
 from ...tiny_model import TinyModel
 from ...zmq_sink import AsyncOutputThread
 from ....runtime import current as current_backend
@@ -168,7 +168,8 @@ class GPUModelRunner(AsyncOutputThread):
                 si["encoder_block_lens"][idx : idx + 1] = encoder_block_num
                 si["block_tables"][idx : idx + 1, :] = -1
                 si["block_tables"][idx : idx + 1, :encoder_block_num] = np.array(request.block_tables, dtype="int32")
-                if bool(blocking_d2h(si["is_block_step"][idx], "insert_tasks_v1.is_block_step")):
+                count_d2h("insert_tasks_v1.is_block_step")
+                if si["is_block_step"][idx]:  # a device scalar read on the host (I1, 2.5 :847)
                     has_decode_task = True
                 continue
             else:
