@@ -43,8 +43,8 @@ def run(args) -> int:
             times[name].extend(run.step_seconds[warmup:])
             runs[name] = run
     # The census needs one run each: FastDeploy 2.5 native (PR #6176/#6362) and with the plugin.
-    for name in ("fd25-native", "fd25-plugin"):
-        runs[name] = run_variant(VARIANTS[name], config, requests, backend=backend, max_steps=steps + 8)
+    for name in ("fd25-native", "fd25-native-overlap", "fd25-plugin"):
+        runs[name] = run_variant(CENSUS_VARIANTS[name], config, requests, backend=backend, max_steps=steps + 8)
     summary = {name: summarize_times(values) for name, values in times.items()}
     ratio = summary["fd24-plugin"]["median_ms"] / summary["fd24-unpatched"]["median_ms"]
     census = {name: census_row(run) for name, run in runs.items()}
@@ -58,7 +58,7 @@ def run(args) -> int:
         variant = CENSUS_VARIANTS[name]
         plain = run_variant(variant, plain_config, plain_requests, backend=backend, max_steps=40, track=True)
         with_lp = run_variant(variant, lp_config, lp_requests, backend=backend, max_steps=40, track=True)
-        row = census.setdefault(name, census_row(with_lp))
+        row = census[name]
         row["host_waits"] = host_waits(plain.census.steps)
         row["host_waits_with_logprobs"] = host_waits(with_lp.census.steps)
     census = {name: census[name] for name in (*CENSUS_ORDER, *[n for n in census if n not in CENSUS_ORDER])}
