@@ -155,7 +155,8 @@ def census_row(run: VariantRun, skip: int = 2) -> dict:
     return row
 
 
-#: fd24-step-syncs.md's names for the blocking points, by the function the site is in.
+#: fd24-step-syncs.md's names for the blocking points, by the function the site is in
+#: (feature-only points in lower case: the doc lists them, they are not counted there).
 SITE_LABELS = {
     "get_padding_offset": "S1",
     "_prepare_inputs": "S2",
@@ -167,17 +168,24 @@ SITE_LABELS = {
     "_build_stream_transfer_data": "S6",
     "gather_logprobs": "L1-3",
     "insert_tasks_v1": "I1",
-    "_save_model_output": "save event",
-    "_postprocess": "token_num",
+    "_get_prompt_logprobs_list": "prompt lp",
+    "_device_synchronize": "prompt lp",
+    "keep_sampling_mask": "ksm",
+    "_renormalize_logprobs": "ksm",
 }
+_EVENT_LABELS = {"_prepare_inputs": "token_num", "_postprocess": "token_num", "_save_model_output": "save event"}
 
 
 def site_label(wait: dict) -> str:
-    function = wait["where"].rsplit(" ", 1)[-1]
-    if wait["mechanism"] == "event" and function == "_prepare_inputs":
-        return "token_num"
-    if wait["mechanism"] == "event" and function not in SITE_LABELS:
-        return "save event"
+    """The doc's name for a host wait (``""``: not a documented blocking point)."""
+    where = wait["where"]
+    function = where.rsplit(" ", 1)[-1]
+    if wait["mechanism"] == "event":
+        if where.startswith("patches/stop_flag.py"):
+            return "save event"
+        if where.startswith("patches/logprobs.py"):
+            return "lp event"
+        return _EVENT_LABELS.get(function, "")
     return SITE_LABELS.get(function, "")
 
 

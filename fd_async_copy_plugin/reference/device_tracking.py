@@ -503,7 +503,6 @@ def _function_targets() -> list[tuple[object, str, object]]:
     """(module, name, function) for every public op function reachable as paddle.X,
     paddle.tensor.X, paddle.nn.functional.X, and every ``paddle._C_ops`` callable."""
     targets = []
-    seen: dict[int, object] = {}
     for module in (paddle, paddle.tensor, paddle.nn.functional):
         for name in dir(module):
             if name.startswith("_"):
@@ -514,7 +513,6 @@ def _function_targets() -> list[tuple[object, str, object]]:
             if not (getattr(obj, "__module__", None) or "").startswith(_FUNCTION_MODULES):
                 continue
             targets.append((module, name, obj))
-            seen[id(obj)] = obj
     for name in dir(paddle._C_ops):
         if name.startswith("_"):
             continue

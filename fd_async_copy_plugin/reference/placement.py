@@ -97,7 +97,7 @@ def write_back(t: paddle.Tensor, values: np.ndarray) -> None:
 
     ``t`` may be a view (``seq_lens_this_time`` is a view of a buffer): the write goes through it.
     """
-    t.copy_(paddle.to_tensor(np.ascontiguousarray(values), dtype=t.dtype), True)
+    t.copy_(paddle.to_tensor(np.ascontiguousarray(values), dtype=t.dtype, place=paddle.CPUPlace()), True)
 
 
 def device_array(t) -> np.ndarray | None:

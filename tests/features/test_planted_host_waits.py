@@ -9,7 +9,6 @@ replica, host and sim backends.
 
 from __future__ import annotations
 
-import sys
 
 import paddle
 import pytest
@@ -89,7 +88,7 @@ def _plant(monkeypatch, owner, name, before):
 
 def _caught(run, before, mechanism: str) -> list[dict]:
     reads = plugin_host_reads(run.census)
-    here = f"tests/features/test_planted_host_waits.py:"
+    here = "tests/features/test_planted_host_waits.py:"
     hits = [w for w in reads if w["where"].startswith(here) and w["mechanism"] == mechanism]
     assert hits, f"planted {before.__name__} not caught; plugin reads: {reads}"
     lines = {int(w["where"].split(":")[1].split()[0]) for w in hits}

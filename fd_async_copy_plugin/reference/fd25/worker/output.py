@@ -20,7 +20,7 @@ def _whole_field_to_cpu(t: paddle.Tensor, site: str) -> paddle.Tensor:
     """``field.cpu()``: a blocking D2H of a device tensor; a host memcpy with no stream wait of a
     pinned one (read through the backend, which checks the copy into it has landed)."""
     if is_pinned(t):
-        return paddle.to_tensor(runtime.current().read(t, site))
+        return paddle.to_tensor(runtime.current().read(t, site), place=paddle.CPUPlace())
     if is_device(t):
         return blocking_d2h(t, site)
     return t.clone()
