@@ -114,16 +114,6 @@ def unpatched_run():
     return get
 
 
-@pytest.fixture
-def plugin_off():
-    """The plugin disabled and the default copy backend current, before and after the test."""
-    fd_async_copy_plugin.disable()
-    previous = runtime.use(None)
-    yield
-    fd_async_copy_plugin.disable()
-    runtime.use(previous)
-
-
 def replica_module(root: str, relative: str):
     return importlib.import_module(f"{root}.{relative}")
 

@@ -22,18 +22,6 @@ REQUESTS = [Request(f"r{i}", [3 + i, 4, 5], max_tokens=6, eos_token_ids=[200]) f
 FD24_STEP = ["S1", "S2", "S3/S7", "T*", "S5*", "S6", "S3/S7"]
 
 
-@pytest.fixture
-def plugin_off():
-    import fd_async_copy_plugin
-    from fd_async_copy_plugin import runtime
-
-    fd_async_copy_plugin.disable()
-    previous = runtime.use(None)
-    yield
-    fd_async_copy_plugin.disable()
-    runtime.use(previous)
-
-
 def step_labels(run, skip: int = 1) -> list[list[str]]:
     """Per executed step after ``skip``: each wait's fd24-step-syncs.md label, ``*`` when long."""
     out = []
