@@ -25,13 +25,12 @@ from __future__ import annotations
 import ast
 import inspect
 import logging
-import textwrap
 import threading
 
 import numpy as np
 import paddle
 
-from fd_async_copy_plugin import runtime
+from fd_async_copy_plugin import fd_identity, runtime
 from fd_async_copy_plugin.registry.patch import Feature, IncompatibleError, Patch, Target
 
 from ._consumers import build_guard
@@ -56,33 +55,44 @@ MAX_PINNED_BYTES = 64 << 20
 GATHERS_HOST_DATA = "__fd_async_copy_gathers_host_data__"
 _ITEM_BYTES = {field: np.dtype(dtype).itemsize for field, dtype in DTYPES.items()}
 
-_GATHER_CALLS = {"clip_", "take_along_axis", "batched_count_greater_than", "topk", "concat"}
+#: What the statements after the maths may call: the copies the plugin replaces (FastDeploy's
+#: ``.cpu()`` / pinned ``empty_like`` + ``copy_``; the replica's counted stand-ins for the same).
+_COPY_CALLS = {"cpu", "empty_like", "pin_memory", "copy_", "is_cuda", "LogprobsTensors",
+               "as_device", "blocking_d2h", "copy_async"}
 
 
-def _called_names(fn) -> set[str]:
-    source = textwrap.dedent(inspect.getsource(fn))
-    names = set()
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Call):
-            func = node.func
-            if isinstance(func, ast.Attribute):
-                names.add(func.attr)
-            elif isinstance(func, ast.Name):
-                names.add(func.id)
-    return names
+def _call_name(node: ast.Call) -> str | None:
+    func = node.func
+    return func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
 
 
 def check_gather_logprobs(original, ctx) -> None:
+    """The maths must be exactly FastDeploy's (normalised-AST digest, ``fd_identity``); what follows
+    it may only copy the three results and return them as ``LogprobsTensors``."""
     params = list(inspect.signature(original).parameters)
     if params != ["self", "logprobs", "num_logprobs", "token_ids"]:
         raise IncompatibleError(f"Sampler.gather_logprobs{tuple(params)} has an unexpected signature")
     try:
-        called = _called_names(original)
-    except (OSError, TypeError, SyntaxError) as exc:
+        node = fd_identity.function_node(original)
+        maths = fd_identity.gather_logprobs_maths(node)
+    except (OSError, TypeError, SyntaxError, ValueError) as exc:
         raise IncompatibleError(f"cannot read Sampler.gather_logprobs source: {exc}") from exc
-    missing = _GATHER_CALLS - called
-    if missing:
-        raise IncompatibleError(f"Sampler.gather_logprobs no longer calls {sorted(missing)}: the maths changed")
+    problem = fd_identity.check(
+        "Sampler.gather_logprobs.maths", getattr(ctx, "profile", None), fd_identity.digest(maths, node.args)
+    )
+    if problem:
+        raise IncompatibleError(problem)
+    tail = node.body[len(maths):]
+    others = sorted({_call_name(n) or "?" for s in tail for n in ast.walk(s) if isinstance(n, ast.Call)} - _COPY_CALLS)
+    if others:
+        raise IncompatibleError(
+            f"Sampler.gather_logprobs does more than copy its results after the maths (calls {others}): "
+            "the plugin replaces those statements, so FastDeploy runs unpatched"
+        )
+    last = tail[-1] if tail else None
+    if not (isinstance(last, ast.Return) and isinstance(last.value, ast.Call)
+            and _call_name(last.value) == "LogprobsTensors" and len(last.value.args) == 3):
+        raise IncompatibleError("Sampler.gather_logprobs does not end with `return LogprobsTensors(a, b, c)`")
 
 
 class LogprobsCopier:
@@ -199,7 +209,7 @@ def make_async_class(base, backend):
 def build_gather_logprobs(original, ctx):
     sampler_module = ctx.module(SAMPLER)
     copier: LogprobsCopier = ctx.state["logprobs"]
-    count_greater = sampler_module.batched_count_greater_than
+    batched_count_greater_than = sampler_module.batched_count_greater_than
     platform = getattr(sampler_module, "current_platform", None)
 
     def gather_logprobs(self, logprobs, num_logprobs, token_ids):
@@ -211,7 +221,7 @@ def build_gather_logprobs(original, ctx):
         if len(token_ids.shape) < len(logprobs.shape):
             token_ids = token_ids.unsqueeze(-1)
         token_logprobs = paddle.take_along_axis(logprobs, token_ids, axis=-1)
-        token_ranks = count_greater(logprobs, token_logprobs)
+        token_ranks = batched_count_greater_than(logprobs, token_logprobs)
         if num_logprobs >= 1:
             topk_logprobs, topk_indices = paddle.topk(logprobs, num_logprobs, axis=-1)
             indices = paddle.concat([token_ids, topk_indices], axis=1)
