@@ -154,8 +154,9 @@ def _build_pybind(src: Path, directory: Path, verbose: bool, force: bool) -> dic
         built = out / cache.PYBIND_FILE
         if not built.is_file():
             raise BuildError(f"the Paddle extension build produced no {cache.PYBIND_FILE} in {out}")
+        identity = cache.file_identity(built)
         os.replace(built, artifact)
-    cache.write_manifest(artifact, {"fingerprint": fingerprint, "built_at": time.time()})
+    cache.write_manifest(artifact, {"fingerprint": fingerprint, "built_at": time.time(), "artifact": identity})
     return {"status": "built", "path": str(artifact), "seconds": round(time.monotonic() - started, 1)}
 
 
@@ -195,11 +196,13 @@ def _build_cuda(src: Path, directory: Path, verbose: bool, force: bool) -> dict:
             *arch_flags, "-o", str(built), str(src / cache.CUDA_SOURCES[0]),
         ]
         _run(command, staging, verbose, "nvcc")
+        identity = cache.file_identity(built)
         os.replace(built, artifact)
     cache.write_manifest(
         artifact,
         {
             "fingerprint": fingerprint,
+            "artifact": identity,
             "built_at": time.time(),
             "nvcc": nvcc,
             "nvcc_version": _nvcc_version(nvcc),

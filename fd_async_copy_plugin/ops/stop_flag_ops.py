@@ -303,7 +303,8 @@ def _import_pybind_module():
     artifact = cache.ops_dir() / cache.PYBIND_FILE
     why = cache.staleness(artifact, cache.pybind_fingerprint())
     if why is not None:
-        raise OpsUnavailable(f"custom ops unavailable: {why}; run `fd-async-copy build-ops`")
+        hint = "" if cache.REBUILD in why else "; run `fd-async-copy build-ops`"
+        raise OpsUnavailable(f"custom ops unavailable: {why}{hint}")
     try:
         spec = importlib.util.spec_from_file_location(cache.PYBIND_MODULE, artifact)
         module = importlib.util.module_from_spec(spec)
@@ -319,6 +320,8 @@ def _load_cuda_library() -> tuple[StopFlagLibrary | None, str]:
     artifact = cache.ops_dir() / cache.CUDA_LIB_FILE
     why = cache.staleness(artifact, cache.cuda_fingerprint())
     if why is not None:
+        if cache.REBUILD in why:  # built, but not what was built: never loaded
+            return None, why
         return None, _no_nvcc_reason() or f"{why}; run `fd-async-copy build-ops` with nvcc available"
     try:
         return StopFlagLibrary(artifact, "cuda"), f"loaded {artifact}"
