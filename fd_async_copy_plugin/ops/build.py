@@ -12,7 +12,8 @@ import it, which an isolated wheel build cannot see, and FastDeploy hosts often 
 without a compiler. Building is one explicit, idempotent step instead; an up-to-date build is a
 no-op, so CI and test fixtures just call it.
 
-Concurrency: builds run under an exclusive ``flock`` on ``<ops_dir>/.build.lock``, compile into a
+Freshness is checked before anything is locked or written: an up-to-date build is a no-op even on a
+read-only cache. Concurrency: builds run under an exclusive ``flock`` on ``<ops_dir>/.build.lock``, compile into a
 private staging folder and publish with ``os.replace`` (atomic), so concurrent workers never see
 or load a half-written library; a worker that waited for the lock finds the build current and
 returns.
@@ -109,6 +110,12 @@ def build_ops(verbose: bool = False, force: bool = False, cuda: bool = True) -> 
         )
     directory = cache.ops_dir()
     report: dict = {"ops_dir": str(directory), "sources": str(src)}
+    if not force:
+        # Freshness first, without the lock: an up-to-date build on a read-only cache (a shared,
+        # prebuilt ops dir) has nothing to do and must not fail on creating the lock file.
+        current = _current_report(directory, cuda)
+        if current is not None:
+            return {**report, **current}
     failures: list[str] = []
     with build_lock(directory):
         _remove_abandoned_staging(directory)
@@ -124,6 +131,25 @@ def build_ops(verbose: bool = False, force: bool = False, cuda: bool = True) -> 
                     failures.append(f"{name}: {exc}")
     if failures:
         raise BuildError("; ".join(failures))
+    return report
+
+
+def _current_report(directory: Path, cuda: bool) -> dict | None:
+    """The report of a build that has nothing to do, or None when something must be built."""
+    pybind = directory / cache.PYBIND_FILE
+    if cache.staleness(pybind, cache.pybind_fingerprint()) is not None:
+        return None
+    report = {"pybind": {"status": "up to date", "path": str(pybind)}}
+    library = directory / cache.CUDA_LIB_FILE
+    if not cuda:
+        report["cuda"] = {"status": "skipped", "reason": "disabled (--no-cuda)"}
+    elif cache.staleness(library, cache.cuda_fingerprint()) is None:
+        report["cuda"] = {"status": "up to date", "path": str(library)}
+    else:
+        nvcc, origin = find_nvcc()
+        if nvcc is not None:
+            return None
+        report["cuda"] = {"status": "skipped", "reason": origin}
     return report
 
 

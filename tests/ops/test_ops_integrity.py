@@ -85,3 +85,29 @@ def test_an_intact_copy_still_loads(built, tmp_path):
     done = _run("from fd_async_copy_plugin.ops import load_ops; load_ops(); print('ok')", tmp_path)
     _assert_clean(done)
     assert done.stdout.strip().endswith("ok")
+
+
+def test_build_ops_on_a_read_only_cache_with_a_current_build_succeeds(built, tmp_path, monkeypatch, capsys):
+    import errno
+    from contextlib import contextmanager
+
+    from fd_async_copy_plugin.ops import build
+
+    _copy_built(built, tmp_path)
+    monkeypatch.setenv(cache.OPS_DIR_ENV, str(tmp_path))
+
+    @contextmanager
+    def read_only_lock(directory, timeout=0):
+        # What flock's lock file does on a read-only cache (tests run as root: chmod would not stop us).
+        raise OSError(errno.EROFS, "Read-only file system", str(directory / ".build.lock"))
+        yield
+
+    monkeypatch.setattr(build, "build_lock", read_only_lock)
+    assert build.main_build_ops(["--json"]) == 0, capsys.readouterr().out
+    report = json.loads(capsys.readouterr().out)
+    assert report["pybind"]["status"] == "up to date"
+    assert report["cuda"]["status"] in ("up to date", "skipped")
+    # Something to build: the lock is still taken (and fails here with the reason).
+    (tmp_path / (cache.PYBIND_FILE + ".build.json")).unlink()
+    assert build.main_build_ops(["--json", "--no-cuda"]) == 1
+    assert "Read-only file system" in capsys.readouterr().out
