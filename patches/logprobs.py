@@ -111,6 +111,7 @@ class LogprobsCopier:
         self.rings: dict[str, runtime.PinnedRing] = {}
         self.max_rows = 0
         self._prompt_mode = threading.local()
+        self._lock = threading.RLock()  # producers on several threads (see ``copy``)
 
     def prompt_mode(self) -> bool:
         return getattr(self._prompt_mode, "depth", 0) > 0
@@ -156,14 +157,18 @@ class LogprobsCopier:
         if any(n * _ITEM_BYTES[f] > MAX_PINNED_BYTES for f, n in self._elements(rows, columns).items()):
             log.info("fd_async_copy: %d x %d logprobs exceed the pinned cap; copied blocking", rows, columns)
             return self.base(*(self.backend.blocking_d2h(sources[f], f"gather_logprobs.{f}") for f in FIELDS))
-        ring = self._ring_for(sampler, "prompt" if prompt else "decode", rows, columns)
-        shapes = {f: list(t.shape) for f, t in sources.items()}
-        # A wider request (more top logprobs, or -1 = the vocabulary) grows a slot for every row at once.
-        slot = ring.acquire("gather_logprobs", shapes, reserve=self._reserve(rows, columns, prompt))
-        for name in FIELDS:
-            self.backend.copy_d2h(slot.buffers[name], sources[name], f"gather_logprobs.{name}")
-        self.backend.record("gather_logprobs")
-        result = self.AsyncLogprobsTensors(*(slot.buffers[name] for name in FIELDS))
+        # One producer at a time from acquire until the result references the slot: a slot is "free"
+        # while nothing references it, so two threads must never pick the same one.
+        with self._lock:
+            ring = self._ring_for(sampler, "prompt" if prompt else "decode", rows, columns)
+            shapes = {f: list(t.shape) for f, t in sources.items()}
+            # A wider request (more top logprobs, or -1 = the vocabulary) grows a slot for every row at once.
+            slot = ring.acquire("gather_logprobs", shapes, reserve=self._reserve(rows, columns, prompt))
+            for name in FIELDS:
+                self.backend.copy_d2h(slot.buffers[name], sources[name], f"gather_logprobs.{name}")
+            self.backend.record("gather_logprobs")
+            result = self.AsyncLogprobsTensors(*(slot.buffers[name] for name in FIELDS))
+            del slot
         if prompt:
             # FastDeploy copies prompt logprobs into its own CPU buffers right away: hand it host-owned
             # tensors (one event-scoped wait per chunk; 2.5 does a device-wide sync here).

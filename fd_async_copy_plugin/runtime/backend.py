@@ -5,6 +5,10 @@ Three implementations share this contract (see docs/architecture.md):
 tests, selftest) and ``sim`` (a race-detecting simulator of asynchronous copies). The patches
 and the reference replica of FastDeploy are written against this contract only, so the same
 code runs on all three.
+
+Thread safety: FastDeploy runs an output thread beside the model loop, so copies, records and the
+event lookup hold the backend's lock (a copy is issued under it, so sequence order is stream order);
+host waits do not hold it.
 """
 
 from __future__ import annotations
@@ -89,11 +93,11 @@ class CopyBackend:
     def copy_d2h(self, dst: paddle.Tensor, src: paddle.Tensor, label: str) -> None:
         """Issue a non-blocking D2H copy of ``src`` into the pinned buffer ``dst``."""
         census.record("async_d2h", label)
-        with self._lock:
+        with self._lock:  # issued under the lock: sequence order is stream order, for every thread
             self._seq += 1
             seq = self._seq
             self._copy_seq[id(dst)] = (seq, label, weakref.ref(dst))
-        self._copy(dst, src, seq, label)
+            self._copy(dst, src, seq, label)
 
     def blocking_d2h(self, src: paddle.Tensor, label: str) -> paddle.Tensor:
         """FastDeploy 2.4's ``.cpu()``: a copy the host waits for."""
@@ -101,10 +105,10 @@ class CopyBackend:
         return src.cpu()
 
     def record(self, label: str) -> CopyEvent:
-        with self._lock:
+        with self._lock:  # recorded and listed atomically: covering_event sees events in seq order
             seq = self._seq
-        event = CopyEvent(seq, label, self._record_native(seq, label))
-        self._recent_events.append(event)
+            event = CopyEvent(seq, label, self._record_native(seq, label))
+            self._recent_events.append(event)
         return event
 
     def _last_copy(self, buf) -> tuple[int, str, weakref.ref] | None:
@@ -117,7 +121,9 @@ class CopyBackend:
         last = self._last_copy(buf)
         if last is None or last[0] <= self._completed:
             return None
-        for event in self._recent_events:
+        with self._lock:  # another thread may be recording (FastDeploy's output thread)
+            events = list(self._recent_events)
+        for event in events:
             if event.seq >= last[0]:
                 return event
         return None

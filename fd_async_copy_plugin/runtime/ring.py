@@ -19,6 +19,7 @@ from __future__ import annotations
 import gc
 import logging
 import sys
+import threading
 from dataclasses import dataclass, field
 from math import prod
 
@@ -62,6 +63,9 @@ class PinnedRing:
         self.slots: list[PinnedSlot] = []
         self.grow_events = 0  # slots added after construction (stays 0 after warm-up when healthy)
         self._next = 0
+        #: Held by ``acquire``; a producer handing buffers to other threads holds it from ``acquire``
+        #: until its result references them (else another thread could pick the same free slot).
+        self.lock = threading.RLock()
         for _ in range(slots):
             self._add_slot(capacity)
 
@@ -125,6 +129,10 @@ class PinnedRing:
         When a buffer must grow, it grows to ``reserve[field]`` elements if that is larger (e.g. a
         wider logprob row sized for every sequence, not just this step's), so it grows once.
         """
+        with self.lock:
+            return self._acquire(writer, shapes, reserve)
+
+    def _acquire(self, writer: str, shapes: dict[str, list[int]], reserve: dict[str, int] | None) -> PinnedSlot:
         need = {f: (prod(shape) if shape else 1) for f, shape in shapes.items()}
         reserve = reserve or {}
         slot = self._select()

@@ -69,6 +69,10 @@ class SimulatedBackend(CopyBackend):
         self._pending[id(dst)] = (dst, data, seq, label)
 
     def _land(self, upto: int) -> None:
+        with self._lock:  # never called with the lock held (waits and drains release it)
+            self._land_locked(upto)
+
+    def _land_locked(self, upto: int) -> None:
         for key, (dst, data, seq, _) in list(self._pending.items()):
             if seq <= upto:
                 dst.copy_(paddle.to_tensor(data), True)
