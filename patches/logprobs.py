@@ -31,6 +31,7 @@ import numpy as np
 import paddle
 
 from fd_async_copy_plugin import fd_identity, runtime
+from fd_async_copy_plugin.config import ring_max_bytes_from_env
 from fd_async_copy_plugin.registry.patch import Feature, IncompatibleError, Patch, Target
 
 from ._consumers import build_guard
@@ -104,7 +105,7 @@ class LogprobsCopier:
     ring. Buffers are capped at ``MAX_PINNED_BYTES``.
     """
 
-    def __init__(self, backend, logprobs_tensors_cls) -> None:
+    def __init__(self, backend, logprobs_tensors_cls, ring_max_bytes: int | None = None) -> None:
         self.backend = backend
         self.base = logprobs_tensors_cls
         self.AsyncLogprobsTensors = make_async_class(logprobs_tensors_cls, backend)
@@ -112,6 +113,10 @@ class LogprobsCopier:
         self.max_rows = 0
         self._prompt_mode = threading.local()
         self._lock = threading.RLock()  # producers on several threads (see ``copy``)
+        #: Cap of each ring's pinned bytes (FD_ASYNC_COPY_RING_MAX_BYTES); steps beyond it are
+        #: copied blocking and counted in ``capped_steps``.
+        self.ring_max_bytes = ring_max_bytes_from_env() if ring_max_bytes is None else ring_max_bytes
+        self.capped_steps = 0
 
     def prompt_mode(self) -> bool:
         return getattr(self._prompt_mode, "depth", 0) > 0
@@ -145,7 +150,10 @@ class LogprobsCopier:
             prompt = kind == "prompt"
             capacity = self._reserve(rows, max(columns, DEFAULT_MAX_LOGPROBS + 1), prompt)
             capacity = {f: max(1, n) for f, n in capacity.items()}
-            ring = runtime.PinnedRing(self.backend, f"logprobs.{kind}", DTYPES, capacity, slots=1 if prompt else RING_SLOTS)
+            ring = runtime.PinnedRing(
+                self.backend, f"logprobs.{kind}", DTYPES, capacity, slots=1 if prompt else RING_SLOTS,
+                max_bytes=self.ring_max_bytes,
+            )
             self.rings[kind] = ring
         return ring
 
@@ -160,10 +168,18 @@ class LogprobsCopier:
         # One producer at a time from acquire until the result references the slot: a slot is "free"
         # while nothing references it, so two threads must never pick the same one.
         with self._lock:
-            ring = self._ring_for(sampler, "prompt" if prompt else "decode", rows, columns)
-            shapes = {f: list(t.shape) for f, t in sources.items()}
-            # A wider request (more top logprobs, or -1 = the vocabulary) grows a slot for every row at once.
-            slot = ring.acquire("gather_logprobs", shapes, reserve=self._reserve(rows, columns, prompt))
+            try:
+                ring = self._ring_for(sampler, "prompt" if prompt else "decode", rows, columns)
+                shapes = {f: list(t.shape) for f, t in sources.items()}
+                # A wider request (more top logprobs, or -1 = the vocabulary) grows a slot for every row at once.
+                slot = ring.acquire("gather_logprobs", shapes, reserve=self._reserve(rows, columns, prompt))
+            except runtime.RingFull as exc:
+                # A consumer lags far behind (or the rows are huge): no more page-locked memory; this
+                # step is copied FastDeploy 2.4's blocking way (counted), the ring stays as it is.
+                self.capped_steps += 1
+                level = logging.WARNING if self.capped_steps == 1 else logging.DEBUG
+                log.log(level, "fd_async_copy: %s; step copied blocking (%d so far)", exc, self.capped_steps)
+                return self.base(*(self.backend.blocking_d2h(sources[f], f"gather_logprobs.{f}") for f in FIELDS))
             for name in FIELDS:
                 self.backend.copy_d2h(slot.buffers[name], sources[name], f"gather_logprobs.{name}")
             self.backend.record("gather_logprobs")

@@ -11,7 +11,7 @@ from .backend import (
 )
 from .census import SyncCensus, collecting
 from .host import HostBackend
-from .ring import PinnedRing, PinnedSlot
+from .ring import PinnedRing, PinnedSlot, RingFull
 from .simulated import SimulatedBackend
 
 BACKENDS = ("auto", "cuda", "host", "sim")
@@ -63,6 +63,7 @@ __all__ = [
     "PendingCopyError",
     "PinnedRing",
     "PinnedSlot",
+    "RingFull",
     "SimulatedBackend",
     "SyncCensus",
     "collecting",

@@ -115,6 +115,11 @@ class CopyBackend:
         entry = self._copy_seq.get(id(buf))
         return entry if entry is not None and entry[2]() is buf else None
 
+    def copy_in_flight(self, buf) -> bool:
+        """A copy into ``buf`` may still be landing (no wait covering it has returned)."""
+        last = self._last_copy(buf)
+        return last is not None and last[0] > self._completed
+
     def covering_event(self, buf: paddle.Tensor) -> CopyEvent | None:
         """The earliest recorded event that covers the last copy into ``buf`` (None: no copy
         pending or nothing recorded after it)."""
@@ -174,9 +179,10 @@ class CopyBackend:
         last = self._last_copy(t)
         if last is not None and last[0] > self._completed:
             event = self.covering_event(t)
-            if event is None:
+            if event is None and self.copy_in_flight(t):
                 event = self._missing_record(t, reader, last[1])
-            self.wait(event, reader)
+            if event is not None:  # None: another thread's wait covered the copy meanwhile
+                self.wait(event, reader)
         return paddle.to_tensor(self.read(t, reader, start, end), place=paddle.CPUPlace())
 
     def _missing_record(self, t, reader: str, writer: str) -> CopyEvent:

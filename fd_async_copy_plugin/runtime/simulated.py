@@ -55,6 +55,9 @@ class SimulatedBackend(CopyBackend):
     def internal_refs(self, buf) -> int:
         return 1 if id(buf) in self._pending else 0
 
+    def copy_in_flight(self, buf) -> bool:
+        return id(buf) in self._pending
+
     def pending_writers(self) -> list[str]:
         return sorted(writer for _, _, _, writer in self._pending.values())
 
