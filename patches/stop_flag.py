@@ -30,6 +30,8 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import threading
+import weakref
 
 import numpy as np
 import paddle
@@ -119,36 +121,59 @@ class StopFlagState:
 
 
 class _Registry:
-    """Maps a runner's legacy flag tensor (what FastDeploy passes to ops) to its state."""
+    """Maps a runner's legacy flag tensor (what FastDeploy passes to ops) to its state.
+
+    Runners are held weakly: a runner FastDeploy (or its test suite) drops is freed with its state
+    and buffers while the plugin stays enabled; its entry goes with it (``weakref.finalize``).
+    """
 
     def __init__(self) -> None:
+        self._lock = threading.Lock()
         self.by_flag: dict[int, tuple[object, StopFlagState]] = {}
-        self.runners: list = []
+        self._runners: dict[int, weakref.ref] = {}  # id(state) -> runner
+
+    @property
+    def runners(self) -> list:
+        with self._lock:
+            refs = list(self._runners.values())
+        return [r for r in (ref() for ref in refs) if r is not None]
 
     def add(self, state: StopFlagState, runner) -> None:
-        self.by_flag[id(state.legacy)] = (state.legacy, state)
-        self.runners.append(runner)
+        key = id(state.legacy)
+        with self._lock:
+            self.by_flag[key] = (state.legacy, state)
+            self._runners[id(state)] = weakref.ref(runner)
+        weakref.finalize(runner, self._forget, key, id(state))
+
+    def _forget(self, flag_key: int, state_key: int) -> None:
+        with self._lock:
+            self._runners.pop(state_key, None)
+            entry = self.by_flag.get(flag_key)
+            if entry is not None and id(entry[1]) == state_key:
+                del self.by_flag[flag_key]
 
     def detach_all(self) -> None:
         for runner in self.runners:
             state = runner.__dict__.pop("_fdac_stop", None)
             if state is not None:
                 state.detach(runner.share_inputs)
-        self.runners.clear()
-        self.by_flag.clear()
+        with self._lock:
+            self._runners.clear()
+            self.by_flag.clear()
 
     def for_flag(self, flag) -> StopFlagState | None:
         entry = self.by_flag.get(id(flag))
         return entry[1] if entry is not None and entry[0] is flag else None
 
     def for_tokens(self, tokens) -> StopFlagState | None:
-        for _, state in self.by_flag.values():
+        for state in self.all():
             if state.token_source is not None and state.token_source is tokens:
                 return state
         return None
 
     def all(self):
-        return [state for _, state in self.by_flag.values()]
+        with self._lock:
+            return [state for _, state in self.by_flag.values()]
 
     def substitute(self, value, reader: str):
         """For the save consumers: FastDeploy's flag made current (same object), the step's device
