@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return bench.run(args)
     if args.command == "build-ops":
-        from ..ops import main_build_ops
+        from .build_ops import main_build_ops
 
         return main_build_ops(extra)
     if args.command == "ab":

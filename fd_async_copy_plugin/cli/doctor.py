@@ -28,9 +28,9 @@ def _paddle_info() -> dict:
 
 
 def diagnose(root: str = "fastdeploy", environ=None) -> dict:
-    """The ``status()`` shape, predicted: states say what ``enable()`` would do and why."""
-    from ..profile import detect_profile
-    from ..registry.manager import PatchManager, _ops_status, collect_features, plugin_manager
+    """The ``status()`` shape, predicted by ``fd_async_copy_plugin.plan()`` - the function
+    ``enable()`` decides with: a feature ``enable()`` would apply has the state ``apply``."""
+    import fd_async_copy_plugin
 
     environ = os.environ if environ is None else environ
     report: dict = {
@@ -49,50 +49,17 @@ def diagnose(root: str = "fastdeploy", environ=None) -> dict:
     plugins = (environ.get("FD_PLUGINS") or "").split(",")
     report["fd_plugins_lists_us"] = "fd_async_copy" in plugins
     report["enabled"] = bool(config.enabled and report["config_error"] is None)
-    profile = detect_profile(root)
-    report.update(
-        fastdeploy_version=profile.version,
-        profile=profile.profile,
-        profile_reason=profile.reason,
-        markers=profile.markers,
-        root=root,
-    )
-    paddle_info = report["paddle"]
-    backend = config.backend
-    backend_problem = None
-    if backend in ("auto", "cuda"):
-        if paddle_info.get("cuda_usable"):
-            backend = "cuda"
-        else:
-            backend_problem = paddle_info.get("cuda_reason") or paddle_info.get("error")
-    report["backend"] = backend
-    report["ops"] = _ops_status()
-    features = {}
-    manager = PatchManager()
-    available = collect_features(plugin_manager())
-    for name in config.features:
-        feature = available.get(name)
-        if feature is None:
-            features[name] = {"state": "skipped", "reason": "no installed patch set provides it"}
-            continue
-        state, reason = manager.plan(feature, profile.profile, config.features, profile.reason)
-        if state == "apply":
-            if backend_problem:
-                state, reason = "skipped", f"backend {backend} stands down: {backend_problem}"
-            elif feature.needs_ops and not report["ops"].get("loadable"):
-                state, reason = "skipped", f"custom ops: {report['ops'].get('error') or 'not loadable'}"
-            elif feature.needs_ops and backend == "cuda" and not report["ops"].get("cuda_kernels", {}).get("available"):
-                state, reason = "skipped", f"CUDA kernels: {report['ops']['cuda_kernels'].get('why')}"
-            else:
-                state = "would-apply"
-        features[name] = {"state": state, "reason": reason}
-    for name, entry in features.items():  # as enable() does: a feature needs its requirements applied
-        feature = available.get(name)
-        unmet = [r for r in getattr(feature, "requires", ()) if features.get(r, {}).get("state") != "would-apply"]
-        if entry["state"] == "would-apply" and unmet:
-            entry.update(state="skipped", reason=f"needs {', '.join(unmet)}")
-    report["features"] = features
+    report.update(fd_async_copy_plugin.plan(config.features, backend=config.backend, root=root))
+    report["ops"] = _ops_info(report["paddle"])
     return report
+
+
+def _ops_info(paddle_info: dict) -> dict:
+    if not paddle_info.get("installed"):
+        return {"loadable": False, "error": "needs Paddle"}
+    from ..ops import ops_status
+
+    return ops_status()
 
 
 def format_report(report: dict) -> str:
@@ -122,7 +89,8 @@ def format_report(report: dict) -> str:
         lines.append("  note              FD_ASYNC_COPY is not 1: the plugin loads but stays inactive")
     lines.append("  features")
     for name, entry in report["features"].items():
-        lines.append(f"    {name:16s}{entry['state']:13s}{entry['reason']}")
+        state = "would apply" if entry["state"] == "apply" else entry["state"]
+        lines.append(f"    {name:16s}{state:13s}{entry['reason']}")
     return "\n".join(lines)
 
 
@@ -135,10 +103,11 @@ def _ops_line(ops: dict) -> str:
 
 
 def run(args) -> int:
+    """Exit 0; 1 when a variable is invalid (FastDeploy would run unpatched)."""
     report = diagnose(root=args.root)
     if args.json:
         json.dump(report, sys.stdout, indent=2, sort_keys=True, default=str)
         sys.stdout.write("\n")
     else:
         print(format_report(report))
-    return 0
+    return 1 if report["config_error"] else 0

@@ -20,10 +20,8 @@ returns.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import fcntl
-import json
 import os
 import shutil
 import subprocess
@@ -33,6 +31,7 @@ import time
 from pathlib import Path
 
 from . import cache
+from .toolchain import find_nvcc
 
 CUDA_ARCHS_ENV = "FD_ASYNC_COPY_CUDA_ARCHS"
 # Ampere and Hopper SASS plus Hopper PTX, which newer GPUs JIT-compile. CUDA 13 dropped < sm_75.
@@ -43,21 +42,6 @@ COMPILE_TIMEOUT_S = 900
 
 class BuildError(RuntimeError):
     """A compiler ran and failed (the message carries the end of its output)."""
-
-
-def find_nvcc() -> tuple[str | None, str]:
-    """The nvcc to use and where it came from, or ``None`` and why none was found."""
-    for env in ("CUDA_HOME", "CUDA_PATH"):
-        root = os.environ.get(env)
-        if root and os.access(Path(root) / "bin" / "nvcc", os.X_OK):
-            return str(Path(root) / "bin" / "nvcc"), f"${env}"
-    on_path = shutil.which("nvcc")
-    if on_path:
-        return on_path, "PATH"
-    default = Path("/usr/local/cuda/bin/nvcc")
-    if os.access(default, os.X_OK):
-        return str(default), "/usr/local/cuda"
-    return None, "nvcc not found: set CUDA_HOME (e.g. CUDA_HOME=/usr/local/cuda) or put nvcc on PATH"
 
 
 def cuda_arch_flags(archs: str | None = None) -> list[str]:
@@ -244,48 +228,3 @@ def _nvcc_version(nvcc: str) -> str | None:
         return None
     lines = [line for line in out.splitlines() if "release" in line]
     return lines[-1].strip() if lines else None
-
-
-def main_build_ops(argv: list[str] | None = None) -> int:
-    """``fd-async-copy build-ops``: build, then print the ops status. Exit 0 when usable."""
-    parser = argparse.ArgumentParser(prog="fd-async-copy build-ops", description=__doc__.split("\n")[0])
-    parser.add_argument("--verbose", action="store_true", help="show compiler commands and output")
-    parser.add_argument("--force", action="store_true", help="rebuild even if up to date")
-    parser.add_argument("--no-cuda", action="store_true", help="do not build the CUDA kernels")
-    parser.add_argument(
-        "--require-cuda", action="store_true", help="fail when the CUDA kernels cannot be built"
-    )
-    parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    args = parser.parse_args(argv)
-
-    from .stop_flag_ops import ops_status
-
-    code = 0
-    try:
-        report = build_ops(verbose=args.verbose, force=args.force, cuda=not args.no_cuda)
-    except (BuildError, ValueError, OSError, ImportError) as exc:  # OSError: unwritable cache dir
-        report = {"error": f"{type(exc).__name__}: {exc}" if isinstance(exc, ImportError) else str(exc)}
-        code = 1
-    if args.require_cuda and report.get("cuda", {}).get("status") not in ("built", "up to date"):
-        code = 1
-    report["status"] = ops_status()
-    if args.json:
-        print(json.dumps(report, indent=2, sort_keys=True))
-    else:
-        _print_report(report)
-    return code
-
-
-def _print_report(report: dict) -> None:
-    if "error" in report:
-        print(f"build-ops FAILED: {report['error']}")
-    print(f"ops dir: {report.get('ops_dir', report['status'].get('ops_dir'))}")
-    for name in ("pybind", "cuda"):
-        if name in report:
-            entry = report[name]
-            detail = entry.get("path") or entry.get("reason") or entry.get("error", "")
-            print(f"  {name:7s} {entry['status']}: {detail}")
-    status = report["status"]
-    print(f"  loadable: {status['loadable']}" + (f" ({status['error']})" if status.get("error") else ""))
-    kernels = status["cuda_kernels"]
-    print(f"  cuda kernels usable: {kernels['available']} ({kernels['why']})")
