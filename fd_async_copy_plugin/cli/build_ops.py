@@ -6,6 +6,7 @@ import argparse
 import json
 
 from ..ops import BuildError, build_ops, ops_status
+from ..registry.plan import PADDLE_INSTALL_HINT
 
 
 def main_build_ops(argv: list[str] | None = None) -> int:
@@ -23,8 +24,11 @@ def main_build_ops(argv: list[str] | None = None) -> int:
     code = 0
     try:
         report = build_ops(verbose=args.verbose, force=args.force, cuda=not args.no_cuda)
-    except (BuildError, ValueError, OSError, ImportError) as exc:  # OSError: unwritable cache dir
-        report = {"error": f"{type(exc).__name__}: {exc}" if isinstance(exc, ImportError) else str(exc)}
+    except ImportError as exc:  # Paddle missing: the ops are built against the Paddle that loads them
+        report = {"error": f"{exc}: {PADDLE_INSTALL_HINT}"}
+        code = 1
+    except (BuildError, ValueError, OSError) as exc:  # OSError: unwritable cache dir
+        report = {"error": str(exc)}
         code = 1
     if args.require_cuda and report.get("cuda", {}).get("status") not in ("built", "up to date"):
         code = 1
@@ -43,7 +47,7 @@ def _print_report(report: dict) -> None:
     for name in ("pybind", "cuda"):
         if name in report:
             entry = report[name]
-            detail = entry.get("path") or entry.get("reason") or entry.get("error", "")
+            detail = entry.get("path") or entry.get("reason") or ("see above" if "error" in report else entry.get("error", ""))
             print(f"  {name:7s} {entry['status']}: {detail}")
     status = report["status"]
     print(f"  loadable: {status['loadable']}" + (f" ({status['error']})" if status.get("error") else ""))

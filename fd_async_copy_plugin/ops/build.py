@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from . import cache
-from .toolchain import find_nvcc
+from .toolchain import find_cxx, find_nvcc, summarize_failure
 
 CUDA_ARCHS_ENV = "FD_ASYNC_COPY_CUDA_ARCHS"
 # Ampere and Hopper SASS plus Hopper PTX, which newer GPUs JIT-compile. CUDA 13 dropped < sm_75.
@@ -40,8 +40,12 @@ LOCK_TIMEOUT_S = 900
 COMPILE_TIMEOUT_S = 900
 
 
+LOG_FILE = "build-ops.log"
+
+
 class BuildError(RuntimeError):
-    """A compiler ran and failed (the message carries the end of its output)."""
+    """A compiler is missing, or ran and failed: one line naming the cause and the fix; the full
+    compiler output is in ``<ops dir>/build-ops.log`` (or on the terminal with ``--verbose``)."""
 
 
 def cuda_arch_flags(archs: str | None = None) -> list[str]:
@@ -96,6 +100,7 @@ def build_ops(verbose: bool = False, force: bool = False, cuda: bool = True) -> 
     failures: list[str] = []
     with build_lock(directory):
         _remove_abandoned_staging(directory)
+        (directory / LOG_FILE).unlink(missing_ok=True)  # the log of this build only
         for name, step in (("pybind", _build_pybind), ("cuda", _build_cuda)):
             if name == "cuda" and not cuda:
                 report[name] = {"status": "skipped", "reason": "disabled (--no-cuda)"}
@@ -122,6 +127,9 @@ def _build_pybind(src: Path, directory: Path, verbose: bool, force: bool) -> dic
     fingerprint = cache.pybind_fingerprint()
     if not force and cache.staleness(artifact, fingerprint) is None:
         return {"status": "up to date", "path": str(artifact)}
+    cxx, why = find_cxx()
+    if cxx is None:
+        raise BuildError(why)
     started = time.monotonic()
     with _staging(directory) as staging:
         out = staging / "out"
@@ -134,7 +142,7 @@ def _build_pybind(src: Path, directory: Path, verbose: bool, force: bool) -> dic
                 out=str(out),
             )
         )
-        _run([sys.executable, script.name, "build"], staging, verbose, "paddle cpp_extension build")
+        _run([sys.executable, script.name, "build"], staging, verbose, "the C++ build of the custom ops (g++)")
         built = out / cache.PYBIND_FILE
         if not built.is_file():
             raise BuildError(f"the Paddle extension build produced no {cache.PYBIND_FILE} in {out}")
@@ -178,7 +186,7 @@ def _build_cuda(src: Path, directory: Path, verbose: bool, force: bool) -> dict:
             nvcc, "-O2", "-std=c++17", "-shared", "-Xcompiler", "-fPIC", f"-I{src}",
             *arch_flags, "-o", str(built), str(src / cache.CUDA_SOURCES[0]),
         ]
-        _run(command, staging, verbose, "nvcc")
+        _run(command, staging, verbose, "nvcc (CUDA kernels)")
         os.replace(built, artifact)
     cache.write_manifest(
         artifact,
@@ -217,8 +225,21 @@ def _run(command: list[str], cwd: Path, verbose: bool, what: str) -> None:
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise BuildError(f"{what} could not run: {exc}") from exc
     if done.returncode != 0:
-        tail = ((done.stdout or "") + (done.stderr or ""))[-4000:]
-        raise BuildError(f"{what} failed with exit code {done.returncode}:\n{tail}")
+        if verbose:  # the output is on the terminal already
+            raise BuildError(f"{what} failed with exit code {done.returncode} (output above)")
+        output = (done.stdout or "") + (done.stderr or "")
+        log = _write_log(cwd.parent, command, output)
+        raise BuildError(
+            f"{what} failed with exit code {done.returncode}: {summarize_failure(output)} "
+            f"(full log: {log}; or rerun with --verbose)"
+        )
+
+
+def _write_log(directory: Path, command: list[str], output: str) -> Path:
+    log = directory / LOG_FILE
+    with open(log, "a") as handle:
+        handle.write(f"$ {' '.join(command)}\n{output}\n")
+    return log
 
 
 def _nvcc_version(nvcc: str) -> str | None:
