@@ -7,15 +7,26 @@
 - ``build_ops(verbose=False, force=False, cuda=True)`` (the CLI ``fd-async-copy build-ops`` is
   ``cli/build_ops.py``); ``find_nvcc()`` (``toolchain.py``).
 
-Importing this package imports neither Paddle nor a compiler.
+Importing this package imports neither Paddle nor a compiler, nor the builder (``build.py``,
+loaded on first use of ``build_ops``/``BuildError``).
 """
 
 from __future__ import annotations
 
-from .build import BuildError, build_ops
 from .cache import OPS_DIR_ENV, ops_dir
 from .stop_flag_ops import OpsUnavailable, StopFlagOps, load_ops, ops_status
 from .toolchain import find_nvcc
+
+
+
+def __getattr__(name: str):
+    # The builder (compilers, locks, subprocesses) is loaded by `build-ops`, never by enable().
+    if name in ("BuildError", "build_ops"):
+        from . import build
+
+        return getattr(build, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "BuildError",

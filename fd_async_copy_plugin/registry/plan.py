@@ -101,9 +101,10 @@ def plan(
 
 def option_decision(feature: Feature, option: str, owner: Decision) -> Decision:
     """An option has its feature's state; the reason says what it adds, or why it is not used."""
-    if owner.state in (APPLY, APPLIED, PENDING, NATIVE):
-        reason = feature.options[option] if owner.state != NATIVE else owner.reason
-        return Decision(owner.state, reason, feature.name)
+    if owner.state in (APPLY, APPLIED):
+        return Decision(owner.state, feature.options[option], feature.name)
+    if owner.state in (PENDING, NATIVE):
+        return Decision(owner.state, owner.reason, feature.name)
     return Decision(owner.state, f"needs {feature.name}, which is {owner.state}: {owner.reason}", feature.name)
 
 
