@@ -32,7 +32,12 @@ _BOOL = {"1": True, "0": False}
 
 
 class ConfigError(ValueError):
-    """An invalid setting; the message names the variable, the value and what is allowed."""
+    """Invalid settings; the message names each bad variable, its value and what is allowed
+    (``problems`` lists them one by one)."""
+
+    def __init__(self, message: str, problems: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.problems = problems or (message,)
 
 
 def _bool(name: str, raw: str | None) -> bool:
@@ -99,14 +104,22 @@ class AsyncCopyConfig:
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "AsyncCopyConfig":
         environ = os.environ if environ is None else environ
         raw = {name: environ.get(name) for name in ENV_VARS}
-        return cls(
-            enabled=_bool(ENV_ENABLE, raw[ENV_ENABLE]),
-            features=parse_features(raw[ENV_FEATURES]),
-            backend=parse_backend(raw[ENV_BACKEND]),
-            strict=_bool(ENV_STRICT, raw[ENV_STRICT]),
-            ring_max_bytes=parse_ring_max_bytes(raw[ENV_RING_MAX_BYTES]),
-            env=raw,
-        )
+        parsers = {
+            "enabled": lambda: _bool(ENV_ENABLE, raw[ENV_ENABLE]),
+            "features": lambda: parse_features(raw[ENV_FEATURES]),
+            "backend": lambda: parse_backend(raw[ENV_BACKEND]),
+            "strict": lambda: _bool(ENV_STRICT, raw[ENV_STRICT]),
+            "ring_max_bytes": lambda: parse_ring_max_bytes(raw[ENV_RING_MAX_BYTES]),
+        }
+        values, problems = {}, []
+        for key, parse in parsers.items():  # every bad variable is reported, not only the first
+            try:
+                values[key] = parse()
+            except ConfigError as exc:
+                problems.append(str(exc))
+        if problems:
+            raise ConfigError("; ".join(problems), tuple(problems))
+        return cls(env=raw, **values)
 
 
 def strict_from_env(environ: Mapping[str, str] | None = None) -> bool:

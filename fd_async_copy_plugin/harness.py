@@ -148,17 +148,22 @@ CENSUS_COLUMNS = (
 
 
 def format_census(rows: dict[str, dict]) -> str:
-    """A table: one row per variant, per-step means on the patched paths."""
-    header = f"{'per decode step (patched paths)':34s}" + "".join(f"{label:>15s}" for _, label in CENSUS_COLUMNS)
-    header += f"{'read after wait':>17s}{'other blocking D2H':>20s}"
-    lines = [header]
-    for name, row in rows.items():
-        cells = "".join(f"{row[key]:15.2f}" for key, _ in CENSUS_COLUMNS)
-        lines.append(
-            f"{name:34s}{cells}{str(row['first_read_after_wait']):>17s}{row['blocking_d2h_elsewhere']:20.2f}"
-        )
+    """A table within 100 columns: one column per variant, one row per measure (per-step means on
+    the patched paths)."""
+    names = list(rows)
+    widths = [max(len(name), 6) + 2 for name in names]
+    label = 22
+
+    def line(title: str, cells: list[str]) -> str:
+        return f"{title:{label}s}" + "".join(f"{cell:>{w}s}" for cell, w in zip(cells, widths))
+
+    lines = [line("per decode step", names)]
+    for key, title in CENSUS_COLUMNS:
+        lines.append(line(title, [f"{rows[n][key]:.2f}" for n in names]))
+    lines.append(line("read after wait", [str(rows[n]["first_read_after_wait"]) for n in names]))
+    lines.append(line("other blocking D2H", [f"{rows[n]['blocking_d2h_elsewhere']:.2f}" for n in names]))
     lines.append(
-        "other blocking D2H: FastDeploy 2.4 syncs outside the patched paths (get_padding_offset, "
+        "other blocking D2H: FastDeploy 2.4 syncs outside the patched paths (get_padding_offset,\n"
         "bad_tokens_len, exist_prefill), out of this plugin's scope."
     )
     return "\n".join(lines)

@@ -32,14 +32,13 @@ import paddle
 
 from fd_async_copy_plugin import fd_identity, runtime
 from fd_async_copy_plugin.config import ring_max_bytes_from_env
-from fd_async_copy_plugin.registry.patch import Feature, IncompatibleError, Patch, Target
+from fd_async_copy_plugin.registry.patch import Feature, IncompatibleError, Patch, Target, wraps
 
 from ._consumers import build_guard
 
 log = logging.getLogger("fd_async_copy")
 
 SAMPLER = "model_executor.layers.sample.sampler"
-OUTPUT = "worker.output"
 POSTPROC = "model_executor.pre_and_post_process"
 RUNNER = "worker.gpu_model_runner"
 
@@ -229,10 +228,11 @@ def make_async_class(base, backend):
 
 def build_gather_logprobs(original, ctx):
     sampler_module = ctx.module(SAMPLER)
-    copier: LogprobsCopier = ctx.state["logprobs"]
+    copier: LogprobsCopier = ctx.state
     batched_count_greater_than = sampler_module.batched_count_greater_than
     platform = getattr(sampler_module, "current_platform", None)
 
+    @wraps(original)
     def gather_logprobs(self, logprobs, num_logprobs, token_ids):
         if platform is not None and not platform.is_cuda():
             return original(self, logprobs, num_logprobs, token_ids)  # XPU/Iluvatar/...: untouched
@@ -253,15 +253,14 @@ def build_gather_logprobs(original, ctx):
         # Only the copies differ: non-blocking, into reused pinned buffers, one event.
         return copier.copy(self, indices, top_logprobs, token_ranks)
 
-    gather_logprobs.__doc__ = original.__doc__
-    gather_logprobs.__wrapped__ = original
     setattr(gather_logprobs, GATHERS_HOST_DATA, True)
     return gather_logprobs
 
 
 def build_prompt_logprobs(original, ctx):
-    copier: LogprobsCopier = ctx.state["logprobs"]
+    copier: LogprobsCopier = ctx.state
 
+    @wraps(original)
     def _get_prompt_logprobs_list(self, hidden_states):
         copier.enter_prompt_mode()
         try:
@@ -269,13 +268,13 @@ def build_prompt_logprobs(original, ctx):
         finally:
             copier.exit_prompt_mode()
 
-    _get_prompt_logprobs_list.__wrapped__ = original
     return _get_prompt_logprobs_list
 
 
 def build_post_process_normal(original, ctx):
-    copier: LogprobsCopier = ctx.state["logprobs"]
+    copier: LogprobsCopier = ctx.state
 
+    @wraps(original)
     def post_process_normal(sampler_output, *args, **kwargs):
         tensors = getattr(sampler_output, "logprobs_tensors", None)
         if isinstance(tensors, copier.AsyncLogprobsTensors) and getattr(sampler_output, "logz_per_batch", None) is not None:
@@ -284,7 +283,6 @@ def build_post_process_normal(original, ctx):
             sampler_output.logprobs_tensors = tensors.materialize("ksm_renormalize")
         return original(sampler_output, *args, **kwargs)
 
-    post_process_normal.__wrapped__ = original
     return post_process_normal
 
 
@@ -292,26 +290,23 @@ class LogprobsFeature(Feature):
     name = "logprobs"
     mirrors = "FastDeploy PR #6362 (async logprob copy), with preallocated pinned buffers"
     profiles = {"fastdeploy-2.4": "apply", "fastdeploy-2.5": "apply", "fastdeploy-2.6+": "apply"}
+    # Consumers first, the producer last: an apply (or revert) never leaves a window where
+    # gather_logprobs hands out pinned buffers to an unguarded consumer.
+    patches = (
+        Patch(Target(POSTPROC, "save_output_topk"), build_guard("save_output_topk")),
+        Patch(Target(POSTPROC, "post_process_normal"), build_post_process_normal, profiles=("fastdeploy-2.4",)),
+        Patch(Target(RUNNER, "GPUModelRunner._get_prompt_logprobs_list"), build_prompt_logprobs),
+        Patch(Target(SAMPLER, "Sampler.gather_logprobs"), build_gather_logprobs, check_gather_logprobs),
+    )
 
-    def patches(self, ctx):
-        # Consumers first, the producer last: an apply (or revert) never leaves a window where
-        # gather_logprobs hands out pinned buffers to an unguarded consumer.
-        patches = [Patch(Target(POSTPROC, "save_output_topk"), build_guard("save_output_topk"))]
-        if ctx.profile == "fastdeploy-2.4":
-            patches.append(Patch(Target(POSTPROC, "post_process_normal"), build_post_process_normal))
-        return patches + [
-            Patch(Target(RUNNER, "GPUModelRunner._get_prompt_logprobs_list"), build_prompt_logprobs),
-            Patch(Target(SAMPLER, "Sampler.gather_logprobs"), build_gather_logprobs, check_gather_logprobs),
-        ]
+    def check(self, ctx) -> None:
+        # FastDeploy's gather_logprobs builds the LogprobsTensors (of worker.output) its module
+        # imported: the plugin's result class subclasses that very class.
+        if not isinstance(getattr(ctx.module(SAMPLER), "LogprobsTensors", None), type):
+            raise IncompatibleError(f"{SAMPLER} no longer imports LogprobsTensors")
 
-    def prepare(self, ctx):
-        ctx.state["logprobs"] = LogprobsCopier(ctx.backend, ctx.module(OUTPUT).LogprobsTensors)
-
-    def modules(self, ctx):
-        return sorted({SAMPLER, OUTPUT, POSTPROC, RUNNER})
-
-    def teardown(self, ctx):
-        ctx.state.pop("logprobs", None)
+    def prepare(self, ctx) -> LogprobsCopier:
+        return LogprobsCopier(ctx.backend, ctx.module(SAMPLER).LogprobsTensors)
 
 
 FEATURES = [LogprobsFeature()]

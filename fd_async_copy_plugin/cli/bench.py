@@ -62,14 +62,15 @@ def run(args) -> int:
 def format_report(report: dict, format_census) -> str:
     w = report["workload"]
     lines = [
-        f"fd-async-copy bench: reference FastDeploy 2.4, B={w['batch']}, K={w['top_k']}, vocab={w['vocab']}, "
+        f"fd-async-copy bench: reference FastDeploy 2.4, B={w['batch']}, K={w['top_k']}, vocab={w['vocab']},",
         f"{w['steps']} steps x {w['repeats']} alternating rounds, backend {report['backend']}",
         f"{'host time per decode step':34s}{'median ms':>12s}{'p90 ms':>12s}{'steps':>8s}",
     ]
     for name, s in report["host_time_per_step"].items():
         lines.append(f"{name:34s}{s['median_ms']:12.3f}{s['p90_ms']:12.3f}{s['n']:8d}")
     lines.append(
-        f"ratio plugin/unpatched (median): {report['ratio_plugin_over_unpatched']:.3f}  (target <= {report['target_ratio']})"
+        f"ratio plugin/unpatched (median): {report['ratio_plugin_over_unpatched']:.3f} "
+        f"(target <= {report['target_ratio']})"
     )
     lines.append("")
     lines.append(format_census(report["census_per_step"]))

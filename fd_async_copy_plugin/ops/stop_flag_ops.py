@@ -330,14 +330,15 @@ def _load_cuda_library() -> tuple[StopFlagLibrary | None, str]:
 
 
 def _no_nvcc_reason() -> str | None:
-    from .build import find_nvcc
+    from .toolchain import find_nvcc
 
     nvcc, origin = find_nvcc()
     return None if nvcc else f"not built: {origin}, then run `fd-async-copy build-ops`"
 
 
-def ops_status() -> dict:
-    """JSON-serialisable state of the custom ops; never raises."""
+def ops_status(load: bool = True) -> dict:
+    """JSON-serialisable state of the custom ops; never raises. ``load=False``: describe only what
+    this process has loaded already (``loadable`` is ``None`` when nothing was loaded)."""
     status: dict = {
         "ops_dir": None,
         "sources": None,
@@ -357,12 +358,19 @@ def ops_status() -> dict:
         status["path"] = str(artifact)
         status["built"] = artifact.is_file()
         status["stale"] = cache.staleness(artifact, cache.pybind_fingerprint()) if status["built"] else None
-        try:
-            ops = load_ops()
-            status["loadable"] = True
-        except OpsUnavailable as exc:
-            ops = None
-            status["error"] = str(exc)
+        if not load:
+            ops = _loaded.get(directory)
+            status["loadable"] = True if ops is not None else None
+            if ops is None:
+                status["error"] = "not loaded in this process (`fd-async-copy doctor` checks them)"
+                return status
+        else:
+            try:
+                ops = load_ops()
+                status["loadable"] = True
+            except OpsUnavailable as exc:
+                ops = None
+                status["error"] = str(exc)
         status["cuda_kernels"] = _cuda_status(directory, ops)
     except Exception as exc:  # status must describe, never fail
         status["error"] = f"{type(exc).__name__}: {exc}"

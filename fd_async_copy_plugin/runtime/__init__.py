@@ -1,4 +1,8 @@
-"""The pinned-buffer/event core: copy backends, pinned rings, the sync census."""
+"""The pinned-buffer/event core: copy backends, pinned rings, the sync census.
+
+The race-detecting simulator (``SimulatedBackend``, backend ``sim``) is for tests and the selftest:
+it is imported only when asked for, never by ``enable()`` with a real backend.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +16,6 @@ from .backend import (
 from .census import SyncCensus, collecting
 from .host import HostBackend
 from .ring import PinnedRing, PinnedSlot, RingFull
-from .simulated import SimulatedBackend
 
 BACKENDS = ("auto", "cuda", "host", "sim")
 
@@ -34,6 +37,8 @@ def make_backend(name: str) -> CopyBackend:
     if name == "host":
         return HostBackend()
     if name == "sim":
+        from .simulated import SimulatedBackend
+
         return SimulatedBackend()
     raise ValueError(f"unknown backend {name!r}; expected one of {BACKENDS}")
 
@@ -51,6 +56,14 @@ def use(backend: CopyBackend | None) -> CopyBackend | None:
     global _current
     previous, _current = _current, backend
     return previous
+
+
+def __getattr__(name: str):
+    if name == "SimulatedBackend":  # imported on first use only
+        from .simulated import SimulatedBackend
+
+        return SimulatedBackend
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = [

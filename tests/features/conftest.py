@@ -46,7 +46,7 @@ def logprobs_ring() -> Optional[runtime.PinnedRing]:
     applied = fd_async_copy_plugin._get_manager().applied.get("logprobs")
     if applied is None:
         return None
-    return applied.ctx.state["logprobs"].ring
+    return applied.ctx.state.ring
 
 
 @dataclass
@@ -473,3 +473,28 @@ def sf_plugin_off():
     fd_async_copy_plugin.disable()
     runtime.use(previous)
 # ==== end of stop_flag / sampled_tokens fixtures =================================================
+
+
+# ==== engine helpers ==============================================================================
+# Features declare their patches up front (class attribute ``patches``): a planted bug replaces the
+# builder of one declared patch, for one test.
+
+
+@pytest.fixture
+def replace_build(monkeypatch):
+    """``replace_build(feature_cls, attr, make)``: ``feature_cls``'s patch of the target attribute
+    ``attr`` (e.g. ``"save_output_topk"``) builds with ``make(attr)(original, ctx)`` in this test."""
+    import dataclasses
+
+    def replace(feature_cls, attr: str, make) -> None:
+        patches = tuple(
+            dataclasses.replace(p, build=make(p.target.attr)) if p.target.attr == attr else p
+            for p in feature_cls.patches
+        )
+        assert patches != feature_cls.patches, f"{feature_cls.__name__} declares no patch of {attr}"
+        monkeypatch.setattr(feature_cls, "patches", patches)
+
+    return replace
+
+
+# ==== end of engine helpers ======================================================================

@@ -27,7 +27,7 @@ def _patched(lpkit, backend: str):
     fd_async_copy_plugin.disable()
     fd_async_copy_plugin.enable(features=["logprobs"], backend=backend, root=FD24)
     assert fd_async_copy_plugin.status()["features"]["logprobs"]["state"] == "applied"
-    copier = fd_async_copy_plugin._get_manager().applied["logprobs"].ctx.state["logprobs"]
+    copier = fd_async_copy_plugin._get_manager().applied["logprobs"].ctx.state
     return sampler_mod.Sampler(fd_config=None), original, copier
 
 

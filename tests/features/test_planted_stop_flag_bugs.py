@@ -114,7 +114,7 @@ def _plant(monkeypatch, sfkit, bug: str) -> None:
     if bug == "a-sync-without-wait":
         monkeypatch.setattr(state, "sync", _sync_without_wait)
     elif bug == "b-tokens-before-event":
-        monkeypatch.setattr(module._Registry, "substitute", _early_substitute)
+        monkeypatch.setattr(module.StopFlagRunners, "substitute", _early_substitute)
     elif bug == "c-record-before-copy":
         monkeypatch.setattr(state, "after_update", _after_update_event_first)
     elif bug == "c-wait-on-early-event":
