@@ -116,6 +116,15 @@ class LogprobsCopier:
         #: copied blocking and counted in ``capped_steps``.
         self.ring_max_bytes = ring_max_bytes_from_env() if ring_max_bytes is None else ring_max_bytes
         self.capped_steps = 0
+        self.closed = False
+
+    def close(self) -> None:
+        """``disable()``: wait for producers inside ``copy`` (the lock), refuse new async copies,
+        and complete every copy issued, so results already handed out read correctly once the
+        consumer guards are gone (FastDeploy's own code reads them without waiting)."""
+        with self._lock:
+            self.closed = True
+            self.backend.stream_synchronize("disable")
 
     def prompt_mode(self) -> bool:
         return getattr(self._prompt_mode, "depth", 0) > 0
@@ -167,6 +176,8 @@ class LogprobsCopier:
         # One producer at a time from acquire until the result references the slot: a slot is "free"
         # while nothing references it, so two threads must never pick the same one.
         with self._lock:
+            if self.closed:  # disable() is restoring FastDeploy: a late call gets host-owned data
+                return self.base(*(self.backend.blocking_d2h(sources[f], f"gather_logprobs.{f}") for f in FIELDS))
             try:
                 ring = self._ring_for(sampler, "prompt" if prompt else "decode", rows, columns)
                 shapes = {f: list(t.shape) for f, t in sources.items()}
@@ -296,7 +307,8 @@ class LogprobsFeature(Feature):
         Patch(Target(POSTPROC, "save_output_topk"), build_guard("save_output_topk")),
         Patch(Target(POSTPROC, "post_process_normal"), build_post_process_normal, profiles=("fastdeploy-2.4",)),
         Patch(Target(RUNNER, "GPUModelRunner._get_prompt_logprobs_list"), build_prompt_logprobs),
-        Patch(Target(SAMPLER, "Sampler.gather_logprobs"), build_gather_logprobs, check_gather_logprobs),
+        Patch(Target(SAMPLER, "Sampler.gather_logprobs"), build_gather_logprobs, check_gather_logprobs,
+              producer=True),
     )
 
     def check(self, ctx) -> None:
@@ -307,6 +319,10 @@ class LogprobsFeature(Feature):
 
     def prepare(self, ctx) -> LogprobsCopier:
         return LogprobsCopier(ctx.backend, ctx.module(SAMPLER).LogprobsTensors)
+
+    def quiesce(self, ctx) -> None:
+        if isinstance(ctx.state, LogprobsCopier):
+            ctx.state.close()
 
 
 FEATURES = [LogprobsFeature()]

@@ -92,6 +92,9 @@ class Patch:
     check: Callable[[Any, "PatchContext"], None] | None = None
     #: the profiles this patch is for; ``None``: every profile the feature applies to
     profiles: tuple[str, ...] | None = None
+    #: hands out data whose copies complete later (e.g. ``gather_logprobs``): restored first on
+    #: revert, then ``Feature.quiesce`` runs, and only then are the consumer guards removed
+    producer: bool = False
 
 
 def wraps(original: Any) -> Callable[[Callable], Callable]:
@@ -161,6 +164,10 @@ class Feature:
         the replacements are built; it is handed to the builders as ``ctx.state``."""
         return None
 
+    def quiesce(self, ctx: PatchContext) -> None:
+        """On revert, after the producers are restored and before the consumer guards go: finish
+        everything the producers issued (``disable()`` may run on another thread mid-step)."""
+
     def teardown(self, ctx: PatchContext) -> None:
         """Drop runtime state after revert."""
 
@@ -172,6 +179,7 @@ class _Applied:
     original: Any
     replacement: Any
     own: bool  # the original lived in owner's own __dict__ (else it was inherited)
+    producer: bool = False
 
 
 class AppliedFeature:
@@ -185,8 +193,16 @@ class AppliedFeature:
         self.importers = importers
 
     def revert(self) -> None:
-        for record in reversed(self.records):
-            _restore(record)
+        # Producers first, then whatever they issued is finished, then the consumers' guards go:
+        # a result handed out before the revert never reaches an unguarded consumer unfinished.
+        ordered = list(reversed(self.records))
+        for record in ordered:
+            if record.producer:
+                _restore(record)
+        self.feature.quiesce(self.ctx)
+        for record in ordered:
+            if not record.producer:
+                _restore(record)
         # Importers loaded after apply imported a replacement themselves: point them back too.
         originals = {id(r.replacement): r.original for r in self.records}
         for target in self.importers:
@@ -228,7 +244,7 @@ def apply_feature(feature: Feature, ctx: PatchContext) -> AppliedFeature:
         built = [(p, o, n, orig, own, p.build(orig, ctx)) for p, o, n, orig, own in resolved]
         for patch, owner, name, original, own, replacement in built:
             _set(owner, name, replacement)
-            records.append(_Applied(owner, name, original, replacement, own))
+            records.append(_Applied(owner, name, original, replacement, own, patch.producer))
     except BaseException:
         for record in reversed(records):
             _restore(record)
