@@ -34,7 +34,7 @@ from fd_async_copy_plugin import fd_identity, runtime
 from fd_async_copy_plugin.config import ring_max_bytes_from_env
 from fd_async_copy_plugin.registry.patch import Feature, IncompatibleError, Patch, Target, wraps
 
-from ._consumers import build_guard
+from ._consumers import GUARD_MARK, build_guard
 
 log = logging.getLogger("fd_async_copy")
 
@@ -242,11 +242,30 @@ def build_gather_logprobs(original, ctx):
     copier: LogprobsCopier = ctx.state
     batched_count_greater_than = sampler_module.batched_count_greater_than
     platform = getattr(sampler_module, "current_platform", None)
+    postproc = ctx.module(POSTPROC)
+
+    def fastdeploys_path() -> bool:
+        """Not CUDA (XPU/Iluvatar/...: untouched), or the consumer guards are gone."""
+        if platform is not None and not platform.is_cuda():
+            return True
+        if copier.closed:
+            return True
+        consumer = postproc.__dict__.get("save_output_topk")
+        if consumer is not None and not getattr(consumer, GUARD_MARK, False):
+            # The module was reloaded (importlib.reload re-binds FastDeploy's originals): results
+            # would reach an unguarded save. Finish what was issued and stand down, for good.
+            copier.close()
+            reason = (f"{postproc.__name__} was reloaded: save_output_topk is FastDeploy's own again, so "
+                      "logprobs run FastDeploy's own path (disable() and enable() to patch the new module)")
+            log.error("fd_async_copy: %s", reason)
+            ctx.stand_down(reason)
+            return True
+        return False
 
     @wraps(original)
     def gather_logprobs(self, logprobs, num_logprobs, token_ids):
-        if platform is not None and not platform.is_cuda():
-            return original(self, logprobs, num_logprobs, token_ids)  # XPU/Iluvatar/...: untouched
+        if fastdeploys_path():
+            return original(self, logprobs, num_logprobs, token_ids)
         # The maths of FastDeploy's gather_logprobs, unchanged (bit-identical results).
         assert token_ids.dtype == paddle.int64
         logprobs.clip_(min=paddle.finfo(logprobs.dtype).min)

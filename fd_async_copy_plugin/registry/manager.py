@@ -255,9 +255,28 @@ class PatchManager:
             "root": self.root,
             "backend": self.backend_name,
             "strict": self.strict,
-            "features": {n: self.decisions[n].as_dict() for n in self.requested if n in self.decisions},
+            "features": self._feature_report(),
             "ops": ops_report(),
         }
+
+
+    def _feature_report(self) -> dict:
+        """Each feature's decision, checked against what is bound now: a feature whose replacements
+        were re-bound away (a reloaded FastDeploy module) is not reported applied."""
+        report = {n: self.decisions[n].as_dict() for n in self.requested if n in self.decisions}
+        for name, applied in list(self.applied.items()):
+            lost = applied.drifted()
+            if not lost:
+                continue
+            entry = {
+                "state": FAILED,
+                "reason": f"no longer in place (module reloaded?): {', '.join(lost)} are not the plugin's; "
+                          "FastDeploy's own code runs there - disable() and enable() to re-apply",
+            }
+            for key in [name, *getattr(applied.feature, "options", {})]:
+                if key in report and report[key]["state"] == APPLIED:
+                    report[key] = dict(entry)
+        return report
 
 
 def runtime_module():

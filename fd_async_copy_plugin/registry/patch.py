@@ -180,6 +180,7 @@ class _Applied:
     replacement: Any
     own: bool  # the original lived in owner's own __dict__ (else it was inherited)
     producer: bool = False
+    target: Target | None = None
 
 
 class AppliedFeature:
@@ -191,6 +192,22 @@ class AppliedFeature:
         self.records = records
         #: the declared ``from ... import`` targets (``required=False``), loaded now or not
         self.importers = importers
+
+    def drifted(self) -> list[str]:
+        """Targets whose current binding is no longer the replacement (e.g. ``importlib.reload`` of
+        a FastDeploy module re-bound FastDeploy's originals). Reads only; imports nothing."""
+        lost = []
+        for record in self.records:
+            target = record.target
+            if target is None or target.module_name(self.ctx.root) not in sys.modules:
+                continue
+            try:
+                _, _, current = target.resolve(self.ctx.root)
+            except IncompatibleError:
+                current = _MISSING
+            if current is not record.replacement:
+                lost.append(target.describe(self.ctx.root))
+        return lost
 
     def revert(self) -> None:
         # Producers first, then whatever they issued is finished, then the consumers' guards go:
@@ -244,7 +261,7 @@ def apply_feature(feature: Feature, ctx: PatchContext) -> AppliedFeature:
         built = [(p, o, n, orig, own, p.build(orig, ctx)) for p, o, n, orig, own in resolved]
         for patch, owner, name, original, own, replacement in built:
             _set(owner, name, replacement)
-            records.append(_Applied(owner, name, original, replacement, own, patch.producer))
+            records.append(_Applied(owner, name, original, replacement, own, patch.producer, patch.target))
     except BaseException:
         for record in reversed(records):
             _restore(record)
