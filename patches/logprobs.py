@@ -243,6 +243,15 @@ def build_gather_logprobs(original, ctx):
     batched_count_greater_than = sampler_module.batched_count_greater_than
     platform = getattr(sampler_module, "current_platform", None)
     postproc = ctx.module(POSTPROC)
+    fd_consumer = postproc.__dict__.get("save_output_topk")  # FastDeploy's (the guard is set later)
+
+    def reloaded(consumer) -> bool:
+        """FastDeploy's own save op is bound again (what ``importlib.reload`` does)."""
+        if consumer is None or consumer is fd_consumer:
+            return consumer is not None
+        return not getattr(consumer, GUARD_MARK, False) and (
+            getattr(consumer, "__module__", None), getattr(consumer, "__qualname__", None)
+        ) == (getattr(fd_consumer, "__module__", 0), getattr(fd_consumer, "__qualname__", 0))
 
     def fastdeploys_path() -> bool:
         """Not CUDA (XPU/Iluvatar/...: untouched), or the consumer guards are gone."""
@@ -250,8 +259,7 @@ def build_gather_logprobs(original, ctx):
             return True
         if copier.closed:
             return True
-        consumer = postproc.__dict__.get("save_output_topk")
-        if consumer is not None and not getattr(consumer, GUARD_MARK, False):
+        if reloaded(postproc.__dict__.get("save_output_topk")):
             # The module was reloaded (importlib.reload re-binds FastDeploy's originals): results
             # would reach an unguarded save. Finish what was issued and stand down, for good.
             copier.close()

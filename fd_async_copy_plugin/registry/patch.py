@@ -195,17 +195,23 @@ class AppliedFeature:
 
     def drifted(self) -> list[str]:
         """Targets whose current binding is no longer the replacement (e.g. ``importlib.reload`` of
-        a FastDeploy module re-bound FastDeploy's originals). Reads only; imports nothing."""
+        a FastDeploy module re-bound FastDeploy's originals). Reads only; imports nothing. A class
+        re-bound to a subclass of the patched one (tests, FD's platform runners) is not a drift."""
         lost = []
         for record in self.records:
             target = record.target
-            if target is None or target.module_name(self.ctx.root) not in sys.modules:
+            if target is None:
                 continue
-            try:
-                _, _, current = target.resolve(self.ctx.root)
-            except IncompatibleError:
-                current = _MISSING
-            if current is not record.replacement:
+            module = sys.modules.get(target.module_name(self.ctx.root))
+            if module is None:
+                continue
+            owner: Any = module
+            for part in target.attr.split(".")[:-1]:
+                owner = getattr(owner, part, _MISSING)
+            if isinstance(owner, type) and isinstance(record.owner, type) and issubclass(owner, record.owner):
+                owner = record.owner
+            current = _raw_attr(owner, record.name) if owner is not _MISSING else _MISSING
+            if not _binds(current, record.replacement):
                 lost.append(target.describe(self.ctx.root))
         return lost
 
@@ -228,6 +234,17 @@ class AppliedFeature:
             if current is not None and id(current) in originals:
                 setattr(module, target.attr, originals[id(current)])
         self.feature.teardown(self.ctx)
+
+
+def _binds(current: Any, replacement: Any) -> bool:
+    """``current`` is ``replacement`` or wraps it (another feature patched the same target on top)."""
+    for _ in range(16):
+        if current is replacement:
+            return True
+        current = getattr(current, "__wrapped__", None)
+        if current is None:
+            return False
+    return False
 
 
 def _set(owner: Any, name: str, value: Any) -> None:

@@ -99,7 +99,7 @@ def test_the_plugins_own_maths_is_the_known_body():
     import ast
 
     node = fd_identity.function_node(logprobs_patch.build_gather_logprobs)
-    inner = next(n for n in node.body if isinstance(n, ast.FunctionDef))
+    inner = next(n for n in node.body if isinstance(n, ast.FunctionDef) and n.name == "gather_logprobs")
     maths = fd_identity.gather_logprobs_maths(type(inner)(**{**inner.__dict__, "body": inner.body[1:]}))
     found = fd_identity.digest(maths, inner.args)
     assert fd_identity.check("Sampler.gather_logprobs.maths", "fastdeploy-2.4", found) is None, found
