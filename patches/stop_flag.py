@@ -27,6 +27,7 @@ Delete: when FastDeploy 2.4 is no longer served.
 
 from __future__ import annotations
 
+import gc
 import inspect
 import logging
 import threading
@@ -118,6 +119,14 @@ class StopFlagState:
         self.ops.set_stop(self.legacy, False)
 
 
+#: Live runners a ``disable()`` handed back to FastDeploy (weakly): a later ``enable()`` reports them.
+_DETACHED: "weakref.WeakSet" = weakref.WeakSet()
+
+
+def _describe(runner) -> str:
+    return f"{type(runner).__name__}@{id(runner):#x}"
+
+
 class StopFlagRunners:
     """The feature's state (``ctx.state``): the loaded ops, whether sampled tokens are mirrored, and
     each patched runner's ``StopFlagState``, found by its legacy flag tensor (what FastDeploy
@@ -134,6 +143,14 @@ class StopFlagRunners:
         self._lock = threading.Lock()
         self.by_flag: dict[int, tuple[object, StopFlagState]] = {}
         self._runners: dict[int, weakref.ref] = {}  # id(state) -> runner
+        self._stood_down: dict[int, tuple[weakref.ref, str]] = {}  # id(runner) -> (runner, why)
+        if len(_DETACHED):
+            gc.collect()  # runners only kept by reference cycles are gone, not "live"
+        for runner in list(_DETACHED):
+            # Built while an earlier enable() was active, handed back by disable(): its buffers are
+            # FastDeploy's again and stay so until FastDeploy re-creates them.
+            self.stand_down_runner(runner, "handed back to FastDeploy by disable(); keeps FastDeploy's own "
+                                           "path until its share_inputs are re-created")
 
     @property
     def runners(self) -> list:
@@ -143,7 +160,9 @@ class StopFlagRunners:
 
     def add(self, state: StopFlagState, runner) -> None:
         key = id(state.legacy)
+        _DETACHED.discard(runner)
         with self._lock:
+            self._stood_down.pop(id(runner), None)
             self.by_flag[key] = (state.legacy, state)
             self._runners[id(state)] = weakref.ref(runner)
         weakref.finalize(runner, self._forget, key, id(state))
@@ -155,14 +174,42 @@ class StopFlagRunners:
             if entry is not None and id(entry[1]) == state_key:
                 del self.by_flag[flag_key]
 
+    def stand_down_runner(self, runner, reason: str) -> None:
+        """``runner`` keeps FastDeploy's own stop-flag path (reported per runner, not for all)."""
+        key = id(runner)
+        with self._lock:
+            self._stood_down[key] = (weakref.ref(runner), reason)
+        weakref.finalize(runner, self._stood_down.pop, key, None)
+
+    def report(self) -> dict | None:
+        """Per-runner state and an aggregate that never claims more than what runs."""
+        with self._lock:
+            patched = [r for r in (ref() for ref in self._runners.values()) if r is not None]
+            standing = [(ref(), why) for ref, why in self._stood_down.values() if ref() is not None]
+        if not standing:
+            return None
+        runners = [{"runner": _describe(r), "state": "applied", "reason": ""} for r in patched]
+        runners += [{"runner": _describe(r), "state": "passthrough", "reason": why} for r, why in standing]
+        reasons = "; ".join(sorted({why for _, why in standing}))
+        if not patched:
+            return {"state": "passthrough", "reason": reasons, "runners": runners}
+        return {
+            "state": "partial",
+            "reason": f"{len(patched)} of {len(runners)} runners patched; the others keep FastDeploy's "
+                      f"own path: {reasons}",
+            "runners": runners,
+        }
+
     def detach_all(self) -> None:
         for runner in self.runners:
             state = runner.__dict__.pop("_fdac_stop", None)
             if state is not None:
                 state.detach(runner.share_inputs)
+                _DETACHED.add(runner)
         with self._lock:
             self._runners.clear()
             self.by_flag.clear()
+            self._stood_down.clear()
 
     def for_flag(self, flag) -> StopFlagState | None:
         entry = self.by_flag.get(id(flag))
@@ -211,15 +258,15 @@ def build_init_share_inputs(original, ctx):
         on_gpu = self.share_inputs["stop_flags"].place.is_gpu_place()
         if on_gpu != (ctx.backend.name == "cuda"):
             where = "GPU" if on_gpu else "CPU"
-            _stand_down(ctx, f"backend {ctx.backend.name!r} cannot update FastDeploy's {where} buffers; "
-                             f"use FD_ASYNC_COPY_BACKEND={'cuda' if on_gpu else 'host'}")
+            _stand_down(ctx, self, f"backend {ctx.backend.name!r} cannot update FastDeploy's {where} buffers; "
+                                   f"use FD_ASYNC_COPY_BACKEND={'cuda' if on_gpu else 'host'}")
             return
         if on_gpu:
             if registry.cuda_probe is None:
                 registry.cuda_probe = probe_cuda_kernels(registry.ops, self.share_inputs["stop_flags"].place)
             problem = registry.cuda_probe
             if problem:
-                _stand_down(ctx, problem)
+                _stand_down(ctx, self, problem)
                 return
         if int(max_num_seqs) > MAX_BATCH:
             reason = (
@@ -227,7 +274,7 @@ def build_init_share_inputs(original, ctx):
                 "kernels (FastDeploy's own update kernels have the same limit but miscount silently); "
                 "lower max_num_seqs"
             )
-            _stand_down(ctx, reason)
+            _stand_down(ctx, self, reason)
             return
         state = StopFlagState(self.share_inputs, int(max_num_seqs), ctx.backend, registry.ops, registry.copy_tokens)
         registry.add(state, self)
@@ -261,12 +308,13 @@ def probe_cuda_kernels(ops, place) -> str:
     return ""
 
 
-def _stand_down(ctx, reason: str) -> None:
-    """This runner keeps FastDeploy's own stop-flag path (strict mode: refuse to start)."""
+def _stand_down(ctx, runner, reason: str) -> None:
+    """This runner keeps FastDeploy's own stop-flag path (strict mode: refuse to start). Recorded
+    for this runner only: other runners of the process may run patched (``status()`` reports each)."""
     if ctx.strict:
         raise ValueError(f"fd_async_copy stop_flag: {reason}")
     log.error("fd_async_copy: %s; this runner keeps FastDeploy's own stop-flag path", reason)
-    ctx.stand_down(reason)
+    ctx.state.stand_down_runner(runner, reason)
 
 
 def build_reset_share_inputs(original, ctx):
@@ -449,6 +497,9 @@ class StopFlagFeature(Feature):
         registry = StopFlagRunners(load_stop_flag_ops(), "sampled_tokens" in ctx.options)
         add_substitute(registry.substitute)
         return registry
+
+    def report(self, ctx) -> dict | None:
+        return ctx.state.report() if isinstance(ctx.state, StopFlagRunners) else None
 
     def teardown(self, ctx):
         registry, ctx.state = ctx.state, None

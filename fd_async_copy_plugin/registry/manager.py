@@ -265,6 +265,15 @@ class PatchManager:
         were re-bound away (a reloaded FastDeploy module) is not reported applied."""
         report = {n: self.decisions[n].as_dict() for n in self.requested if n in self.decisions}
         for name, applied in list(self.applied.items()):
+            try:
+                runs = applied.feature.report(applied.ctx)
+            except Exception as exc:  # reporting must never fail
+                runs = {"state": FAILED, "reason": f"cannot report: {type(exc).__name__}: {exc}"}
+            if runs:
+                for key in [name, *getattr(applied.feature, "options", {})]:
+                    if key in report and report[key]["state"] == APPLIED:
+                        entry = {"state": runs["state"], "reason": runs["reason"]} if runs["state"] != APPLIED else dict(report[key])
+                        report[key] = {**entry, "runners": list(runs.get("runners", []))}
             lost = applied.drifted()
             if not lost:
                 continue

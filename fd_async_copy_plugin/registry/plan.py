@@ -34,8 +34,10 @@ SKIPPED = "skipped"
 INCOMPATIBLE = "incompatible"
 FAILED = "failed"
 PASSTHROUGH = "passthrough"
-STATES = (APPLY, APPLIED, PENDING, NATIVE, SKIPPED, INCOMPATIBLE, FAILED, PASSTHROUGH)
-REFUSED_IN_STRICT_MODE = (SKIPPED, INCOMPATIBLE, FAILED, PASSTHROUGH)
+#: some of the process's runners run the patched path, others FastDeploy's own (see ``runners``)
+PARTIAL = "partial"
+STATES = (APPLY, APPLIED, PENDING, NATIVE, SKIPPED, INCOMPATIBLE, FAILED, PASSTHROUGH, PARTIAL)
+REFUSED_IN_STRICT_MODE = (SKIPPED, INCOMPATIBLE, FAILED, PASSTHROUGH, PARTIAL)
 
 PADDLE_INSTALL_HINT = (
     "install Paddle: paddlepaddle-gpu (the build FastDeploy uses) next to FastDeploy, or the CPU "
