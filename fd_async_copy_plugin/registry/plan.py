@@ -26,15 +26,8 @@ from typing import Callable, Mapping, Sequence
 from ..profile import ProfileInfo
 from .patch import Feature
 
-APPLY = "apply"
-APPLIED = "applied"
-PENDING = "pending"
-NATIVE = "native"
-SKIPPED = "skipped"
-INCOMPATIBLE = "incompatible"
-FAILED = "failed"
-PASSTHROUGH = "passthrough"
-STATES = (APPLY, APPLIED, PENDING, NATIVE, SKIPPED, INCOMPATIBLE, FAILED, PASSTHROUGH)
+STATES = ("apply", "applied", "pending", "native", "skipped", "incompatible", "failed", "passthrough")
+APPLY, APPLIED, PENDING, NATIVE, SKIPPED, INCOMPATIBLE, FAILED, PASSTHROUGH = STATES
 REFUSED_IN_STRICT_MODE = (SKIPPED, INCOMPATIBLE, FAILED, PASSTHROUGH)
 
 PADDLE_INSTALL_HINT = (

@@ -43,13 +43,20 @@ def choose_replica(requested: str, profile: str | None, report: Report) -> str |
     return f"{REPLICA_PACKAGE}.{mapping[profile]}"
 
 
+def _both_sides(points, read, fd: Side, rep: Side):
+    """(rel, name, (real, route), (replica, route)) per point present on at least one side; a
+    point absent on both sides belongs to another FastDeploy line."""
+    for rel, name in points:
+        real, mine = read(fd, rel, name), read(rep, rel, name)
+        if real[0] is not None or mine[0] is not None:
+            yield rel, name, real, mine
+
+
 def check_signatures(fd: Side, rep: Side, report: Report) -> None:
-    for rel, qualname in SIGNATURE_POINTS:
+    for rel, qualname, (real, real_route), (mine, mine_route) in _both_sides(
+        SIGNATURE_POINTS, describe_signature, fd, rep
+    ):
         item = f"{rel}:{qualname}"
-        real, real_route = describe_signature(fd, rel, qualname)
-        mine, mine_route = describe_signature(rep, rel, qualname)
-        if real is None and mine is None:
-            continue  # absent on both sides: this point belongs to another FastDeploy line
         if real is None:
             report.add("signature", item, "EXTRA", f"replica defines it, FastDeploy does not ({mine_route})")
         elif mine is None:
@@ -65,12 +72,8 @@ def check_signatures(fd: Side, rep: Side, report: Report) -> None:
 
 
 def check_fields(fd: Side, rep: Side, report: Report) -> None:
-    for rel, cls_name in FIELD_POINTS:
+    for rel, cls_name, (real, real_route), (mine, mine_route) in _both_sides(FIELD_POINTS, record_fields, fd, rep):
         item = f"{rel}:{cls_name} fields"
-        real, real_route = record_fields(fd, rel, cls_name)
-        mine, mine_route = record_fields(rep, rel, cls_name)
-        if real is None and mine is None:
-            continue
         if real is None:
             report.add("fields", item, "EXTRA", "replica defines it, FastDeploy does not")
             continue
