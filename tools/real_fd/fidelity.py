@@ -52,6 +52,15 @@ def _both_sides(points, read, fd: Side, rep: Side):
             yield rel, name, real, mine
 
 
+def _lacks_and_adds(real: list, mine: list, who: str) -> list[str]:
+    """What ``who`` lacks and adds compared with FastDeploy's list, as report phrases."""
+    missing = [n for n in real if n not in mine]
+    extra = [n for n in mine if n not in real]
+    return ([f"{who} lacks " + ", ".join(missing)] if missing else []) + (
+        [f"{who} adds " + ", ".join(extra)] if extra else []
+    )
+
+
 def check_signatures(fd: Side, rep: Side, report: Report) -> None:
     for rel, qualname, (real, real_route), (mine, mine_route) in _both_sides(
         SIGNATURE_POINTS, describe_signature, fd, rep
@@ -115,14 +124,8 @@ def check_import_lists(fd: Side, rep: Side, report: Report) -> None:
             continue
         # The replica may name its op module differently; accept any `...ops` / `...gpu` source.
         mine = cuda_import_names(rep.tree(rel), ("ops.gpu", "ops", "gpu", "ops_gpu", "gpu_ops"))
-        missing = [n for n in real if n not in mine]
-        extra = [n for n in mine if n not in real]
-        if missing or extra:
-            detail = []
-            if missing:
-                detail.append("replica lacks " + ", ".join(missing))
-            if extra:
-                detail.append("replica adds " + ", ".join(extra))
+        detail = _lacks_and_adds(real, mine, "replica")
+        if detail:
             report.add("imports", item, "MISMATCH", "; ".join(detail))
         else:
             report.add("imports", item, "OK", f"{len(real)} names: {', '.join(real)}")
@@ -163,14 +166,8 @@ def check_import_lists(fd: Side, rep: Side, report: Report) -> None:
             report.add("imports", item, status, detail)
             continue
         mine = [n for names, _ in imports_from(rep.tree(rel), ("pre_and_post_process",)) for n in names]
-        missing = [n for n in real if n not in mine]
-        extra = [n for n in mine if n not in real]
-        if missing or extra or undefined:
-            detail = []
-            if missing:
-                detail.append("replica runner lacks " + ", ".join(missing))
-            if extra:
-                detail.append("replica runner adds " + ", ".join(extra))
+        detail = _lacks_and_adds(real, mine, "replica runner")
+        if detail or undefined:
             if undefined:
                 detail.append("replica pre_and_post_process lacks " + ", ".join(undefined))
             report.add("imports", item, "MISMATCH", "; ".join(detail))
