@@ -120,7 +120,10 @@ def build_slice_rows(original, ctx):
 
 class SyncScopeFeature(Feature):
     name = "sync_scope"
-    mirrors = "fixes FastDeploy PR #6362's device-wide synchronize and whole-tensor slice_rows"
+    mirrors = (
+        "FastDeploy PR #6362's prompt logprobs and slice_rows, without its device-wide synchronize "
+        "and whole-tensor copies"
+    )
     profiles = {
         "fastdeploy-2.4": "native: FastDeploy 2.4 has no device-wide synchronize here and slices before copying",
         "fastdeploy-2.5": "apply",

@@ -26,17 +26,9 @@ from typing import Callable, Mapping, Sequence
 from ..profile import ProfileInfo
 from .patch import Feature
 
-APPLY = "apply"
-APPLIED = "applied"
-PENDING = "pending"
-NATIVE = "native"
-SKIPPED = "skipped"
-INCOMPATIBLE = "incompatible"
-FAILED = "failed"
-PASSTHROUGH = "passthrough"
-#: some of the process's runners run the patched path, others FastDeploy's own (see ``runners``)
-PARTIAL = "partial"
-STATES = (APPLY, APPLIED, PENDING, NATIVE, SKIPPED, INCOMPATIBLE, FAILED, PASSTHROUGH, PARTIAL)
+STATES = ("apply", "applied", "pending", "native", "skipped", "incompatible", "failed", "passthrough", "partial")
+#: ``partial``: some of the process's runners run the patched path, others FastDeploy's own (``runners``)
+APPLY, APPLIED, PENDING, NATIVE, SKIPPED, INCOMPATIBLE, FAILED, PASSTHROUGH, PARTIAL = STATES
 REFUSED_IN_STRICT_MODE = (SKIPPED, INCOMPATIBLE, FAILED, PASSTHROUGH, PARTIAL)
 
 PADDLE_INSTALL_HINT = (

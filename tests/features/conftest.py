@@ -200,7 +200,7 @@ def lpkit() -> LogprobKit:
 
 # ==== stop_flag / sampled_tokens fixtures ========================================================
 # Used by test_stop_flag*.py, test_sampled_tokens*.py and test_planted_stop_flag_bugs.py, through
-# the ``sfkit`` and ``sf_plugin_off`` fixtures only (every name here starts with ``sf``/``SF``).
+# the ``sfkit`` fixture and the shared ``plugin_off`` (every name here starts with ``sf``/``SF``).
 
 # Self-contained: the imports below repeat what this block uses from the top of the file.
 import contextlib as _sf_contextlib  # noqa: E402
@@ -462,16 +462,6 @@ def _sf_runner_subclass(base, captured: list, record: list, probe):
 @pytest.fixture(scope="session")
 def sfkit() -> SFKit:
     return SFKit()
-
-
-@pytest.fixture
-def sf_plugin_off():
-    """The plugin disabled and the default copy backend current, before and after the test."""
-    fd_async_copy_plugin.disable()
-    previous = runtime.use(None)
-    yield
-    fd_async_copy_plugin.disable()
-    runtime.use(previous)
 # ==== end of stop_flag / sampled_tokens fixtures =================================================
 
 

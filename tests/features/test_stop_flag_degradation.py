@@ -19,7 +19,7 @@ from fd_async_copy_plugin.ops import OpsUnavailable
 from fd_async_copy_plugin.patches import stop_flag as stop_flag_patch
 from fd_async_copy_plugin.registry.manager import StrictModeError
 
-pytestmark = pytest.mark.usefixtures("sf_plugin_off")
+pytestmark = pytest.mark.usefixtures("plugin_off")
 
 
 def _no_ops_by_monkeypatch(monkeypatch, tmp_path) -> str:

@@ -135,7 +135,7 @@ def test_doctor_json_has_the_status_shape():
     assert set(report["features"]) == set(FEATURES)
     for entry in report["features"].values():
         assert set(entry) == {"state", "reason"}
-        assert entry["state"] in ("would-apply", "native", "skipped", "failed")
+        assert entry["state"] in ("apply", "native", "skipped", "failed")
 
 
 def test_doctor_human_output_reports_bad_env_and_exits_non_zero():

@@ -211,3 +211,20 @@ def test_enable_twice_with_backend_auto_is_a_noop(fakefd, manager, as_profile, m
     manager.enable(("demo",), backend="auto", root=fakefd)
     assert manager.applied["demo"] is applied
     assert all(snapshot(fakefd)[k] is first[k] for k in first)
+
+
+def test_an_importer_loaded_after_apply_is_pointed_back_on_revert(fakefd, manager, as_profile, tmp_path):
+    """A declared ``from ... import`` importer (``required=False``) that FD loads only after the
+    patch imports the replacement itself; ``disable()`` hands it FD's original again."""
+    as_profile("fastdeploy-2.4")
+    importlib.import_module(f"{fakefd}.worker.gpu_model_runner")
+    post = importlib.import_module(f"{fakefd}.model_executor.pre_and_post_process")
+    original = post.post_process
+    assert enable_demo(manager, fakefd, DemoFeature()).state == "applied"
+    (tmp_path / fakefd / "worker" / "metax_model_runner.py").write_text(
+        "from ..model_executor.pre_and_post_process import post_process\n"
+    )
+    metax = importlib.import_module(f"{fakefd}.worker.metax_model_runner")
+    assert metax.post_process is post.post_process and metax.post_process is not original
+    manager.disable()
+    assert metax.post_process is original

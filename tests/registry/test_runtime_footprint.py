@@ -68,7 +68,9 @@ def loaded_by_register(prelude: str = "") -> tuple[set[str], dict]:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
-    fd_side = {m for m in report["modules"] if m == FD24 or m.startswith(FD24 + ".") or m == f"{PACKAGE}.reference"}
+    # FastDeploy's side: the replica root, its modules, and the packages above it (imported to find it).
+    fd_side = {m for m in report["modules"] if m.startswith(FD24 + ".") or FD24 == m or FD24.startswith(m + ".")}
+    fd_side.discard(PACKAGE)
     return set(report["modules"]) - fd_side, report["features"]
 
 

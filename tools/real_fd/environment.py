@@ -51,27 +51,19 @@ def import_fastdeploy(fd: Side, report: Report) -> None:
             paddle.set_device("cpu")
     except Exception as exc:  # noqa: BLE001
         report.add("environment", "import paddle", "INFO", f"{type(exc).__name__}: {exc}")
-    try:
-        with contextlib.redirect_stdout(sys.stderr):
-            fastdeploy = importlib.import_module(FD_ROOT)
-    except BaseException as exc:  # noqa: BLE001
-        if isinstance(exc, KeyboardInterrupt):
-            raise
+    fastdeploy, error = _import_quietly(FD_ROOT)
+    if error:
         report.add("environment", "import fastdeploy", "INFO",
-                   f"failed ({type(exc).__name__}: {exc}); every check falls back to source (AST)")
+                   f"failed ({error}); every check falls back to source (AST)")
         return
     report.facts["fastdeploy___version__"] = str(getattr(fastdeploy, "__version__", None))
     # fastdeploy.__getattr__ answers None for unknown names (surface §7): hasattr is always True.
     with contextlib.redirect_stdout(sys.stderr):
         report.facts["fastdeploy_hasattr_always_true"] = hasattr(fastdeploy, "no_such_attribute_fd_check")
     ops_name = f"{FD_ROOT}.model_executor.ops.gpu"
-    try:
-        with contextlib.redirect_stdout(sys.stderr):
-            ops = importlib.import_module(ops_name)
-    except BaseException as exc:  # noqa: BLE001
-        if isinstance(exc, KeyboardInterrupt):
-            raise
-        report.facts["ops_gpu"] = f"import failed: {type(exc).__name__}: {exc}"
+    ops, error = _import_quietly(ops_name)
+    if error:
+        report.facts["ops_gpu"] = f"import failed: {error}"
         return
     compiled = f"{ops_name}.fastdeploy_ops" in sys.modules
     if compiled:
@@ -81,6 +73,18 @@ def import_fastdeploy(fd: Side, report: Report) -> None:
         report.facts["ops_gpu"] = "not compiled: stubbed with ops.gpu.tolerant_import_error()"
     else:
         report.facts["ops_gpu"] = "not compiled and no tolerant_import_error(): GPU modules may not import"
+
+
+def _import_quietly(name: str):
+    """(module, "") or (None, what failed); FastDeploy's import-time prints go to stderr. Any
+    failure (FD may call sys.exit while importing) is reported, except Ctrl-C."""
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            return importlib.import_module(name), ""
+    except BaseException as exc:  # noqa: BLE001
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        return None, f"{type(exc).__name__}: {exc}"
 
 
 def check_imports_status(side: Side, report: Report, section: str) -> None:

@@ -43,13 +43,29 @@ def choose_replica(requested: str, profile: str | None, report: Report) -> str |
     return f"{REPLICA_PACKAGE}.{mapping[profile]}"
 
 
+def _both_sides(points, read, fd: Side, rep: Side):
+    """(rel, name, (real, route), (replica, route)) per point present on at least one side; a
+    point absent on both sides belongs to another FastDeploy line."""
+    for rel, name in points:
+        real, mine = read(fd, rel, name), read(rep, rel, name)
+        if real[0] is not None or mine[0] is not None:
+            yield rel, name, real, mine
+
+
+def _lacks_and_adds(real: list, mine: list, who: str) -> list[str]:
+    """What ``who`` lacks and adds compared with FastDeploy's list, as report phrases."""
+    missing = [n for n in real if n not in mine]
+    extra = [n for n in mine if n not in real]
+    return ([f"{who} lacks " + ", ".join(missing)] if missing else []) + (
+        [f"{who} adds " + ", ".join(extra)] if extra else []
+    )
+
+
 def check_signatures(fd: Side, rep: Side, report: Report) -> None:
-    for rel, qualname in SIGNATURE_POINTS:
+    for rel, qualname, (real, real_route), (mine, mine_route) in _both_sides(
+        SIGNATURE_POINTS, describe_signature, fd, rep
+    ):
         item = f"{rel}:{qualname}"
-        real, real_route = describe_signature(fd, rel, qualname)
-        mine, mine_route = describe_signature(rep, rel, qualname)
-        if real is None and mine is None:
-            continue  # absent on both sides: this point belongs to another FastDeploy line
         if real is None:
             report.add("signature", item, "EXTRA", f"replica defines it, FastDeploy does not ({mine_route})")
         elif mine is None:
@@ -65,12 +81,8 @@ def check_signatures(fd: Side, rep: Side, report: Report) -> None:
 
 
 def check_fields(fd: Side, rep: Side, report: Report) -> None:
-    for rel, cls_name in FIELD_POINTS:
+    for rel, cls_name, (real, real_route), (mine, mine_route) in _both_sides(FIELD_POINTS, record_fields, fd, rep):
         item = f"{rel}:{cls_name} fields"
-        real, real_route = record_fields(fd, rel, cls_name)
-        mine, mine_route = record_fields(rep, rel, cls_name)
-        if real is None and mine is None:
-            continue
         if real is None:
             report.add("fields", item, "EXTRA", "replica defines it, FastDeploy does not")
             continue
@@ -112,14 +124,8 @@ def check_import_lists(fd: Side, rep: Side, report: Report) -> None:
             continue
         # The replica may name its op module differently; accept any `...ops` / `...gpu` source.
         mine = cuda_import_names(rep.tree(rel), ("ops.gpu", "ops", "gpu", "ops_gpu", "gpu_ops"))
-        missing = [n for n in real if n not in mine]
-        extra = [n for n in mine if n not in real]
-        if missing or extra:
-            detail = []
-            if missing:
-                detail.append("replica lacks " + ", ".join(missing))
-            if extra:
-                detail.append("replica adds " + ", ".join(extra))
+        detail = _lacks_and_adds(real, mine, "replica")
+        if detail:
             report.add("imports", item, "MISMATCH", "; ".join(detail))
         else:
             report.add("imports", item, "OK", f"{len(real)} names: {', '.join(real)}")
@@ -160,14 +166,8 @@ def check_import_lists(fd: Side, rep: Side, report: Report) -> None:
             report.add("imports", item, status, detail)
             continue
         mine = [n for names, _ in imports_from(rep.tree(rel), ("pre_and_post_process",)) for n in names]
-        missing = [n for n in real if n not in mine]
-        extra = [n for n in mine if n not in real]
-        if missing or extra or undefined:
-            detail = []
-            if missing:
-                detail.append("replica runner lacks " + ", ".join(missing))
-            if extra:
-                detail.append("replica runner adds " + ", ".join(extra))
+        detail = _lacks_and_adds(real, mine, "replica runner")
+        if detail or undefined:
             if undefined:
                 detail.append("replica pre_and_post_process lacks " + ", ".join(undefined))
             report.add("imports", item, "MISMATCH", "; ".join(detail))

@@ -35,14 +35,11 @@ class Side:
         return self.resolved[rel]
 
     def _file_for(self, dotted: str) -> str | None:
-        top = dotted.split(".")[0]
-        try:
-            spec = importlib.util.find_spec(top)
-        except (ImportError, ValueError):
+        from fd_async_copy_plugin.profile import root_directory  # importable once the environment is set
+
+        base = root_directory(dotted.split(".")[0])
+        if base is None:
             return None
-        if spec is None or not spec.submodule_search_locations:
-            return None
-        base = list(spec.submodule_search_locations)[0]
         parts = dotted.split(".")[1:]
         for candidate in (os.path.join(base, *parts) + ".py", os.path.join(base, *parts, "__init__.py")):
             if os.path.isfile(candidate):
