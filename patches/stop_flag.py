@@ -469,8 +469,8 @@ class StopFlagFeature(Feature):
         Patch(Target(RUNNER, "GPUModelRunner.insert_tasks_v1"), build_insert),
         Patch(Target(RUNNER, "GPUModelRunner.insert_prefill_inputs"), build_insert),
         Patch(Target(RUNNER, "GPUModelRunner.not_need_stop"), build_not_need_stop),
-        Patch(Target(POSTPROC, "update_inputs_v1"), build_update_inputs_v1, check_update_inputs_v1),
-        Patch(Target(POSTPROC, "update_inputs"), build_update_inputs),
+        Patch(Target(POSTPROC, "update_inputs_v1"), build_update_inputs_v1, check_update_inputs_v1, producer=True),
+        Patch(Target(POSTPROC, "update_inputs"), build_update_inputs, producer=True),
         *(
             Patch(Target(POSTPROC, name), build_guard(name))
             for name in ("save_output", "save_output_topk", "_build_stream_transfer_data")
@@ -500,6 +500,13 @@ class StopFlagFeature(Feature):
 
     def report(self, ctx) -> dict | None:
         return ctx.state.report() if isinstance(ctx.state, StopFlagRunners) else None
+
+    def quiesce(self, ctx) -> None:
+        # disable(): the update ops are FastDeploy's again; make every legacy flag current before the
+        # save guards go (FD's own save reads it right away, maybe on another thread).
+        if isinstance(ctx.state, StopFlagRunners):
+            for state in ctx.state.all():
+                state.sync("disable")
 
     def teardown(self, ctx):
         registry, ctx.state = ctx.state, None
