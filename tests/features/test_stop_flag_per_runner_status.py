@@ -11,7 +11,7 @@ import pytest
 import fd_async_copy_plugin
 from fd_async_copy_plugin.reference.driver import DriverConfig, run_decode
 
-pytestmark = pytest.mark.usefixtures("sf_plugin_off")
+pytestmark = pytest.mark.usefixtures("plugin_off")
 
 SMALL = DriverConfig(max_num_seqs=4, vocab_size=64, max_model_len=16, hidden_size=8)
 LARGE = DriverConfig(max_num_seqs=1025, vocab_size=64, max_model_len=16, hidden_size=8, save_output_v1=True)

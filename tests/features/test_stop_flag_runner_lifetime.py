@@ -11,7 +11,7 @@ import pytest
 import fd_async_copy_plugin
 from fd_async_copy_plugin.reference.driver import DriverConfig, run_decode
 
-pytestmark = pytest.mark.usefixtures("sf_plugin_off")
+pytestmark = pytest.mark.usefixtures("plugin_off")
 
 
 def test_thirty_runners_do_not_stay_alive_while_the_plugin_is_enabled(sfkit):
