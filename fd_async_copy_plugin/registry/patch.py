@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import logging
 import sys
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -227,7 +228,12 @@ class AppliedFeature:
         for record in ordered:
             if record.producer:
                 _restore(record)
-        self.feature.quiesce(self.ctx)
+        try:
+            self.feature.quiesce(self.ctx)
+        except Exception:  # a revert always completes: FastDeploy must get every original back
+            logging.getLogger("fd_async_copy").exception(
+                "fd_async_copy: finishing %s's in-flight work on revert failed", self.feature.name
+            )
         for record in ordered:
             if not record.producer:
                 _restore(record)
