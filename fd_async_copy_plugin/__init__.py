@@ -5,6 +5,8 @@ Public API (kept stable; FastDeploy users and FastDeploy itself see these names)
 - ``register()`` - the ``fastdeploy.model_register_plugins`` entry point ``fd_async_copy``. Cheap
   and idempotent: FastDeploy calls it in the API-server/engine process and in every worker.
 - ``enable(features=None, backend="auto", strict=False)``, ``disable()``, ``status()``.
+- ``plan(features=None, backend="auto")``: what ``enable()`` would decide per feature, patching
+  nothing (``fd-async-copy doctor`` shows it).
 
 Importing this package does not import Paddle or FastDeploy; ``enable()`` does what it needs.
 """
@@ -44,24 +46,54 @@ def _ensure_log_handler() -> None:
         log.propagate = False
 
 
+def _feature_names(features) -> tuple[str, ...]:
+    from .config import ConfigError, parse_features
+
+    if features is None or isinstance(features, str):
+        return parse_features(features, source="features")
+    features = list(features)
+    if not features:
+        raise ConfigError("features=[] names no feature; pass None or 'all' for every feature")
+    return parse_features(",".join(features), source="features")
+
+
+def plan(features=None, backend: str = "auto", root: str = "fastdeploy") -> dict:
+    """What ``enable()`` would decide here, without patching or loading anything into FastDeploy.
+
+    Returns ``{"profile": ..., "profile_reason": ..., "backend": ..., "features": {name: {"state",
+    "reason"}}}``; a feature ``enable()`` would apply has the state ``apply``. Works without
+    Paddle installed (every feature is then ``skipped`` with what to install).
+    """
+    from .config import API_BACKENDS, parse_backend
+    from .registry.manager import PatchManager, probe_backend
+
+    names = _feature_names(features)
+    backend = parse_backend(backend, source="backend", allowed=API_BACKENDS)
+    profile, decisions = PatchManager().predict(names, backend, root)
+    return {
+        "fastdeploy_version": profile.version,
+        "profile": profile.profile,
+        "profile_reason": profile.reason,
+        "markers": dict(profile.markers),
+        "root": root,
+        "backend": probe_backend(backend)[0],
+        "features": {n: d.as_dict() for n, d in decisions.items()},
+    }
+
+
 def enable(features=None, backend: str = "auto", strict: bool = False, root: str = "fastdeploy") -> dict:
     """Apply the requested features to the FastDeploy found at ``root``; return ``status()``.
 
     ``features``: None or "all" for every feature, else an iterable (or comma string) of
-    ``logprobs``, ``stop_flag``, ``sampled_tokens``, ``sync_scope``. ``backend``: ``auto``,
-    ``cuda``, ``host`` (or ``sim``, the race-detecting simulator used by tests). Invalid arguments
-    raise ``ConfigError`` before anything is touched. Features whose FastDeploy modules are not
-    imported yet are applied when they are (state ``pending`` until then).
+    ``logprobs``, ``stop_flag``, ``sampled_tokens`` (an option of ``stop_flag``), ``sync_scope``.
+    ``backend``: ``auto``, ``cuda``, ``host`` (or ``sim``, the race-detecting simulator used by
+    tests). Invalid arguments raise ``ConfigError`` before anything is touched. Features whose
+    FastDeploy modules are not imported yet are applied when they are (state ``pending`` until
+    then). Called again with other arguments, it reverts and plans the new request afresh.
     """
-    from .config import API_BACKENDS, ConfigError, parse_backend, parse_features
+    from .config import API_BACKENDS, parse_backend
 
-    if features is None or isinstance(features, str):
-        names = parse_features(features, source="features")
-    else:
-        features = list(features)
-        if not features:
-            raise ConfigError("features=[] names no feature; pass None or 'all' for every feature")
-        names = parse_features(",".join(features), source="features")
+    names = _feature_names(features)
     backend = parse_backend(backend, source="backend", allowed=API_BACKENDS)
     _get_manager().enable(names, backend=backend, strict=bool(strict), root=root)
     return status()
@@ -74,7 +106,9 @@ def disable() -> None:
 
 
 def status() -> dict:
-    """JSON-serialisable state: enabled, fastdeploy_version, profile, backend, features, ops."""
+    """JSON-serialisable state: enabled, fastdeploy_version, profile, backend, features, ops.
+
+    Reads state only: it loads no ops, imports nothing and runs no deferred patch."""
     return _get_manager().status()
 
 

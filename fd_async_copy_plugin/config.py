@@ -20,13 +20,24 @@ ENV_ENABLE = "FD_ASYNC_COPY"
 ENV_FEATURES = "FD_ASYNC_COPY_FEATURES"
 ENV_BACKEND = "FD_ASYNC_COPY_BACKEND"
 ENV_STRICT = "FD_ASYNC_COPY_STRICT"
-ENV_VARS = (ENV_ENABLE, ENV_FEATURES, ENV_BACKEND, ENV_STRICT)
+ENV_RING_MAX_BYTES = "FD_ASYNC_COPY_RING_MAX_BYTES"
+ENV_VARS = (ENV_ENABLE, ENV_FEATURES, ENV_BACKEND, ENV_STRICT, ENV_RING_MAX_BYTES)
+
+#: Default total size of the pinned rings of one feature (bytes); beyond it a step is copied
+#: FastDeploy 2.4's blocking way instead of growing page-locked memory (issue 13).
+DEFAULT_RING_MAX_BYTES = 1 << 30
+_SIZE_SUFFIXES = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 _BOOL = {"1": True, "0": False}
 
 
 class ConfigError(ValueError):
-    """An invalid setting; the message names the variable, the value and what is allowed."""
+    """Invalid settings; the message names each bad variable, its value and what is allowed
+    (``problems`` lists them one by one)."""
+
+    def __init__(self, message: str, problems: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.problems = problems or (message,)
 
 
 def _bool(name: str, raw: str | None) -> bool:
@@ -59,12 +70,33 @@ def parse_backend(raw: str | None, source: str = ENV_BACKEND, allowed=BACKENDS) 
     return value
 
 
+def parse_ring_max_bytes(raw: str | None, source: str = ENV_RING_MAX_BYTES) -> int:
+    """A positive byte count, optionally with a K, M or G suffix (binary); unset -> the default."""
+    if raw is None or raw.strip() == "":
+        return DEFAULT_RING_MAX_BYTES
+    value = raw.strip().upper().removesuffix("B").removesuffix("I")
+    suffix = value[-1:] if value[-1:] in ("K", "M", "G") else ""
+    digits = value[: len(value) - len(suffix)]
+    if not digits.isdigit() or int(digits) <= 0:
+        raise ConfigError(
+            f"{source}={raw!r} is not valid; allowed values: a positive number of bytes, optionally with "
+            f"a K, M or G suffix (e.g. 268435456 or 256M; default {DEFAULT_RING_MAX_BYTES >> 20}M)"
+        )
+    return int(digits) * _SIZE_SUFFIXES[suffix]
+
+
+def ring_max_bytes_from_env(environ: Mapping[str, str] | None = None) -> int:
+    environ = os.environ if environ is None else environ
+    return parse_ring_max_bytes(environ.get(ENV_RING_MAX_BYTES))
+
+
 @dataclass(frozen=True)
 class AsyncCopyConfig:
     enabled: bool = False
     features: tuple[str, ...] = FEATURES
     backend: str = "auto"
     strict: bool = False
+    ring_max_bytes: int = DEFAULT_RING_MAX_BYTES
     #: raw values of the variables, for ``doctor``
     env: Mapping[str, str | None] = field(default_factory=dict)
 
@@ -72,13 +104,22 @@ class AsyncCopyConfig:
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "AsyncCopyConfig":
         environ = os.environ if environ is None else environ
         raw = {name: environ.get(name) for name in ENV_VARS}
-        return cls(
-            enabled=_bool(ENV_ENABLE, raw[ENV_ENABLE]),
-            features=parse_features(raw[ENV_FEATURES]),
-            backend=parse_backend(raw[ENV_BACKEND]),
-            strict=_bool(ENV_STRICT, raw[ENV_STRICT]),
-            env=raw,
-        )
+        parsers = {
+            "enabled": lambda: _bool(ENV_ENABLE, raw[ENV_ENABLE]),
+            "features": lambda: parse_features(raw[ENV_FEATURES]),
+            "backend": lambda: parse_backend(raw[ENV_BACKEND]),
+            "strict": lambda: _bool(ENV_STRICT, raw[ENV_STRICT]),
+            "ring_max_bytes": lambda: parse_ring_max_bytes(raw[ENV_RING_MAX_BYTES]),
+        }
+        values, problems = {}, []
+        for key, parse in parsers.items():  # every bad variable is reported, not only the first
+            try:
+                values[key] = parse()
+            except ConfigError as exc:
+                problems.append(str(exc))
+        if problems:
+            raise ConfigError("; ".join(problems), tuple(problems))
+        return cls(env=raw, **values)
 
 
 def strict_from_env(environ: Mapping[str, str] | None = None) -> bool:

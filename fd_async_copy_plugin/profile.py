@@ -5,6 +5,12 @@ and the string ``not_need_stop_device`` already appears in 2.4 (fastdeploy-surfa
 The markers are read from the **source files** with ``ast`` - no FastDeploy module is imported - so
 detection is cheap, safe in the API-server process (which must not import GPU modules), and works
 while FastDeploy modules are half-initialised (the plugin hook can fire in the middle of an import).
+
+Detection never hangs, never raises and says why (issue 13): only regular files under
+``MAX_SOURCE_BYTES`` are read (opened non-blocking: a FIFO named ``sampler.py`` is refused), within
+``TIME_BUDGET_S``; a syntax error, invalid UTF-8, an unparseable nesting depth, a file too large or
+not a regular file is reported as such. Only the extracted markers are cached, never syntax trees,
+and a class defined twice is read from its last definition (the one Python binds).
 """
 
 from __future__ import annotations
@@ -13,9 +19,10 @@ import ast
 import importlib.metadata
 import importlib.util
 import os
+import stat
 import sys
+import time
 from dataclasses import dataclass, field
-from functools import lru_cache
 
 PROFILES = ("fastdeploy-2.4", "fastdeploy-2.5", "fastdeploy-2.6+", "unknown", "absent")
 
@@ -64,31 +71,80 @@ def root_directory(root: str) -> str | None:
     return list(paths)[0]
 
 
-@lru_cache(maxsize=64)
-def _parse(path: str, mtime: float) -> ast.Module | None:
-    try:
-        with open(path, encoding="utf-8") as handle:
-            return ast.parse(handle.read(), filename=path)
-    except (OSError, SyntaxError, ValueError):
-        return None
+#: Largest source file detection reads. FastDeploy's largest patch-point file is ~160 kB; a file
+#: far beyond that is not FastDeploy's and parsing it would cost seconds and gigabytes.
+MAX_SOURCE_BYTES = 2 << 20
+#: Wall-clock budget of one detection (reading and parsing every patch-point file).
+TIME_BUDGET_S = 10.0
+
+# Only the markers extracted from a file are cached (keyed by path, mtime and size), never its AST.
+_FACTS: dict[tuple[str, int, int], dict] = {}
+_FACTS_MAX = 64
 
 
-def _tree(base: str, relative: str) -> ast.Module | None:
-    path = os.path.join(base, relative)
+class _Unreadable(Exception):
+    """A patch-point file that exists but cannot be used; the message is the cause."""
+
+
+def _read_source(path: str) -> str | None:
+    """The text of a regular file under the size limit; None when it does not exist.
+
+    Opened non-blocking and checked with ``fstat`` on the open descriptor: a FIFO, socket or device
+    named like a FastDeploy file is refused without ever blocking on it.
+    """
     try:
-        mtime = os.path.getmtime(path)
-    except OSError:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
         return None
-    return _parse(path, mtime)
+    except OSError as exc:
+        if not os.path.lexists(path):
+            return None
+        raise _Unreadable(f"cannot open ({exc.strerror or exc})") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise _Unreadable("not a regular file")
+        if info.st_size > MAX_SOURCE_BYTES:
+            raise _Unreadable(f"too large ({info.st_size} bytes > {MAX_SOURCE_BYTES})")
+        chunks, total = [], 0
+        while True:
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                break
+            total += len(chunk)
+            if total > MAX_SOURCE_BYTES:
+                raise _Unreadable(f"too large (over {MAX_SOURCE_BYTES} bytes)")
+            chunks.append(chunk)
+    except OSError as exc:
+        raise _Unreadable(f"cannot read ({exc.strerror or exc})") from None
+    finally:
+        os.close(fd)
+    try:
+        return b"".join(chunks).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _Unreadable(f"invalid UTF-8 at byte {exc.start}") from None
+
+
+def _parse_source(path: str, text: str) -> ast.Module:
+    try:
+        return ast.parse(text, filename=path)
+    except SyntaxError as exc:
+        raise _Unreadable(f"syntax error at line {exc.lineno}: {exc.msg}") from None
+    except (MemoryError, RecursionError) as exc:
+        raise _Unreadable(f"too deeply nested to parse ({type(exc).__name__})") from None
+    except Exception as exc:  # e.g. ValueError: source code string cannot contain null bytes
+        raise _Unreadable(f"cannot parse ({type(exc).__name__}: {exc})") from None
 
 
 def _class(tree: ast.Module | None, name: str) -> ast.ClassDef | None:
+    """The module-level class ``name`` Python binds: its last definition."""
     if tree is None:
         return None
+    found = None
     for node in tree.body:
         if isinstance(node, ast.ClassDef) and node.name == name:
-            return node
-    return None
+            found = node
+    return found
 
 
 def _methods(cls: ast.ClassDef | None) -> dict[str, ast.FunctionDef]:
@@ -126,23 +182,82 @@ def _mentions(node: ast.AST | None, name: str) -> bool:
     return False
 
 
-def _version(base: str, root: str) -> str:
-    init = _tree(base, "__init__.py")
-    if init is not None:
-        for node in init.body:
+def _extract(relative: str, tree: ast.Module) -> dict:
+    """The few facts detection needs from one file (all that is kept of it)."""
+    if relative == _RUNNER:
+        cls = _class(tree, "GPUModelRunner")
+        return {"runner_methods": None if cls is None else frozenset(_methods(cls))}
+    if relative == _POSTPROC:
+        return {"functions": frozenset(_functions(tree))}
+    if relative == _OUTPUT:
+        return {"model_output_fields": tuple(_fields(_class(tree, "ModelOutputData")))}
+    if relative == _SAMPLER:
+        gather = _methods(_class(tree, "Sampler")).get("gather_logprobs")
+        return {"gather_present": gather is not None, "gather_pin_memory": _mentions(gather, "pin_memory")}
+    if relative == "__init__.py":
+        version = None
+        for node in tree.body:
             if (
                 isinstance(node, ast.Assign)
                 and any(isinstance(t, ast.Name) and t.id == "__version__" for t in node.targets)
                 and isinstance(node.value, ast.Constant)
                 and isinstance(node.value.value, str)
             ):
-                return node.value.value
+                version = node.value.value
+        return {"version": version}
+    raise ValueError(relative)
+
+
+class _Reader:
+    """Reads patch-point files for one detection, within the time budget; records causes."""
+
+    def __init__(self, base: str, budget_s: float | None = None) -> None:
+        self.base = base
+        self.deadline = time.monotonic() + (TIME_BUDGET_S if budget_s is None else budget_s)
+        self.problems: dict[str, str] = {}
+
+    def facts(self, relative: str) -> dict | None:
+        """The file's facts, or None (missing, or unusable: the cause is in ``problems``)."""
+        path = os.path.join(self.base, relative)
+        try:
+            try:
+                info = os.stat(path)
+            except FileNotFoundError:
+                return None
+            except OSError as exc:
+                raise _Unreadable(f"cannot stat ({exc.strerror or exc})") from None
+            key = (path, info.st_mtime_ns, info.st_size)
+            cached = _FACTS.get(key)
+            if cached is not None:
+                return cached
+            if time.monotonic() > self.deadline:
+                raise _Unreadable("not read: the detection time budget was spent on other files")
+            text = _read_source(path)
+            if text is None:
+                return None
+            facts = _extract(relative, _parse_source(path, text))
+            del text
+            if len(_FACTS) >= _FACTS_MAX:
+                _FACTS.clear()
+            _FACTS[key] = facts
+            return facts
+        except _Unreadable as exc:
+            self.problems[relative] = str(exc)
+        except Exception as exc:  # detection must never raise (it runs inside FastDeploy's imports)
+            self.problems[relative] = f"{type(exc).__name__}: {exc}"
+        return None
+
+
+def _version(base: str, root: str, reader: _Reader | None = None) -> str:
+    init = (reader or _Reader(base)).facts("__init__.py")
+    if init is not None and init.get("version"):
+        return init["version"]
     try:
-        with open(os.path.join(base, "version.txt"), encoding="utf-8") as handle:
-            for line in handle:
-                if line.startswith("fastdeploy version:"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
+        text = _read_source(os.path.join(base, "version.txt"))
+        for line in (text or "").splitlines():
+            if line.startswith("fastdeploy version:"):
+                return line.split(":", 1)[1].strip()
+    except _Unreadable:
         pass
     if root == "fastdeploy":
         for dist in _DISTRIBUTIONS:
@@ -153,14 +268,17 @@ def _version(base: str, root: str) -> str:
     return "Unknown"
 
 
-def read_markers(base: str) -> dict[str, bool | None]:
-    """The structural markers of fastdeploy-surface.md §7, read from source. None = file missing."""
-    runner_tree = _tree(base, _RUNNER)
-    post_tree = _tree(base, _POSTPROC)
-    output_tree = _tree(base, _OUTPUT)
-    sampler_tree = _tree(base, _SAMPLER)
-    runner = _methods(_class(runner_tree, "GPUModelRunner")) if runner_tree else None
-    gather = _methods(_class(sampler_tree, "Sampler")).get("gather_logprobs")
+def read_markers(base: str, reader: _Reader | None = None) -> dict[str, bool | None]:
+    """The structural markers of fastdeploy-surface.md §7, read from source. None = file missing or
+    unusable (``reader.problems`` says why)."""
+    reader = reader or _Reader(base)
+    runner_facts = reader.facts(_RUNNER)
+    post = reader.facts(_POSTPROC)
+    output = reader.facts(_OUTPUT)
+    sampler = reader.facts(_SAMPLER)
+    runner = None
+    if runner_facts is not None:
+        runner = runner_facts["runner_methods"] or frozenset()
 
     def has(method: str) -> bool | None:
         return None if runner is None else method in runner
@@ -171,19 +289,23 @@ def read_markers(base: str) -> dict[str, bool | None]:
         "runner_execute_model_overlap": has("execute_model_overlap"),
         "runner_preprocess_and_execute_model": has("_preprocess_and_execute_model"),
         "runner_not_need_stop_method": has("not_need_stop"),
-        "save_output_normal": None if post_tree is None else "save_output_normal" in _functions(post_tree),
+        "save_output_normal": None if post is None else "save_output_normal" in post["functions"],
         "model_output_not_need_stop_device": None
-        if output_tree is None
-        else "not_need_stop_device" in _fields(_class(output_tree, "ModelOutputData")),
-        "gather_logprobs_pin_memory": None
-        if sampler_tree is None
-        else _mentions(gather, "pin_memory"),
-        "gather_logprobs_present": None if sampler_tree is None else gather is not None,
+        if output is None
+        else "not_need_stop_device" in output["model_output_fields"],
+        "gather_logprobs_pin_memory": None if sampler is None else sampler["gather_pin_memory"],
+        "gather_logprobs_present": None if sampler is None else sampler["gather_present"],
     }
 
 
-def classify(markers: dict[str, bool | None]) -> tuple[str, str]:
-    """Profile and the reason, from the markers. Anything not matching a known shape is unknown."""
+def classify(markers: dict[str, bool | None], problems: dict[str, str] | None = None) -> tuple[str, str]:
+    """Profile and the reason, from the markers. Anything not matching a known shape is unknown.
+
+    ``problems``: patch-point files that exist but could not be used, and why (reported as such,
+    not as "not found")."""
+    if problems:
+        detail = "; ".join(f"{path}: {why}" for path, why in sorted(problems.items()))
+        return "unknown", f"patch-point source files unusable: {detail}"
     missing = sorted(k for k, v in markers.items() if v is None)
     if missing:
         return "unknown", f"patch-point source files not found for markers: {', '.join(missing)}"
@@ -221,6 +343,11 @@ def detect_profile(root: str = "fastdeploy") -> ProfileInfo:
     base = root_directory(root)
     if base is None:
         return ProfileInfo("absent", "absent", root, None, {}, f"package {root!r} is not installed")
-    markers = read_markers(base)
-    profile, reason = classify(markers)
-    return ProfileInfo(profile, _version(base, root), root, base, markers, reason)
+    reader = _Reader(base)
+    try:
+        markers = read_markers(base, reader)
+        profile, reason = classify(markers, reader.problems)
+        version = _version(base, root, reader)
+    except Exception as exc:  # never raise out of detection (register() and doctor call it)
+        return ProfileInfo("unknown", "Unknown", root, base, {}, f"detection failed: {type(exc).__name__}: {exc}")
+    return ProfileInfo(profile, version, root, base, markers, reason)

@@ -34,7 +34,7 @@ Options override the ``FD_ASYNC_COPY_FEATURES`` / ``FD_ASYNC_COPY_BACKEND`` /
 ``FD_ASYNC_COPY_STRICT`` variables; options left out fall back to those variables, then to the
 defaults (all features, ``auto`` backend, not strict), so the pytest process and its subprocesses
 use the same settings. Bad values, sub-options without ``--fd-async-copy``, an ``enable()`` that
-raises, or (with strict) a feature ``skipped`` or ``failed`` at session start stop the session with a
+raises, or (with strict) a feature ``skipped``/``incompatible``/``failed``/``passthrough`` at session start stop the session with a
 usage error: a test run that asked for the patches must not quietly run without them. (With strict,
 a ``pending`` feature that cannot be applied when its FastDeploy module is imported raises
 ``StrictModeError`` from that import, which pytest reports as a collection error of the importing
@@ -181,7 +181,9 @@ def _enable(activation: Activation) -> None:
             f"{type(exc).__name__}: {exc}"
         ) from exc
     # enable(strict=True) raises by itself; this also covers a status that says otherwise.
-    bad = {n: f for n, f in (status.get("features") or {}).items() if f.get("state") in ("skipped", "failed")}
+    from .registry.plan import REFUSED_IN_STRICT_MODE
+
+    bad = {n: f for n, f in (status.get("features") or {}).items() if f.get("state") in REFUSED_IN_STRICT_MODE}
     if activation.strict and bad:
         api.disable()
         raise pytest.UsageError(

@@ -7,7 +7,7 @@ entry-point group (``builtin``), the same way a third-party patch set registers.
 |---|---|---|---|
 | ``logprobs.py`` | ``logprobs`` | FD PR #6362 | 2.4 (backport); 2.5+ (fixes per-step pinned allocations) |
 | ``sync_scope.py`` | ``sync_scope`` | fixes #6362's device-wide sync and ``slice_rows`` copies | 2.5+ |
-| ``stop_flag.py`` | ``stop_flag``, ``sampled_tokens`` | FD PR #6176 | 2.4 only (native on 2.5+) |
+| ``stop_flag.py`` | ``stop_flag`` (option ``sampled_tokens``) | FD PR #6176 | 2.4 only (native on 2.5+) |
 """
 
 from __future__ import annotations

@@ -12,9 +12,7 @@ adds (e.g. the stop flag's substitutions) is registered with ``add_substitute``.
 
 from __future__ import annotations
 
-import functools
-
-from fd_async_copy_plugin import runtime
+from fd_async_copy_plugin.registry.patch import wraps
 
 GUARD_MARK = "__fd_async_copy_guard__"
 
@@ -33,9 +31,8 @@ def remove_substitute(fn) -> None:
         _SUBSTITUTES.remove(fn)
 
 
-def host_value(value, reader: str):
+def host_value(value, reader: str, backend):
     """What a guarded consumer receives for one argument."""
-    backend = runtime.current()
     if backend.is_pinned(value):
         return backend.to_host(value, reader)
     for substitute in _SUBSTITUTES:
@@ -45,15 +42,15 @@ def host_value(value, reader: str):
     return value
 
 
-def host_inputs_guard(consumer, reader: str):
+def host_inputs_guard(consumer, reader: str, backend):
     """Wrap ``consumer`` so its arguments reach it host-ready (see ``host_value``)."""
     if getattr(consumer, GUARD_MARK, False):
         return consumer
 
-    @functools.wraps(consumer)
+    @wraps(consumer)
     def guarded(*args, **kwargs):
-        args = [host_value(a, reader) for a in args]
-        kwargs = {k: host_value(v, reader) for k, v in kwargs.items()}
+        args = [host_value(a, reader, backend) for a in args]
+        kwargs = {k: host_value(v, reader, backend) for k, v in kwargs.items()}
         return consumer(*args, **kwargs)
 
     setattr(guarded, GUARD_MARK, True)
@@ -67,6 +64,6 @@ def build_guard(reader: str):
         if original is None:
             # FastDeploy's ops import can resolve to None (ops not compiled: CPU test runs).
             return original
-        return host_inputs_guard(original, reader)
+        return host_inputs_guard(original, reader, ctx.backend)
 
     return build

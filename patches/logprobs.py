@@ -25,21 +25,20 @@ from __future__ import annotations
 import ast
 import inspect
 import logging
-import textwrap
 import threading
 
 import numpy as np
 import paddle
 
-from fd_async_copy_plugin import runtime
-from fd_async_copy_plugin.registry.patch import Feature, IncompatibleError, Patch, Target
+from fd_async_copy_plugin import fd_identity, runtime
+from fd_async_copy_plugin.config import ring_max_bytes_from_env
+from fd_async_copy_plugin.registry.patch import Feature, IncompatibleError, Patch, Target, wraps
 
-from ._consumers import build_guard
+from ._consumers import GUARD_MARK, build_guard
 
 log = logging.getLogger("fd_async_copy")
 
 SAMPLER = "model_executor.layers.sample.sampler"
-OUTPUT = "worker.output"
 POSTPROC = "model_executor.pre_and_post_process"
 RUNNER = "worker.gpu_model_runner"
 
@@ -56,33 +55,44 @@ MAX_PINNED_BYTES = 64 << 20
 GATHERS_HOST_DATA = "__fd_async_copy_gathers_host_data__"
 _ITEM_BYTES = {field: np.dtype(dtype).itemsize for field, dtype in DTYPES.items()}
 
-_GATHER_CALLS = {"clip_", "take_along_axis", "batched_count_greater_than", "topk", "concat"}
+#: What the statements after the maths may call: the copies the plugin replaces (FastDeploy's
+#: ``.cpu()`` / pinned ``empty_like`` + ``copy_``; the replica's counted stand-ins for the same).
+_COPY_CALLS = {"cpu", "empty_like", "pin_memory", "copy_", "is_cuda", "LogprobsTensors",
+               "as_device", "blocking_d2h", "copy_async"}
 
 
-def _called_names(fn) -> set[str]:
-    source = textwrap.dedent(inspect.getsource(fn))
-    names = set()
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Call):
-            func = node.func
-            if isinstance(func, ast.Attribute):
-                names.add(func.attr)
-            elif isinstance(func, ast.Name):
-                names.add(func.id)
-    return names
+def _call_name(node: ast.Call) -> str | None:
+    func = node.func
+    return func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
 
 
 def check_gather_logprobs(original, ctx) -> None:
+    """The maths must be exactly FastDeploy's (normalised-AST digest, ``fd_identity``); what follows
+    it may only copy the three results and return them as ``LogprobsTensors``."""
     params = list(inspect.signature(original).parameters)
     if params != ["self", "logprobs", "num_logprobs", "token_ids"]:
         raise IncompatibleError(f"Sampler.gather_logprobs{tuple(params)} has an unexpected signature")
     try:
-        called = _called_names(original)
-    except (OSError, TypeError, SyntaxError) as exc:
+        node = fd_identity.function_node(original)
+        maths = fd_identity.gather_logprobs_maths(node)
+    except (OSError, TypeError, SyntaxError, ValueError) as exc:
         raise IncompatibleError(f"cannot read Sampler.gather_logprobs source: {exc}") from exc
-    missing = _GATHER_CALLS - called
-    if missing:
-        raise IncompatibleError(f"Sampler.gather_logprobs no longer calls {sorted(missing)}: the maths changed")
+    problem = fd_identity.check(
+        "Sampler.gather_logprobs.maths", getattr(ctx, "profile", None), fd_identity.digest(maths, node.args)
+    )
+    if problem:
+        raise IncompatibleError(problem)
+    tail = node.body[len(maths):]
+    others = sorted({_call_name(n) or "?" for s in tail for n in ast.walk(s) if isinstance(n, ast.Call)} - _COPY_CALLS)
+    if others:
+        raise IncompatibleError(
+            f"Sampler.gather_logprobs does more than copy its results after the maths (calls {others}): "
+            "the plugin replaces those statements, so FastDeploy runs unpatched"
+        )
+    last = tail[-1] if tail else None
+    if not (isinstance(last, ast.Return) and isinstance(last.value, ast.Call)
+            and _call_name(last.value) == "LogprobsTensors" and len(last.value.args) == 3):
+        raise IncompatibleError("Sampler.gather_logprobs does not end with `return LogprobsTensors(a, b, c)`")
 
 
 class LogprobsCopier:
@@ -94,13 +104,27 @@ class LogprobsCopier:
     ring. Buffers are capped at ``MAX_PINNED_BYTES``.
     """
 
-    def __init__(self, backend, logprobs_tensors_cls) -> None:
+    def __init__(self, backend, logprobs_tensors_cls, ring_max_bytes: int | None = None) -> None:
         self.backend = backend
         self.base = logprobs_tensors_cls
         self.AsyncLogprobsTensors = make_async_class(logprobs_tensors_cls, backend)
         self.rings: dict[str, runtime.PinnedRing] = {}
         self.max_rows = 0
         self._prompt_mode = threading.local()
+        self._lock = threading.RLock()  # producers on several threads (see ``copy``)
+        #: Cap of each ring's pinned bytes (FD_ASYNC_COPY_RING_MAX_BYTES); steps beyond it are
+        #: copied blocking and counted in ``capped_steps``.
+        self.ring_max_bytes = ring_max_bytes_from_env() if ring_max_bytes is None else ring_max_bytes
+        self.capped_steps = 0
+        self.closed = False
+
+    def close(self) -> None:
+        """``disable()``: wait for producers inside ``copy`` (the lock), refuse new async copies,
+        and complete every copy issued, so results already handed out read correctly once the
+        consumer guards are gone (FastDeploy's own code reads them without waiting)."""
+        with self._lock:
+            self.closed = True
+            self.backend.stream_synchronize("disable")
 
     def prompt_mode(self) -> bool:
         return getattr(self._prompt_mode, "depth", 0) > 0
@@ -134,7 +158,10 @@ class LogprobsCopier:
             prompt = kind == "prompt"
             capacity = self._reserve(rows, max(columns, DEFAULT_MAX_LOGPROBS + 1), prompt)
             capacity = {f: max(1, n) for f, n in capacity.items()}
-            ring = runtime.PinnedRing(self.backend, f"logprobs.{kind}", DTYPES, capacity, slots=1 if prompt else RING_SLOTS)
+            ring = runtime.PinnedRing(
+                self.backend, f"logprobs.{kind}", DTYPES, capacity, slots=1 if prompt else RING_SLOTS,
+                max_bytes=self.ring_max_bytes,
+            )
             self.rings[kind] = ring
         return ring
 
@@ -146,14 +173,28 @@ class LogprobsCopier:
         if any(n * _ITEM_BYTES[f] > MAX_PINNED_BYTES for f, n in self._elements(rows, columns).items()):
             log.info("fd_async_copy: %d x %d logprobs exceed the pinned cap; copied blocking", rows, columns)
             return self.base(*(self.backend.blocking_d2h(sources[f], f"gather_logprobs.{f}") for f in FIELDS))
-        ring = self._ring_for(sampler, "prompt" if prompt else "decode", rows, columns)
-        shapes = {f: list(t.shape) for f, t in sources.items()}
-        # A wider request (more top logprobs, or -1 = the vocabulary) grows a slot for every row at once.
-        slot = ring.acquire("gather_logprobs", shapes, reserve=self._reserve(rows, columns, prompt))
-        for name in FIELDS:
-            self.backend.copy_d2h(slot.buffers[name], sources[name], f"gather_logprobs.{name}")
-        self.backend.record("gather_logprobs")
-        result = self.AsyncLogprobsTensors(*(slot.buffers[name] for name in FIELDS))
+        # One producer at a time from acquire until the result references the slot: a slot is "free"
+        # while nothing references it, so two threads must never pick the same one.
+        with self._lock:
+            if self.closed:  # disable() is restoring FastDeploy: a late call gets host-owned data
+                return self.base(*(self.backend.blocking_d2h(sources[f], f"gather_logprobs.{f}") for f in FIELDS))
+            try:
+                ring = self._ring_for(sampler, "prompt" if prompt else "decode", rows, columns)
+                shapes = {f: list(t.shape) for f, t in sources.items()}
+                # A wider request (more top logprobs, or -1 = the vocabulary) grows a slot for every row at once.
+                slot = ring.acquire("gather_logprobs", shapes, reserve=self._reserve(rows, columns, prompt))
+            except runtime.RingFull as exc:
+                # A consumer lags far behind (or the rows are huge): no more page-locked memory; this
+                # step is copied FastDeploy 2.4's blocking way (counted), the ring stays as it is.
+                self.capped_steps += 1
+                level = logging.WARNING if self.capped_steps == 1 else logging.DEBUG
+                log.log(level, "fd_async_copy: %s; step copied blocking (%d so far)", exc, self.capped_steps)
+                return self.base(*(self.backend.blocking_d2h(sources[f], f"gather_logprobs.{f}") for f in FIELDS))
+            for name in FIELDS:
+                self.backend.copy_d2h(slot.buffers[name], sources[name], f"gather_logprobs.{name}")
+            self.backend.record("gather_logprobs")
+            result = self.AsyncLogprobsTensors(*(slot.buffers[name] for name in FIELDS))
+            del slot
         if prompt:
             # FastDeploy copies prompt logprobs into its own CPU buffers right away: hand it host-owned
             # tensors (one event-scoped wait per chunk; 2.5 does a device-wide sync here).
@@ -198,20 +239,48 @@ def make_async_class(base, backend):
 
 def build_gather_logprobs(original, ctx):
     sampler_module = ctx.module(SAMPLER)
-    copier: LogprobsCopier = ctx.state["logprobs"]
-    count_greater = sampler_module.batched_count_greater_than
+    copier: LogprobsCopier = ctx.state
+    batched_count_greater_than = sampler_module.batched_count_greater_than
     platform = getattr(sampler_module, "current_platform", None)
+    postproc = ctx.module(POSTPROC)
+    fd_consumer = postproc.__dict__.get("save_output_topk")  # FastDeploy's (the guard is set later)
 
-    def gather_logprobs(self, logprobs, num_logprobs, token_ids):
+    def reloaded(consumer) -> bool:
+        """FastDeploy's own save op is bound again (what ``importlib.reload`` does)."""
+        if consumer is None or consumer is fd_consumer:
+            return consumer is not None
+        return not getattr(consumer, GUARD_MARK, False) and (
+            getattr(consumer, "__module__", None), getattr(consumer, "__qualname__", None)
+        ) == (getattr(fd_consumer, "__module__", 0), getattr(fd_consumer, "__qualname__", 0))
+
+    def fastdeploys_path() -> bool:
+        """Not CUDA (XPU/Iluvatar/...: untouched), or the consumer guards are gone."""
         if platform is not None and not platform.is_cuda():
-            return original(self, logprobs, num_logprobs, token_ids)  # XPU/Iluvatar/...: untouched
+            return True
+        if copier.closed:
+            return True
+        if reloaded(postproc.__dict__.get("save_output_topk")):
+            # The module was reloaded (importlib.reload re-binds FastDeploy's originals): results
+            # would reach an unguarded save. Finish what was issued and stand down, for good.
+            copier.close()
+            reason = (f"{postproc.__name__} was reloaded: save_output_topk is FastDeploy's own again, so "
+                      "logprobs run FastDeploy's own path (disable() and enable() to patch the new module)")
+            log.error("fd_async_copy: %s", reason)
+            ctx.stand_down(reason)
+            return True
+        return False
+
+    @wraps(original)
+    def gather_logprobs(self, logprobs, num_logprobs, token_ids):
+        if fastdeploys_path():
+            return original(self, logprobs, num_logprobs, token_ids)
         # The maths of FastDeploy's gather_logprobs, unchanged (bit-identical results).
         assert token_ids.dtype == paddle.int64
         logprobs.clip_(min=paddle.finfo(logprobs.dtype).min)
         if len(token_ids.shape) < len(logprobs.shape):
             token_ids = token_ids.unsqueeze(-1)
         token_logprobs = paddle.take_along_axis(logprobs, token_ids, axis=-1)
-        token_ranks = count_greater(logprobs, token_logprobs)
+        token_ranks = batched_count_greater_than(logprobs, token_logprobs)
         if num_logprobs >= 1:
             topk_logprobs, topk_indices = paddle.topk(logprobs, num_logprobs, axis=-1)
             indices = paddle.concat([token_ids, topk_indices], axis=1)
@@ -222,15 +291,14 @@ def build_gather_logprobs(original, ctx):
         # Only the copies differ: non-blocking, into reused pinned buffers, one event.
         return copier.copy(self, indices, top_logprobs, token_ranks)
 
-    gather_logprobs.__doc__ = original.__doc__
-    gather_logprobs.__wrapped__ = original
     setattr(gather_logprobs, GATHERS_HOST_DATA, True)
     return gather_logprobs
 
 
 def build_prompt_logprobs(original, ctx):
-    copier: LogprobsCopier = ctx.state["logprobs"]
+    copier: LogprobsCopier = ctx.state
 
+    @wraps(original)
     def _get_prompt_logprobs_list(self, hidden_states):
         copier.enter_prompt_mode()
         try:
@@ -238,13 +306,13 @@ def build_prompt_logprobs(original, ctx):
         finally:
             copier.exit_prompt_mode()
 
-    _get_prompt_logprobs_list.__wrapped__ = original
     return _get_prompt_logprobs_list
 
 
 def build_post_process_normal(original, ctx):
-    copier: LogprobsCopier = ctx.state["logprobs"]
+    copier: LogprobsCopier = ctx.state
 
+    @wraps(original)
     def post_process_normal(sampler_output, *args, **kwargs):
         tensors = getattr(sampler_output, "logprobs_tensors", None)
         if isinstance(tensors, copier.AsyncLogprobsTensors) and getattr(sampler_output, "logz_per_batch", None) is not None:
@@ -253,7 +321,6 @@ def build_post_process_normal(original, ctx):
             sampler_output.logprobs_tensors = tensors.materialize("ksm_renormalize")
         return original(sampler_output, *args, **kwargs)
 
-    post_process_normal.__wrapped__ = original
     return post_process_normal
 
 
@@ -261,26 +328,28 @@ class LogprobsFeature(Feature):
     name = "logprobs"
     mirrors = "FastDeploy PR #6362 (async logprob copy), with preallocated pinned buffers"
     profiles = {"fastdeploy-2.4": "apply", "fastdeploy-2.5": "apply", "fastdeploy-2.6+": "apply"}
+    # Consumers first, the producer last: an apply (or revert) never leaves a window where
+    # gather_logprobs hands out pinned buffers to an unguarded consumer.
+    patches = (
+        Patch(Target(POSTPROC, "save_output_topk"), build_guard("save_output_topk")),
+        Patch(Target(POSTPROC, "post_process_normal"), build_post_process_normal, profiles=("fastdeploy-2.4",)),
+        Patch(Target(RUNNER, "GPUModelRunner._get_prompt_logprobs_list"), build_prompt_logprobs),
+        Patch(Target(SAMPLER, "Sampler.gather_logprobs"), build_gather_logprobs, check_gather_logprobs,
+              producer=True),
+    )
 
-    def patches(self, ctx):
-        # Consumers first, the producer last: an apply (or revert) never leaves a window where
-        # gather_logprobs hands out pinned buffers to an unguarded consumer.
-        patches = [Patch(Target(POSTPROC, "save_output_topk"), build_guard("save_output_topk"))]
-        if ctx.profile == "fastdeploy-2.4":
-            patches.append(Patch(Target(POSTPROC, "post_process_normal"), build_post_process_normal))
-        return patches + [
-            Patch(Target(RUNNER, "GPUModelRunner._get_prompt_logprobs_list"), build_prompt_logprobs),
-            Patch(Target(SAMPLER, "Sampler.gather_logprobs"), build_gather_logprobs, check_gather_logprobs),
-        ]
+    def check(self, ctx) -> None:
+        # FastDeploy's gather_logprobs builds the LogprobsTensors (of worker.output) its module
+        # imported: the plugin's result class subclasses that very class.
+        if not isinstance(getattr(ctx.module(SAMPLER), "LogprobsTensors", None), type):
+            raise IncompatibleError(f"{SAMPLER} no longer imports LogprobsTensors")
 
-    def prepare(self, ctx):
-        ctx.state["logprobs"] = LogprobsCopier(ctx.backend, ctx.module(OUTPUT).LogprobsTensors)
+    def prepare(self, ctx) -> LogprobsCopier:
+        return LogprobsCopier(ctx.backend, ctx.module(SAMPLER).LogprobsTensors)
 
-    def modules(self, ctx):
-        return sorted({SAMPLER, OUTPUT, POSTPROC, RUNNER})
-
-    def teardown(self, ctx):
-        ctx.state.pop("logprobs", None)
+    def quiesce(self, ctx) -> None:
+        if isinstance(ctx.state, LogprobsCopier):
+            ctx.state.close()
 
 
 FEATURES = [LogprobsFeature()]

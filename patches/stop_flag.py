@@ -1,4 +1,4 @@
-"""Features ``stop_flag`` and ``sampled_tokens``: backport of FastDeploy PR #6176 to FastDeploy 2.4.
+"""Feature ``stop_flag`` (option ``sampled_tokens``): backport of FastDeploy PR #6176 to FastDeploy 2.4.
 
 Why:    Every FastDeploy 2.4 decode step ends with a blocking D2H copy inside the compiled
         ``update_inputs_v1``/``update_inputs`` op (to bring ``not_need_stop`` to the host) and another
@@ -6,8 +6,8 @@ Why:    Every FastDeploy 2.4 decode step ends with a blocking D2H copy inside th
         from Python: given a pinned flag it races, given a device flag it crashes
         (fastdeploy-surface.md §5.1, §10).
 How:    ``share_inputs`` gains ``not_need_stop_device`` (device bool [1]; alias
-        ``not_need_stop_gpu``), ``not_need_stop_pinned`` (the pinned host flag) and a pinned
-        ``sampled_token_ids`` [max_num_seqs, 1] int64. FastDeploy's update op names are rebound to
+        ``not_need_stop_gpu``), ``not_need_stop_pinned`` (the pinned host flag) and, with the
+        ``sampled_tokens`` option, a pinned ``sampled_token_ids`` [max_num_seqs, 1] int64. FastDeploy's update op names are rebound to
         our ops (``custom_ops/``), which write the device flag with no host copy; right after them
         the device flag and the final sampled tokens are copied non-blocking into the pinned buffers
         and one event is recorded. The save consumers (``save_output``, ``save_output_topk``, the ZMQ
@@ -27,16 +27,17 @@ Delete: when FastDeploy 2.4 is no longer served.
 
 from __future__ import annotations
 
-import functools
+import gc
 import inspect
 import logging
+import threading
+import weakref
 
 import numpy as np
 import paddle
 
-from fd_async_copy_plugin import runtime
 from fd_async_copy_plugin.ops.stop_flag_library import MAX_BATCH
-from fd_async_copy_plugin.registry.patch import Feature, IncompatibleError, Patch, Target
+from fd_async_copy_plugin.registry.patch import Feature, IncompatibleError, Patch, Target, wraps
 
 from ._consumers import add_substitute, build_guard, remove_substitute
 
@@ -121,37 +122,111 @@ class StopFlagState:
         self.ops.set_stop(self.legacy, False)
 
 
-class _Registry:
-    """Maps a runner's legacy flag tensor (what FastDeploy passes to ops) to its state."""
+#: Live runners a ``disable()`` handed back to FastDeploy (weakly): a later ``enable()`` reports them.
+_DETACHED: "weakref.WeakSet" = weakref.WeakSet()
 
-    def __init__(self) -> None:
+
+def _describe(runner) -> str:
+    return f"{type(runner).__name__}@{id(runner):#x}"
+
+
+class StopFlagRunners:
+    """The feature's state (``ctx.state``): the loaded ops, whether sampled tokens are mirrored, and
+    each patched runner's ``StopFlagState``, found by its legacy flag tensor (what FastDeploy
+    passes to the ops).
+
+    Runners are held weakly: a runner FastDeploy (or its test suite) drops is freed with its state
+    and buffers while the plugin stays enabled; its entry goes with it (``weakref.finalize``).
+    """
+
+    def __init__(self, ops, copy_tokens: bool) -> None:
+        self.ops = ops
+        self.copy_tokens = copy_tokens
+        self.cuda_probe: str | None = None  # the CUDA kernel probe's result, once per process
+        self._lock = threading.Lock()
         self.by_flag: dict[int, tuple[object, StopFlagState]] = {}
-        self.runners: list = []
+        self._runners: dict[int, weakref.ref] = {}  # id(state) -> runner
+        self._stood_down: dict[int, tuple[weakref.ref, str]] = {}  # id(runner) -> (runner, why)
+        if len(_DETACHED):
+            gc.collect()  # runners only kept by reference cycles are gone, not "live"
+        for runner in list(_DETACHED):
+            # Built while an earlier enable() was active, handed back by disable(): its buffers are
+            # FastDeploy's again and stay so until FastDeploy re-creates them.
+            self.stand_down_runner(runner, "handed back to FastDeploy by disable(); keeps FastDeploy's own "
+                                           "path until its share_inputs are re-created")
+
+    @property
+    def runners(self) -> list:
+        with self._lock:
+            refs = list(self._runners.values())
+        return [r for r in (ref() for ref in refs) if r is not None]
 
     def add(self, state: StopFlagState, runner) -> None:
-        self.by_flag[id(state.legacy)] = (state.legacy, state)
-        self.runners.append(runner)
+        key = id(state.legacy)
+        _DETACHED.discard(runner)
+        with self._lock:
+            self._stood_down.pop(id(runner), None)
+            self.by_flag[key] = (state.legacy, state)
+            self._runners[id(state)] = weakref.ref(runner)
+        weakref.finalize(runner, self._forget, key, id(state))
+
+    def _forget(self, flag_key: int, state_key: int) -> None:
+        with self._lock:
+            self._runners.pop(state_key, None)
+            entry = self.by_flag.get(flag_key)
+            if entry is not None and id(entry[1]) == state_key:
+                del self.by_flag[flag_key]
+
+    def stand_down_runner(self, runner, reason: str) -> None:
+        """``runner`` keeps FastDeploy's own stop-flag path (reported per runner, not for all)."""
+        key = id(runner)
+        with self._lock:
+            self._stood_down[key] = (weakref.ref(runner), reason)
+        weakref.finalize(runner, self._stood_down.pop, key, None)
+
+    def report(self) -> dict | None:
+        """Per-runner state and an aggregate that never claims more than what runs."""
+        with self._lock:
+            patched = [r for r in (ref() for ref in self._runners.values()) if r is not None]
+            standing = [(ref(), why) for ref, why in self._stood_down.values() if ref() is not None]
+        if not standing:
+            return None
+        runners = [{"runner": _describe(r), "state": "applied", "reason": ""} for r in patched]
+        runners += [{"runner": _describe(r), "state": "passthrough", "reason": why} for r, why in standing]
+        reasons = "; ".join(sorted({why for _, why in standing}))
+        if not patched:
+            return {"state": "passthrough", "reason": reasons, "runners": runners}
+        return {
+            "state": "partial",
+            "reason": f"{len(patched)} of {len(runners)} runners patched; the others keep FastDeploy's "
+                      f"own path: {reasons}",
+            "runners": runners,
+        }
 
     def detach_all(self) -> None:
         for runner in self.runners:
             state = runner.__dict__.pop("_fdac_stop", None)
             if state is not None:
                 state.detach(runner.share_inputs)
-        self.runners.clear()
-        self.by_flag.clear()
+                _DETACHED.add(runner)
+        with self._lock:
+            self._runners.clear()
+            self.by_flag.clear()
+            self._stood_down.clear()
 
     def for_flag(self, flag) -> StopFlagState | None:
         entry = self.by_flag.get(id(flag))
         return entry[1] if entry is not None and entry[0] is flag else None
 
     def for_tokens(self, tokens) -> StopFlagState | None:
-        for _, state in self.by_flag.values():
+        for state in self.all():
             if state.token_source is not None and state.token_source is tokens:
                 return state
         return None
 
     def all(self):
-        return [state for _, state in self.by_flag.values()]
+        with self._lock:
+            return [state for _, state in self.by_flag.values()]
 
     def substitute(self, value, reader: str):
         """For the save consumers: FastDeploy's flag made current (same object), the step's device
@@ -175,11 +250,10 @@ def _is_cuda_runner(runner_module) -> bool:
 
 
 def build_init_share_inputs(original, ctx):
-    registry: _Registry = ctx.state["stop_flag"]
+    registry: StopFlagRunners = ctx.state
     runner_module = ctx.module(RUNNER)
-    copy_tokens = "sampled_tokens" in ctx.features
 
-    @functools.wraps(original)
+    @wraps(original)
     def _init_share_inputs(self, max_num_seqs: int):
         original(self, max_num_seqs)
         if not _is_cuda_runner(runner_module):
@@ -187,13 +261,15 @@ def build_init_share_inputs(original, ctx):
         on_gpu = self.share_inputs["stop_flags"].place.is_gpu_place()
         if on_gpu != (ctx.backend.name == "cuda"):
             where = "GPU" if on_gpu else "CPU"
-            _stand_down(ctx, f"backend {ctx.backend.name!r} cannot update FastDeploy's {where} buffers; "
-                             f"use FD_ASYNC_COPY_BACKEND={'cuda' if on_gpu else 'host'}")
+            _stand_down(ctx, self, f"backend {ctx.backend.name!r} cannot update FastDeploy's {where} buffers; "
+                                   f"use FD_ASYNC_COPY_BACKEND={'cuda' if on_gpu else 'host'}")
             return
         if on_gpu:
-            problem = ctx.state.setdefault("cuda_probe", probe_cuda_kernels(ctx.ops, self.share_inputs["stop_flags"].place))
+            if registry.cuda_probe is None:
+                registry.cuda_probe = probe_cuda_kernels(registry.ops, self.share_inputs["stop_flags"].place)
+            problem = registry.cuda_probe
             if problem:
-                _stand_down(ctx, problem)
+                _stand_down(ctx, self, problem)
                 return
         if int(max_num_seqs) > MAX_BATCH:
             reason = (
@@ -201,9 +277,9 @@ def build_init_share_inputs(original, ctx):
                 "kernels (FastDeploy's own update kernels have the same limit but miscount silently); "
                 "lower max_num_seqs"
             )
-            _stand_down(ctx, reason)
+            _stand_down(ctx, self, reason)
             return
-        state = StopFlagState(self.share_inputs, int(max_num_seqs), ctx.backend, ctx.ops, copy_tokens)
+        state = StopFlagState(self.share_inputs, int(max_num_seqs), ctx.backend, registry.ops, registry.copy_tokens)
         registry.add(state, self)
         self._fdac_stop = state
 
@@ -235,16 +311,17 @@ def probe_cuda_kernels(ops, place) -> str:
     return ""
 
 
-def _stand_down(ctx, reason: str) -> None:
-    """This runner keeps FastDeploy's own stop-flag path (strict mode: refuse to start)."""
+def _stand_down(ctx, runner, reason: str) -> None:
+    """This runner keeps FastDeploy's own stop-flag path (strict mode: refuse to start). Recorded
+    for this runner only: other runners of the process may run patched (``status()`` reports each)."""
     if ctx.strict:
         raise ValueError(f"fd_async_copy stop_flag: {reason}")
     log.error("fd_async_copy: %s; this runner keeps FastDeploy's own stop-flag path", reason)
-    ctx.stand_down(reason)
+    ctx.state.stand_down_runner(runner, reason)
 
 
 def build_reset_share_inputs(original, ctx):
-    @functools.wraps(original)
+    @wraps(original)
     def reset_share_inputs(self, *args, **kwargs):
         state = getattr(self, "_fdac_stop", None)
         if state is None:
@@ -263,7 +340,7 @@ def build_reset_share_inputs(original, ctx):
 
 
 def build_insert(original, ctx):
-    @functools.wraps(original)
+    @wraps(original)
     def insert(self, *args, **kwargs):
         state = getattr(self, "_fdac_stop", None)
         if state is not None:
@@ -277,7 +354,7 @@ def build_insert(original, ctx):
 
 
 def build_not_need_stop(original, ctx):
-    @functools.wraps(original)
+    @wraps(original)
     def not_need_stop(self) -> bool:
         state = getattr(self, "_fdac_stop", None)
         if state is None:
@@ -307,17 +384,18 @@ def check_update_inputs_v1(original, ctx) -> None:
 
 def _device_op(ctx, name: str):
     if ctx.backend.name == "cuda":
-        op = getattr(ctx.ops, f"{name}_cuda", None)
+        op = getattr(ctx.state.ops, f"{name}_cuda", None)
         if op is None:
-            raise IncompatibleError(f"the CUDA {name} kernel library is not built: {ctx.ops.cuda_why}")
+            raise IncompatibleError(f"the CUDA {name} kernel library is not built: {ctx.state.ops.cuda_why}")
         return op
-    return getattr(ctx.ops, f"{name}_host")
+    return getattr(ctx.state.ops, f"{name}_host")
 
 
 def build_update_inputs_v1(original, ctx):
-    registry: _Registry = ctx.state["stop_flag"]
+    registry: StopFlagRunners = ctx.state
     device_op = _device_op(ctx, "update_inputs_v1")
 
+    @wraps(original)
     def update_inputs_v1(stop_flags, not_need_stop, seq_lens_this_time, seq_lens_encoder, seq_lens_decoder,
                          step_seq_lens_decoder, prompt_lens, topk_ids, input_ids, block_tables, stop_nums,
                          next_tokens, is_block_step, block_size):
@@ -331,14 +409,14 @@ def build_update_inputs_v1(original, ctx):
                   next_tokens, is_block_step, block_size)
         state.after_update(topk_ids)
 
-    update_inputs_v1.__wrapped__ = original
     return update_inputs_v1
 
 
 def build_update_inputs(original, ctx):
-    registry: _Registry = ctx.state["stop_flag"]
+    registry: StopFlagRunners = ctx.state
     device_op = _device_op(ctx, "update_inputs")
 
+    @wraps(original)
     def update_inputs(stop_flags, not_need_stop, seq_lens_this_time, seq_lens_encoder, seq_lens_decoder,
                       input_ids, stop_nums, next_tokens, is_block_step):
         state = registry.for_flag(not_need_stop)
@@ -350,14 +428,13 @@ def build_update_inputs(original, ctx):
         # update_inputs does not rewrite the sampled tokens: they are final already.
         state.after_update(next_tokens)
 
-    update_inputs.__wrapped__ = original
     return update_inputs
 
 
 def build_post_process(original, ctx):
-    registry: _Registry = ctx.state["stop_flag"]
+    registry: StopFlagRunners = ctx.state
 
-    @functools.wraps(original)
+    @wraps(original)
     def post_process(*args, **kwargs):
         try:
             return original(*args, **kwargs)
@@ -370,6 +447,13 @@ def build_post_process(original, ctx):
     return post_process
 
 
+def load_stop_flag_ops():
+    """The custom ops (``fd_async_copy_plugin.ops.load_ops``); raises ``OpsUnavailable``."""
+    from fd_async_copy_plugin.ops import load_ops
+
+    return load_ops()
+
+
 class StopFlagFeature(Feature):
     name = "stop_flag"
     mirrors = "FastDeploy PR #6176 (device-side not_need_stop, get_stop/set_stop, event-synced save)"
@@ -378,54 +462,60 @@ class StopFlagFeature(Feature):
         "fastdeploy-2.5": "native: FastDeploy 2.5 has PR #6176",
         "fastdeploy-2.6+": "native: FastDeploy 2.6+ has PR #6176 and #6356",
     }
-    needs_ops = True
-
-    def patches(self, ctx):
-        guards = [
+    options = {
+        "sampled_tokens": "mirrors FastDeploy PR #6176 (pinned sampled_token_ids, copied under the "
+        "stop flag's event)",
+    }
+    patches = (
+        Patch(Target(RUNNER, "GPUModelRunner._init_share_inputs"), build_init_share_inputs),
+        Patch(Target(RUNNER, "GPUModelRunner.reset_share_inputs"), build_reset_share_inputs),
+        Patch(Target(RUNNER, "GPUModelRunner.insert_tasks_v1"), build_insert),
+        Patch(Target(RUNNER, "GPUModelRunner.insert_prefill_inputs"), build_insert),
+        Patch(Target(RUNNER, "GPUModelRunner.not_need_stop"), build_not_need_stop),
+        Patch(Target(POSTPROC, "update_inputs_v1"), build_update_inputs_v1, check_update_inputs_v1, producer=True),
+        Patch(Target(POSTPROC, "update_inputs"), build_update_inputs, producer=True),
+        *(
             Patch(Target(POSTPROC, name), build_guard(name))
             for name in ("save_output", "save_output_topk", "_build_stream_transfer_data")
-        ]
-        return [
-            Patch(Target(RUNNER, "GPUModelRunner._init_share_inputs"), build_init_share_inputs),
-            Patch(Target(RUNNER, "GPUModelRunner.reset_share_inputs"), build_reset_share_inputs),
-            Patch(Target(RUNNER, "GPUModelRunner.insert_tasks_v1"), build_insert),
-            Patch(Target(RUNNER, "GPUModelRunner.insert_prefill_inputs"), build_insert),
-            Patch(Target(RUNNER, "GPUModelRunner.not_need_stop"), build_not_need_stop),
-            Patch(Target(POSTPROC, "update_inputs_v1"), build_update_inputs_v1, check_update_inputs_v1),
-            Patch(Target(POSTPROC, "update_inputs"), build_update_inputs),
-            *guards,
-            Patch(Target(POSTPROC, "post_process"), build_post_process),
-            Patch(Target(RUNNER, "post_process"), build_post_process),
-            Patch(Target("worker.metax_model_runner", "post_process", required=False), build_post_process),
-            Patch(Target("worker.gcu_model_runner", "post_process", required=False), build_post_process),
-        ]
+        ),
+        Patch(Target(POSTPROC, "post_process"), build_post_process),
+        Patch(Target(RUNNER, "post_process"), build_post_process),
+        Patch(Target("worker.metax_model_runner", "post_process", required=False), build_post_process),
+        Patch(Target("worker.gcu_model_runner", "post_process", required=False), build_post_process),
+    )
 
-    def prepare(self, ctx):
-        ctx.state["stop_flag"] = registry = _Registry()
+    def unavailable(self, backend: str) -> str:
+        from fd_async_copy_plugin.ops import OpsUnavailable
+
+        try:
+            ops = load_stop_flag_ops()
+        except OpsUnavailable as exc:
+            why = str(exc)
+            return why if why.startswith("custom ops unavailable") else f"custom ops unavailable: {why}"
+        if backend == "cuda" and not ops.has_cuda_kernels:
+            return f"the CUDA stop-flag kernel library is not usable: {ops.cuda_why}"
+        return ""
+
+    def prepare(self, ctx) -> StopFlagRunners:
+        registry = StopFlagRunners(load_stop_flag_ops(), "sampled_tokens" in ctx.options)
         add_substitute(registry.substitute)
+        return registry
+
+    def report(self, ctx) -> dict | None:
+        return ctx.state.report() if isinstance(ctx.state, StopFlagRunners) else None
+
+    def quiesce(self, ctx) -> None:
+        # disable(): the update ops are FastDeploy's again; make every legacy flag current before the
+        # save guards go (FD's own save reads it right away, maybe on another thread).
+        if isinstance(ctx.state, StopFlagRunners):
+            for state in ctx.state.all():
+                state.sync("disable")
 
     def teardown(self, ctx):
-        registry = ctx.state.pop("stop_flag", None)
+        registry, ctx.state = ctx.state, None
         if registry is not None:
             remove_substitute(registry.substitute)
             registry.detach_all()
 
 
-class SampledTokensFeature(Feature):
-    """Declares the pinned ``sampled_token_ids`` mirror; the copy itself rides on ``stop_flag``'s
-    post-update event (one event per step), so it requires that feature."""
-
-    name = "sampled_tokens"
-    mirrors = "FastDeploy PR #6176 (pinned sampled_token_ids, event-synced save)"
-    profiles = dict(StopFlagFeature.profiles)
-    requires = ("stop_flag",)
-
-    def patches(self, ctx):
-        return []
-
-    def modules(self, ctx):
-        # Applied in the same import callback as stop_flag, right after it.
-        return StopFlagFeature().modules(ctx)
-
-
-FEATURES = [StopFlagFeature(), SampledTokensFeature()]
+FEATURES = [StopFlagFeature()]

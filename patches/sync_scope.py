@@ -27,8 +27,7 @@ import threading
 import numpy as np
 import paddle
 
-from fd_async_copy_plugin import runtime
-from fd_async_copy_plugin.registry.patch import Feature, IncompatibleError, Patch, Target
+from fd_async_copy_plugin.registry.patch import Feature, IncompatibleError, Patch, Target, wraps
 from fd_async_copy_plugin.runtime.backend import host_view
 
 from .logprobs import GATHERS_HOST_DATA
@@ -71,20 +70,23 @@ def build_device_synchronize(original, ctx):
     method on the calling thread, where it waits for the current stream only (the copies FastDeploy
     issued there are on it) - or for nothing, when the plugin's gather already waited."""
 
+    backend = ctx.backend
+
+    @wraps(original)
     def synchronize(*args, **kwargs):
         runner = getattr(_scope, "runner", None)
         if runner is None:
             return original(*args, **kwargs)
         if _gathers_host_data(runner):
             return None
-        runtime.current().stream_synchronize("prompt_logprobs")
+        backend.stream_synchronize("prompt_logprobs")
         return None
 
-    synchronize.__wrapped__ = original
     return synchronize
 
 
 def build_prompt_logprobs(original, ctx):
+    @wraps(original)
     def _get_prompt_logprobs_list(self, hidden_states):
         outer = getattr(_scope, "runner", None)
         _scope.runner = self
@@ -93,13 +95,14 @@ def build_prompt_logprobs(original, ctx):
         finally:
             _scope.runner = outer
 
-    _get_prompt_logprobs_list.__wrapped__ = original
     return _get_prompt_logprobs_list
 
 
 def build_slice_rows(original, ctx):
+    backend = ctx.backend
+
+    @wraps(original)
     def slice_rows(self, start: int, end: int):
-        backend = runtime.current()
         rows = []
         for field in self:
             if backend.is_pinned(field):
@@ -112,26 +115,26 @@ def build_slice_rows(original, ctx):
                 rows.append(paddle.to_tensor(field[start:end].numpy(), place=paddle.CPUPlace()))
         return type(self)(*rows)
 
-    slice_rows.__doc__ = original.__doc__
-    slice_rows.__wrapped__ = original
     return slice_rows
 
 
 class SyncScopeFeature(Feature):
     name = "sync_scope"
-    mirrors = "fixes FastDeploy PR #6362's device-wide synchronize and whole-tensor slice_rows"
+    mirrors = (
+        "FastDeploy PR #6362's prompt logprobs and slice_rows, without its device-wide synchronize "
+        "and whole-tensor copies"
+    )
     profiles = {
         "fastdeploy-2.4": "native: FastDeploy 2.4 has no device-wide synchronize here and slices before copying",
         "fastdeploy-2.5": "apply",
         "fastdeploy-2.6+": "apply",
     }
 
-    def patches(self, ctx):
-        return [
-            Patch(Target("paddle.device", "synchronize", absolute=True), build_device_synchronize),
-            Patch(Target(RUNNER, "GPUModelRunner._get_prompt_logprobs_list"), build_prompt_logprobs, check_prompt_logprobs),
-            Patch(Target(OUTPUT, "LogprobsTensors.slice_rows"), build_slice_rows),
-        ]
+    patches = (
+        Patch(Target("paddle.device", "synchronize", absolute=True), build_device_synchronize),
+        Patch(Target(RUNNER, "GPUModelRunner._get_prompt_logprobs_list"), build_prompt_logprobs, check_prompt_logprobs),
+        Patch(Target(OUTPUT, "LogprobsTensors.slice_rows"), build_slice_rows),
+    )
 
 
 FEATURES = [SyncScopeFeature()]

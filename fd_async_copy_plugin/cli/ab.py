@@ -2,7 +2,8 @@
 
 Exit codes: 0 every request bit-identical; 1 at least one divergence (including a request that
 failed on one server only); 3 inconclusive (requests failed on both servers, the control run
-diverged, or nothing was compared); 4 a server could not be started; 2 usage error.
+diverged, or nothing was compared); 4 a server could not be started or is not reachable (checked
+before any request is sent); 2 usage error.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
             "streaming and not, logprobs top-k 0/5/20, prompt_logprobs, max_tokens 1 and long) to BASE "
             "(FastDeploy without the plugin) and CANDIDATE (with it), compares token ids, text and logprobs "
             "bit for bit, and reports tokens/s and time per output token side by side. "
-            "Exit 0: identical; 1: divergent; 3: inconclusive; 4: a server did not start."
+            "Exit 0: identical; 1: divergent; 3: inconclusive; 4: a server did not start or is not reachable."
         ),
     )
     servers = p.add_argument_group("servers (either two URLs, or --model-path to start both)")

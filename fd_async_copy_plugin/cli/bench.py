@@ -103,7 +103,8 @@ def format_report(report: dict, format_census) -> str:
     for name, s in report["host_time_per_step"].items():
         lines.append(f"{name:34s}{s['median_ms']:12.3f}{s['p90_ms']:12.3f}{s['n']:8d}")
     lines.append(
-        f"ratio plugin/unpatched (median): {report['ratio_plugin_over_unpatched']:.3f}  (target <= {report['target_ratio']})"
+        f"ratio plugin/unpatched (median): {report['ratio_plugin_over_unpatched']:.3f} "
+        f"(target <= {report['target_ratio']})"
     )
     lines.append("")
     census_rows = {k: v for k, v in report["census_per_step"].items() if "blocking_d2h" in v}

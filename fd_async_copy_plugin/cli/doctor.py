@@ -8,6 +8,7 @@ import platform
 import sys
 
 from ..config import ENV_VARS, AsyncCopyConfig, ConfigError
+from ..registry.plan import PADDLE_INSTALL_HINT
 
 
 def _paddle_info() -> dict:
@@ -28,9 +29,9 @@ def _paddle_info() -> dict:
 
 
 def diagnose(root: str = "fastdeploy", environ=None) -> dict:
-    """The ``status()`` shape, predicted: states say what ``enable()`` would do and why."""
-    from ..profile import detect_profile
-    from ..registry.manager import PatchManager, _ops_status, collect_features, plugin_manager
+    """The ``status()`` shape, predicted by ``fd_async_copy_plugin.plan()`` - the function
+    ``enable()`` decides with: a feature ``enable()`` would apply has the state ``apply``."""
+    import fd_async_copy_plugin
 
     environ = os.environ if environ is None else environ
     report: dict = {
@@ -40,89 +41,74 @@ def diagnose(root: str = "fastdeploy", environ=None) -> dict:
         "paddle": _paddle_info(),
         "env": {name: environ.get(name) for name in ENV_VARS + ("FD_PLUGINS",)},
         "config_error": None,
+        "config_errors": [],
     }
     try:
         config = AsyncCopyConfig.from_env(environ)
     except ConfigError as exc:
         report["config_error"] = str(exc)
+        report["config_errors"] = list(exc.problems)
         config = AsyncCopyConfig()
     plugins = (environ.get("FD_PLUGINS") or "").split(",")
     report["fd_plugins_lists_us"] = "fd_async_copy" in plugins
     report["enabled"] = bool(config.enabled and report["config_error"] is None)
-    profile = detect_profile(root)
-    report.update(
-        fastdeploy_version=profile.version,
-        profile=profile.profile,
-        profile_reason=profile.reason,
-        markers=profile.markers,
-        root=root,
-    )
-    paddle_info = report["paddle"]
-    backend = config.backend
-    backend_problem = None
-    if backend in ("auto", "cuda"):
-        if paddle_info.get("cuda_usable"):
-            backend = "cuda"
-        else:
-            backend_problem = paddle_info.get("cuda_reason") or paddle_info.get("error")
-    report["backend"] = backend
-    report["ops"] = _ops_status()
-    features = {}
-    manager = PatchManager()
-    available = collect_features(plugin_manager())
-    for name in config.features:
-        feature = available.get(name)
-        if feature is None:
-            features[name] = {"state": "skipped", "reason": "no installed patch set provides it"}
-            continue
-        state, reason = manager.plan(feature, profile.profile, config.features, profile.reason)
-        if state == "apply":
-            if backend_problem:
-                state, reason = "skipped", f"backend {backend} stands down: {backend_problem}"
-            elif feature.needs_ops and not report["ops"].get("loadable"):
-                state, reason = "skipped", f"custom ops: {report['ops'].get('error') or 'not loadable'}"
-            elif feature.needs_ops and backend == "cuda" and not report["ops"].get("cuda_kernels", {}).get("available"):
-                state, reason = "skipped", f"CUDA kernels: {report['ops']['cuda_kernels'].get('why')}"
-            else:
-                state = "would-apply"
-        features[name] = {"state": state, "reason": reason}
-    for name, entry in features.items():  # as enable() does: a feature needs its requirements applied
-        feature = available.get(name)
-        unmet = [r for r in getattr(feature, "requires", ()) if features.get(r, {}).get("state") != "would-apply"]
-        if entry["state"] == "would-apply" and unmet:
-            entry.update(state="skipped", reason=f"needs {', '.join(unmet)}")
-    report["features"] = features
+    report.update(fd_async_copy_plugin.plan(config.features, backend=config.backend, root=root))
+    report["ops"] = _ops_info(report["paddle"])
     return report
 
 
+def _ops_info(paddle_info: dict) -> dict:
+    if not paddle_info.get("installed"):
+        return {"loadable": False, "error": "needs Paddle"}
+    from ..ops import ops_status
+
+    return ops_status()
+
+
+WIDTH = 100
+
+
+def _row(label: str, text: str, indent: int = 2, width: int = 18) -> list[str]:
+    """``label`` then ``text`` wrapped to WIDTH columns, continuation lines aligned under it."""
+    import textwrap
+
+    head = " " * indent + f"{label:{width}s}"
+    return textwrap.wrap(text, WIDTH, initial_indent=head, subsequent_indent=" " * len(head)) or [head.rstrip()]
+
+
 def format_report(report: dict) -> str:
+    """Plain text within WIDTH columns."""
     paddle_info = report["paddle"]
-    lines = [
-        "fd-async-copy doctor",
-        f"  python            {report['python']}",
-        "  paddle            "
-        + (
-            f"{paddle_info['version']} (CUDA build: {paddle_info['compiled_with_cuda']}; {paddle_info['cuda_reason']})"
-            if paddle_info.get("installed")
-            else f"NOT INSTALLED ({paddle_info.get('error')})"
-        ),
-        f"  fastdeploy        {report['fastdeploy_version']} at root {report['root']!r}",
-        f"  profile           {report['profile']} - {report['profile_reason']}",
-        f"  backend           {report['backend']}",
-        "  custom ops        " + _ops_line(report["ops"]),
-        "  environment",
-    ]
+    if paddle_info.get("installed"):
+        paddle_text = (f"{paddle_info['version']} (CUDA build: {paddle_info['compiled_with_cuda']}; "
+                       f"{paddle_info['cuda_reason']})")
+    else:
+        paddle_text = f"NOT INSTALLED ({paddle_info.get('error')}); {PADDLE_INSTALL_HINT}"
+    lines = ["fd-async-copy doctor"]
+    lines += _row("python", report["python"])
+    lines += _row("paddle", paddle_text)
+    lines += _row("fastdeploy", f"{report['fastdeploy_version']} at root {report['root']!r}")
+    lines += _row("profile", f"{report['profile']} - {report['profile_reason']}")
+    lines += _row("backend", report["backend"])
+    lines += _row("custom ops", _ops_line(report["ops"]))
+    lines.append("  environment")
     for name, value in report["env"].items():
-        lines.append(f"    {name:24s}{'(unset)' if value is None else repr(value)}")
-    if report["config_error"]:
-        lines.append(f"  CONFIG ERROR      {report['config_error']} (FastDeploy would run unpatched)")
+        lines += _row(name, "(unset)" if value is None else repr(value), indent=4, width=24)
+    for problem in report["config_errors"]:
+        lines += _row("CONFIG ERROR", f"{problem} (FastDeploy would run unpatched)")
     if not report["fd_plugins_lists_us"]:
-        lines.append("  note              FD_PLUGINS does not list 'fd_async_copy': FastDeploy will not load the plugin")
+        lines += _row("note", "FD_PLUGINS does not list 'fd_async_copy': FastDeploy will not load the plugin")
     elif not report["enabled"]:
-        lines.append("  note              FD_ASYNC_COPY is not 1: the plugin loads but stays inactive")
+        lines += _row("note", "FD_ASYNC_COPY is not 1: the plugin loads but stays inactive")
     lines.append("  features")
+    shown = set()
     for name, entry in report["features"].items():
-        lines.append(f"    {name:16s}{entry['state']:13s}{entry['reason']}")
+        state = "would apply" if entry["state"] == "apply" else entry["state"]
+        reason = entry["reason"]
+        if reason in shown:
+            reason = "(same reason as above)"
+        shown.add(entry["reason"])
+        lines += _row(name, f"{state:13s}{reason}", indent=4, width=16)
     return "\n".join(lines)
 
 
@@ -135,10 +121,11 @@ def _ops_line(ops: dict) -> str:
 
 
 def run(args) -> int:
+    """Exit 0; 1 when a variable is invalid or Paddle is not importable (nothing can be applied)."""
     report = diagnose(root=args.root)
     if args.json:
         json.dump(report, sys.stdout, indent=2, sort_keys=True, default=str)
         sys.stdout.write("\n")
     else:
         print(format_report(report))
-    return 0
+    return 1 if report["config_error"] or not report["paddle"].get("installed") else 0

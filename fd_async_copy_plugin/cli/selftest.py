@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import json
 import sys
+import textwrap
 import time
+
+from ..registry.plan import REFUSED_IN_STRICT_MODE
 
 
 def _backends(requested: str) -> tuple[list[str], str]:
@@ -20,14 +23,14 @@ def _backends(requested: str) -> tuple[list[str], str]:
     ok, why = cuda_available()
     if ok:
         return ["cuda"], ""
-    return ["host", "sim"], f"CUDA unavailable ({why}): ran backends host and sim instead of cuda"
+    return ["host", "sim"], f"CUDA unavailable ({why}): ran host and sim instead of cuda"
 
 
 def run(args) -> int:
     from ..harness import census_row, run_scenario, selftest_scenarios
 
     backends, note = _backends(args.backend)
-    report = {"backends": backends, "note": note, "scenarios": [], "ok": True}
+    report = {"backends": backends, "note": note, "scenarios": [], "ok": True, "skipped": {}}
     started = time.perf_counter()
     for scenario in selftest_scenarios(args.steps):
         for backend in backends:
@@ -48,18 +51,38 @@ def run(args) -> int:
                 requests=len(plugin.result.outputs),
                 messages=len(plugin.result.messages),
                 features={n: f["state"] for n, f in features.items()},
+                feature_reasons={n: f["reason"] for n, f in features.items()},
                 census_unpatched=census_row(base, skip=0),
                 census_plugin=census_row(plugin, skip=0),
             )
             report["ok"] &= entry["ok"]
             report["scenarios"].append(entry)
+            for name, state in entry["features"].items():
+                if state in REFUSED_IN_STRICT_MODE:  # not tested by this run: say so
+                    report["skipped"].setdefault(name, f"{state}: {entry['feature_reasons'][name]}")
     report["seconds"] = round(time.perf_counter() - started, 1)
+    report["allow_skip"] = bool(getattr(args, "allow_skip", False))
     if args.json:
         json.dump(report, sys.stdout, indent=2, default=str)
         sys.stdout.write("\n")
     else:
         print(format_report(report))
-    return 0 if report["ok"] else 1
+    return 0 if report["ok"] and (report["allow_skip"] or not report["skipped"]) else 1
+
+
+def result_line(report: dict) -> str:
+    """PASS only when every scenario was bit-identical and no feature was left out."""
+    skipped = report["skipped"]
+    names = ", ".join(sorted(skipped))
+    if not report["ok"]:
+        verdict = "FAIL: outputs differ or a run failed"
+    elif skipped and not report["allow_skip"]:
+        verdict = f"FAIL: not tested: {names} (see below; --allow-skip accepts this)"
+    elif skipped:
+        verdict = f"PASS with {names} skipped (--allow-skip)"
+    else:
+        verdict = "PASS"
+    return f"  result: {verdict} ({report['seconds']} s)"
 
 
 def format_report(report: dict) -> str:
@@ -81,10 +104,20 @@ def format_report(report: dict) -> str:
         lines.append(
             "         per step on patched paths: blocking D2H "
             f"{before['blocking_d2h']:.2f} -> {after['blocking_d2h']:.2f}, event waits "
-            f"{before['event_wait']:.2f} -> {after['event_wait']:.2f}, device syncs "
-            f"{before['device_sync']:.2f} -> {after['device_sync']:.2f}"
+            f"{before['event_wait']:.2f} -> {after['event_wait']:.2f},"
         )
+        lines.append(f"         device syncs {before['device_sync']:.2f} -> {after['device_sync']:.2f}")
         for diff in entry.get("differences", []):
             lines.append(f"         - {diff}")
-    lines.append(f"  result: {'PASS' if report['ok'] else 'FAIL'} ({report['seconds']} s)")
-    return "\n".join(lines)
+    lines.append(result_line(report))
+    for name, why in sorted(report["skipped"].items()):
+        lines.append(f"    {name}: {why}")
+    return "\n".join(_wrapped(lines))
+
+
+def _wrapped(lines: list[str], width: int = 100) -> list[str]:
+    out = []
+    for line in lines:
+        indent = " " * (len(line) - len(line.lstrip()) + 2)
+        out += textwrap.wrap(line, width, subsequent_indent=indent) if len(line) > width else [line]
+    return out

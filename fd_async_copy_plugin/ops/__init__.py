@@ -4,17 +4,29 @@
   ``update_inputs_host`` and, when the CUDA library is built, ``update_inputs_v1_cuda``,
   ``update_inputs_cuda``. Raises ``OpsUnavailable`` saying what to do.
 - ``ops_status() -> dict``: built / loadable / path / error / cuda_kernels; never raises.
-- ``build_ops(verbose=False, force=False, cuda=True)`` and ``main_build_ops(argv)`` (the CLI
-  ``fd-async-copy build-ops``).
+- ``build_ops(verbose=False, force=False, cuda=True)`` (the CLI ``fd-async-copy build-ops`` is
+  ``cli/build_ops.py``); ``find_nvcc()`` (``toolchain.py``).
 
-Importing this package imports neither Paddle nor a compiler.
+Importing this package imports neither Paddle nor a compiler, nor the builder (``build.py``,
+loaded on first use of ``build_ops``/``BuildError``).
 """
 
 from __future__ import annotations
 
-from .build import BuildError, build_ops, find_nvcc, main_build_ops
 from .cache import OPS_DIR_ENV, ops_dir
 from .stop_flag_ops import OpsUnavailable, StopFlagOps, load_ops, ops_status
+from .toolchain import find_nvcc
+
+
+
+def __getattr__(name: str):
+    # The builder (compilers, locks, subprocesses) is loaded by `build-ops`, never by enable().
+    if name in ("BuildError", "build_ops"):
+        from . import build
+
+        return getattr(build, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "BuildError",
@@ -24,7 +36,6 @@ __all__ = [
     "build_ops",
     "find_nvcc",
     "load_ops",
-    "main_build_ops",
     "ops_dir",
     "ops_status",
 ]

@@ -12,7 +12,8 @@ import it, which an isolated wheel build cannot see, and FastDeploy hosts often 
 without a compiler. Building is one explicit, idempotent step instead; an up-to-date build is a
 no-op, so CI and test fixtures just call it.
 
-Concurrency: builds run under an exclusive ``flock`` on ``<ops_dir>/.build.lock``, compile into a
+Freshness is checked before anything is locked or written: an up-to-date build is a no-op even on a
+read-only cache. Concurrency: builds run under an exclusive ``flock`` on ``<ops_dir>/.build.lock``, compile into a
 private staging folder and publish with ``os.replace`` (atomic), so concurrent workers never see
 or load a half-written library; a worker that waited for the lock finds the build current and
 returns.
@@ -20,10 +21,8 @@ returns.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import fcntl
-import json
 import os
 import shutil
 import subprocess
@@ -33,6 +32,7 @@ import time
 from pathlib import Path
 
 from . import cache
+from .toolchain import find_cxx, find_nvcc, summarize_failure
 
 CUDA_ARCHS_ENV = "FD_ASYNC_COPY_CUDA_ARCHS"
 # Ampere and Hopper SASS plus Hopper PTX, which newer GPUs JIT-compile. CUDA 13 dropped < sm_75.
@@ -41,23 +41,12 @@ LOCK_TIMEOUT_S = 900
 COMPILE_TIMEOUT_S = 900
 
 
+LOG_FILE = "build-ops.log"
+
+
 class BuildError(RuntimeError):
-    """A compiler ran and failed (the message carries the end of its output)."""
-
-
-def find_nvcc() -> tuple[str | None, str]:
-    """The nvcc to use and where it came from, or ``None`` and why none was found."""
-    for env in ("CUDA_HOME", "CUDA_PATH"):
-        root = os.environ.get(env)
-        if root and os.access(Path(root) / "bin" / "nvcc", os.X_OK):
-            return str(Path(root) / "bin" / "nvcc"), f"${env}"
-    on_path = shutil.which("nvcc")
-    if on_path:
-        return on_path, "PATH"
-    default = Path("/usr/local/cuda/bin/nvcc")
-    if os.access(default, os.X_OK):
-        return str(default), "/usr/local/cuda"
-    return None, "nvcc not found: set CUDA_HOME (e.g. CUDA_HOME=/usr/local/cuda) or put nvcc on PATH"
+    """A compiler is missing, or ran and failed: one line naming the cause and the fix; the full
+    compiler output is in ``<ops dir>/build-ops.log`` (or on the terminal with ``--verbose``)."""
 
 
 def cuda_arch_flags(archs: str | None = None) -> list[str]:
@@ -109,9 +98,16 @@ def build_ops(verbose: bool = False, force: bool = False, cuda: bool = True) -> 
         )
     directory = cache.ops_dir()
     report: dict = {"ops_dir": str(directory), "sources": str(src)}
+    if not force:
+        # Freshness first, without the lock: an up-to-date build on a read-only cache (a shared,
+        # prebuilt ops dir) has nothing to do and must not fail on creating the lock file.
+        current = _current_report(directory, cuda)
+        if current is not None:
+            return {**report, **current}
     failures: list[str] = []
     with build_lock(directory):
         _remove_abandoned_staging(directory)
+        (directory / LOG_FILE).unlink(missing_ok=True)  # the log of this build only
         for name, step in (("pybind", _build_pybind), ("cuda", _build_cuda)):
             if name == "cuda" and not cuda:
                 report[name] = {"status": "skipped", "reason": "disabled (--no-cuda)"}
@@ -127,6 +123,25 @@ def build_ops(verbose: bool = False, force: bool = False, cuda: bool = True) -> 
     return report
 
 
+def _current_report(directory: Path, cuda: bool) -> dict | None:
+    """The report of a build that has nothing to do, or None when something must be built."""
+    pybind = directory / cache.PYBIND_FILE
+    if cache.staleness(pybind, cache.pybind_fingerprint()) is not None:
+        return None
+    report = {"pybind": {"status": "up to date", "path": str(pybind)}}
+    library = directory / cache.CUDA_LIB_FILE
+    if not cuda:
+        report["cuda"] = {"status": "skipped", "reason": "disabled (--no-cuda)"}
+    elif cache.staleness(library, cache.cuda_fingerprint()) is None:
+        report["cuda"] = {"status": "up to date", "path": str(library)}
+    else:
+        nvcc, origin = find_nvcc()
+        if nvcc is not None:
+            return None
+        report["cuda"] = {"status": "skipped", "reason": origin}
+    return report
+
+
 def _remove_abandoned_staging(directory: Path) -> None:
     # Only the lock holder creates staging folders, so any left over belong to a dead build.
     for leftover in directory.glob(".staging-*"):
@@ -138,6 +153,9 @@ def _build_pybind(src: Path, directory: Path, verbose: bool, force: bool) -> dic
     fingerprint = cache.pybind_fingerprint()
     if not force and cache.staleness(artifact, fingerprint) is None:
         return {"status": "up to date", "path": str(artifact)}
+    cxx, why = find_cxx()
+    if cxx is None:
+        raise BuildError(why)
     started = time.monotonic()
     with _staging(directory) as staging:
         out = staging / "out"
@@ -150,12 +168,13 @@ def _build_pybind(src: Path, directory: Path, verbose: bool, force: bool) -> dic
                 out=str(out),
             )
         )
-        _run([sys.executable, script.name, "build"], staging, verbose, "paddle cpp_extension build")
+        _run([sys.executable, script.name, "build"], staging, verbose, "the C++ build of the custom ops (g++)")
         built = out / cache.PYBIND_FILE
         if not built.is_file():
             raise BuildError(f"the Paddle extension build produced no {cache.PYBIND_FILE} in {out}")
+        identity = cache.file_identity(built)
         os.replace(built, artifact)
-    cache.write_manifest(artifact, {"fingerprint": fingerprint, "built_at": time.time()})
+    cache.write_manifest(artifact, {"fingerprint": fingerprint, "built_at": time.time(), "artifact": identity})
     return {"status": "built", "path": str(artifact), "seconds": round(time.monotonic() - started, 1)}
 
 
@@ -194,12 +213,14 @@ def _build_cuda(src: Path, directory: Path, verbose: bool, force: bool) -> dict:
             nvcc, "-O2", "-std=c++17", "-shared", "-Xcompiler", "-fPIC", f"-I{src}",
             *arch_flags, "-o", str(built), str(src / cache.CUDA_SOURCES[0]),
         ]
-        _run(command, staging, verbose, "nvcc")
+        _run(command, staging, verbose, "nvcc (CUDA kernels)")
+        identity = cache.file_identity(built)
         os.replace(built, artifact)
     cache.write_manifest(
         artifact,
         {
             "fingerprint": fingerprint,
+            "artifact": identity,
             "built_at": time.time(),
             "nvcc": nvcc,
             "nvcc_version": _nvcc_version(nvcc),
@@ -233,8 +254,21 @@ def _run(command: list[str], cwd: Path, verbose: bool, what: str) -> None:
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise BuildError(f"{what} could not run: {exc}") from exc
     if done.returncode != 0:
-        tail = ((done.stdout or "") + (done.stderr or ""))[-4000:]
-        raise BuildError(f"{what} failed with exit code {done.returncode}:\n{tail}")
+        if verbose:  # the output is on the terminal already
+            raise BuildError(f"{what} failed with exit code {done.returncode} (output above)")
+        output = (done.stdout or "") + (done.stderr or "")
+        log = _write_log(cwd.parent, command, output)
+        raise BuildError(
+            f"{what} failed with exit code {done.returncode}: {summarize_failure(output)} "
+            f"(full log: {log}; or rerun with --verbose)"
+        )
+
+
+def _write_log(directory: Path, command: list[str], output: str) -> Path:
+    log = directory / LOG_FILE
+    with open(log, "a") as handle:
+        handle.write(f"$ {' '.join(command)}\n{output}\n")
+    return log
 
 
 def _nvcc_version(nvcc: str) -> str | None:
@@ -244,48 +278,3 @@ def _nvcc_version(nvcc: str) -> str | None:
         return None
     lines = [line for line in out.splitlines() if "release" in line]
     return lines[-1].strip() if lines else None
-
-
-def main_build_ops(argv: list[str] | None = None) -> int:
-    """``fd-async-copy build-ops``: build, then print the ops status. Exit 0 when usable."""
-    parser = argparse.ArgumentParser(prog="fd-async-copy build-ops", description=__doc__.split("\n")[0])
-    parser.add_argument("--verbose", action="store_true", help="show compiler commands and output")
-    parser.add_argument("--force", action="store_true", help="rebuild even if up to date")
-    parser.add_argument("--no-cuda", action="store_true", help="do not build the CUDA kernels")
-    parser.add_argument(
-        "--require-cuda", action="store_true", help="fail when the CUDA kernels cannot be built"
-    )
-    parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    args = parser.parse_args(argv)
-
-    from .stop_flag_ops import ops_status
-
-    code = 0
-    try:
-        report = build_ops(verbose=args.verbose, force=args.force, cuda=not args.no_cuda)
-    except (BuildError, ValueError, OSError, ImportError) as exc:  # OSError: unwritable cache dir
-        report = {"error": f"{type(exc).__name__}: {exc}" if isinstance(exc, ImportError) else str(exc)}
-        code = 1
-    if args.require_cuda and report.get("cuda", {}).get("status") not in ("built", "up to date"):
-        code = 1
-    report["status"] = ops_status()
-    if args.json:
-        print(json.dumps(report, indent=2, sort_keys=True))
-    else:
-        _print_report(report)
-    return code
-
-
-def _print_report(report: dict) -> None:
-    if "error" in report:
-        print(f"build-ops FAILED: {report['error']}")
-    print(f"ops dir: {report.get('ops_dir', report['status'].get('ops_dir'))}")
-    for name in ("pybind", "cuda"):
-        if name in report:
-            entry = report[name]
-            detail = entry.get("path") or entry.get("reason") or entry.get("error", "")
-            print(f"  {name:7s} {entry['status']}: {detail}")
-    status = report["status"]
-    print(f"  loadable: {status['loadable']}" + (f" ({status['error']})" if status.get("error") else ""))
-    kernels = status["cuda_kernels"]
-    print(f"  cuda kernels usable: {kernels['available']} ({kernels['why']})")

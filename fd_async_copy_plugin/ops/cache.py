@@ -3,7 +3,8 @@
 The ops are compiled per user and per Paddle/Python version (a pybind module is tied to both), not
 shipped in the wheel: ``~/.cache/fd_async_copy/paddle-<version>-<python tag>/`` unless
 ``FD_ASYNC_COPY_OPS_DIR`` names a folder. Each artifact has a ``<artifact>.build.json`` beside it
-recording the fingerprint of what it was built from; a changed source or Paddle makes it stale.
+recording the fingerprint of what it was built from (a changed source or Paddle makes it stale) and
+the artifact's size and sha256 (a truncated or corrupted library is refused, never loaded).
 """
 
 from __future__ import annotations
@@ -106,8 +107,44 @@ def write_manifest(artifact: Path, manifest: dict) -> None:
     os.replace(tmp, path)
 
 
+def file_identity(path: Path) -> dict:
+    """Size and SHA-256 of a built artifact, as recorded in its manifest (``artifact`` key)."""
+    digest = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+            size += len(chunk)
+    return {"size": size, "sha256": digest.hexdigest()}
+
+
+REBUILD = "rebuild with `fd-async-copy build-ops`"
+
+
+def integrity(artifact: Path, manifest: dict) -> str | None:
+    """``None`` when ``artifact`` is byte for byte what the build recorded; else why not.
+
+    Loading a truncated or corrupted shared library kills the process (SIGBUS/SIGSEGV in ``dlopen``
+    or at the first call), so nothing is loaded that does not match its manifest.
+    """
+    recorded = manifest.get("artifact")
+    if not isinstance(recorded, dict) or "size" not in recorded or "sha256" not in recorded:
+        return f"{artifact.name}'s build manifest records no size/sha256 (built by an older version); {REBUILD}"
+    try:
+        size = artifact.stat().st_size
+        if size != recorded["size"]:
+            return (f"{artifact.name} is {size} bytes but was built as {recorded['size']} (truncated or "
+                    f"replaced); {REBUILD}")
+        found = file_identity(artifact)
+    except OSError as exc:
+        return f"{artifact.name} cannot be read ({exc}); {REBUILD}"
+    if found["sha256"] != recorded["sha256"]:
+        return f"{artifact.name} does not match the sha256 recorded when it was built (corrupted); {REBUILD}"
+    return None
+
+
 def staleness(artifact: Path, fingerprint: dict) -> str | None:
-    """``None`` when ``artifact`` exists and was built from ``fingerprint``; else why not."""
+    """``None`` when ``artifact`` exists, was built from ``fingerprint`` and is intact; else why not."""
     if not artifact.is_file():
         return f"{artifact.name} is not built in {artifact.parent}"
     manifest = read_manifest(artifact)
@@ -119,4 +156,4 @@ def staleness(artifact: Path, fingerprint: dict) -> str | None:
             continue
         if built_from.get(key) != want:
             return f"{artifact.name} is stale ({key} changed since it was built)"
-    return None
+    return integrity(artifact, manifest)

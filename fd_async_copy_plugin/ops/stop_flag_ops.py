@@ -311,7 +311,8 @@ def _import_pybind_module():
     artifact = cache.ops_dir() / cache.PYBIND_FILE
     why = cache.staleness(artifact, cache.pybind_fingerprint())
     if why is not None:
-        raise OpsUnavailable(f"custom ops unavailable: {why}; run `fd-async-copy build-ops`")
+        hint = "" if cache.REBUILD in why else "; run `fd-async-copy build-ops`"
+        raise OpsUnavailable(f"custom ops unavailable: {why}{hint}")
     try:
         spec = importlib.util.spec_from_file_location(cache.PYBIND_MODULE, artifact)
         module = importlib.util.module_from_spec(spec)
@@ -327,6 +328,8 @@ def _load_cuda_library() -> tuple[StopFlagLibrary | None, str]:
     artifact = cache.ops_dir() / cache.CUDA_LIB_FILE
     why = cache.staleness(artifact, cache.cuda_fingerprint())
     if why is not None:
+        if cache.REBUILD in why:  # built, but not what was built: never loaded
+            return None, why
         return None, _no_nvcc_reason() or f"{why}; run `fd-async-copy build-ops` with nvcc available"
     try:
         return StopFlagLibrary(artifact, "cuda"), f"loaded {artifact}"
@@ -335,14 +338,15 @@ def _load_cuda_library() -> tuple[StopFlagLibrary | None, str]:
 
 
 def _no_nvcc_reason() -> str | None:
-    from .build import find_nvcc
+    from .toolchain import find_nvcc
 
     nvcc, origin = find_nvcc()
     return None if nvcc else f"not built: {origin}, then run `fd-async-copy build-ops`"
 
 
-def ops_status() -> dict:
-    """JSON-serialisable state of the custom ops; never raises."""
+def ops_status(load: bool = True) -> dict:
+    """JSON-serialisable state of the custom ops; never raises. ``load=False``: describe only what
+    this process has loaded already (``loadable`` is ``None`` when nothing was loaded)."""
     status: dict = {
         "ops_dir": None,
         "sources": None,
@@ -362,12 +366,19 @@ def ops_status() -> dict:
         status["path"] = str(artifact)
         status["built"] = artifact.is_file()
         status["stale"] = cache.staleness(artifact, cache.pybind_fingerprint()) if status["built"] else None
-        try:
-            ops = load_ops()
-            status["loadable"] = True
-        except OpsUnavailable as exc:
-            ops = None
-            status["error"] = str(exc)
+        if not load:
+            ops = _loaded.get(directory)
+            status["loadable"] = True if ops is not None else None
+            if ops is None:
+                status["error"] = "not loaded in this process (`fd-async-copy doctor` checks them)"
+                return status
+        else:
+            try:
+                ops = load_ops()
+                status["loadable"] = True
+            except OpsUnavailable as exc:
+                ops = None
+                status["error"] = str(exc)
         status["cuda_kernels"] = _cuda_status(directory, ops)
     except Exception as exc:  # status must describe, never fail
         status["error"] = f"{type(exc).__name__}: {exc}"

@@ -59,6 +59,7 @@ from typing import Callable, Iterable, Optional
 import numpy as np
 
 from ..runtime import census
+from . import paddle_device
 from .message_queue import K as TOPK_COLUMNS
 from .message_queue import SavedMessage, get_queue
 from .zmq_sink import drop_sink, get_sink
@@ -602,7 +603,7 @@ def run_decode(
     arrivals = {int(k): list(v) for k, v in (arrivals or {}).items()}
     arrivals.setdefault(0, [])
     arrivals[0] = list(requests) + arrivals[0]
-    with _environment(config):
+    with _environment(config), paddle_device.routed():
         fd_config = _fd_config(mod, config, port)
         runner = mod.runner.GPUModelRunner(fd_config, device="gpu", device_id=0, rank=0, local_rank=0)
         try:

@@ -6,11 +6,14 @@ must spell the call the same way. On the CPU build the real function raises ("de
 gpu, xpu"); installing this routes it to ``runtime.current().device_synchronize(...)``, which the
 census counts and which lands every pending copy in the simulator - what a device-wide sync does.
 
-Installed by the 2.5 replica's runner module, once per process, and only on a CPU build: on a
-CUDA build Paddle's own function is left alone. ``uninstall()`` restores the original.
+Installed only while asked for - ``routed()``, which ``driver.run_decode`` enters for every run -
+and only on a CPU build: on a CUDA build Paddle's own function is left alone. Importing the
+replica changes nothing in Paddle.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import paddle
 
@@ -25,12 +28,18 @@ _device_synchronize.fd_async_copy_replica = True
 
 
 def install() -> bool:
-    """Route ``paddle.device.synchronize``; returns whether the routing is in place."""
+    """Route ``paddle.device.synchronize``; returns whether the routing is in place.
+
+    Only Paddle's own function is replaced: when something wraps it already (the plugin's
+    ``sync_scope``), the routing would sit above that wrapper and bypass it, so it is left alone.
+    """
     if paddle.is_compiled_with_cuda():
         return False
     current = paddle.device.synchronize
     if getattr(current, "fd_async_copy_replica", False):
         return True
+    if getattr(current, "__wrapped__", None) is not None:
+        return False
     _device_synchronize.__wrapped__ = current
     paddle.device.synchronize = _device_synchronize
     return True
@@ -40,3 +49,16 @@ def uninstall() -> None:
     current = paddle.device.synchronize
     if getattr(current, "fd_async_copy_replica", False):
         paddle.device.synchronize = current.__wrapped__
+
+
+@contextlib.contextmanager
+def routed():
+    """``paddle.device.synchronize`` routed to the copy backend inside the block (CPU builds) and
+    restored afterwards. A plugin patch applied inside the block wraps the routing (the replica's
+    runner module is imported there); ``disable()`` hands the routing back, and the next block's
+    exit removes it."""
+    install()
+    try:
+        yield
+    finally:
+        uninstall()

@@ -18,16 +18,7 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 def fd_async_copy_features():
     """Return a list of ``Feature`` objects (see ``registry.patch``) this plugin contributes.
 
-    Called once per ``enable()``. Feature names must be unique across plugins.
+    Called once per ``enable()`` (and by ``fd-async-copy doctor``). Feature names must be unique
+    across plugins. A feature's state is reported by ``status()``; there is no notification hook:
+    observers read ``fd_async_copy_plugin.status()``.
     """
-
-
-@hookspec
-def fd_async_copy_feature_state(name, state, reason):
-    """Notification: feature ``name`` entered ``state`` ("applied", "native", "skipped",
-    "failed", "pending", "reverted") for ``reason``. Return value ignored."""
-
-
-@hookspec
-def fd_async_copy_status_extra(status):
-    """Return a dict of extra JSON-serialisable entries to merge into ``status()`` (optional)."""

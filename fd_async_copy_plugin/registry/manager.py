@@ -1,38 +1,42 @@
-"""PatchManager: collects features through pluggy, decides per feature, applies, reverts, reports."""
+"""PatchManager: collects features through pluggy, acts on ``plan()``'s decisions, reverts, reports."""
 
 from __future__ import annotations
 
 import functools
 import logging
+import sys
 import threading
-from dataclasses import dataclass
 from typing import Any
 
 import pluggy
 
-from .. import runtime
 from ..profile import ProfileInfo, detect_profile
 from . import hookspecs
 from .imports import WATCHER
 from .patch import AppliedFeature, Feature, IncompatibleError, PatchContext, apply_feature
+from .plan import (
+    APPLIED,
+    APPLY,
+    FAILED,
+    INCOMPATIBLE,
+    NATIVE,
+    PADDLE_INSTALL_HINT,
+    PASSTHROUGH,
+    PENDING,
+    SKIPPED,
+    Decision,
+    option_decision,
+    plan,
+    strict_violations,
+)
 
 log = logging.getLogger("fd_async_copy")
 
 ENTRY_POINT_GROUP = "fd_async_copy"
-STATES = ("applied", "native", "skipped", "failed", "pending")
 
 
 class StrictModeError(RuntimeError):
-    """Raised in strict mode when a requested feature was skipped or failed."""
-
-
-@dataclass
-class FeatureState:
-    state: str
-    reason: str
-
-    def as_dict(self) -> dict[str, str]:
-        return {"state": self.state, "reason": self.reason}
+    """Raised in strict mode when a requested feature was not applied (see ``plan.REFUSED_IN_STRICT_MODE``)."""
 
 
 def plugin_manager() -> pluggy.PluginManager:
@@ -60,62 +64,64 @@ def collect_features(pm: pluggy.PluginManager) -> dict[str, Feature]:
     return features
 
 
+def available_features(pm: pluggy.PluginManager) -> dict[str, Feature] | str:
+    """The installed features, or why they cannot be loaded (the patch sets need Paddle)."""
+    try:
+        return collect_features(pm)
+    except ModuleNotFoundError as exc:
+        if exc.name != "paddle" and not str(exc.name or "").startswith("paddle."):
+            raise
+        return f"Paddle is not importable ({exc}): {PADDLE_INSTALL_HINT}"
+
+
+def probe_backend(name: str) -> tuple[str, str]:
+    """(backend ``name`` resolves to, why it cannot be used here or ""), without creating it."""
+    if name in ("auto", "cuda"):
+        try:
+            from ..runtime.cuda import cuda_available
+        except ImportError as exc:
+            return "cuda", f"Paddle is not importable ({exc}): {PADDLE_INSTALL_HINT}"
+        ok, why = cuda_available()
+        if not ok:
+            return "cuda", (
+                f"backend {name!r} needs CUDA: {why}. Use FD_ASYNC_COPY_BACKEND=host to run the "
+                "patched code with synchronous copies"
+            )
+        return "cuda", ""
+    return name, ""
+
+
 class PatchManager:
     def __init__(self) -> None:
         self._lock = threading.RLock()
         self.pm: pluggy.PluginManager | None = None
         self.enabled = False
         self.root = "fastdeploy"
-        self.backend_name = "none"
         self.backend: Any = None
         self.profile: ProfileInfo | None = None
-        self.states: dict[str, FeatureState] = {}
+        self.decisions: dict[str, Decision] = {}
         self.applied: dict[str, AppliedFeature] = {}
         self._pending: dict[str, Any] = {}
+        self._features: dict[str, Feature] = {}
         self.strict = False
         self.requested: tuple[str, ...] = ()
         self.requested_backend = "auto"
-        self._features: dict[str, Feature] = {}
 
     def add_plugin(self, plugin, name: str | None = None) -> None:
         """Register a patch-set plugin object (what an ``fd_async_copy`` entry point provides)."""
         self.pm = self.pm or plugin_manager()
         self.pm.register(plugin, name=name)
 
-    # -- decisions -----------------------------------------------------------------------------
-    def _set_state(self, name: str, state: str, reason: str) -> None:
-        self.states[name] = FeatureState(state, reason)
-        level = logging.INFO if state in ("applied", "native", "pending") else logging.WARNING
-        log.log(level, "fd_async_copy: feature %s: %s (%s)", name, state, reason)
-        self._notify(name, state, reason)
+    @property
+    def backend_name(self) -> str:
+        return self.backend.name if self.backend is not None else "none"
 
-    def _notify(self, name: str, state: str, reason: str) -> None:
-        """Tell observers; a failing third-party hook must not break FastDeploy (it may run inside
-        FD's own imports, when a deferred feature is applied)."""
-        if self.pm is None:
-            return
-        try:
-            self.pm.hook.fd_async_copy_feature_state(name=name, state=state, reason=reason)
-        except Exception:
-            log.exception("fd_async_copy: a fd_async_copy_feature_state hook failed (ignored)")
-
-    def plan(
-        self, feature: Feature, profile: str, requested: tuple[str, ...], profile_reason: str = ""
-    ) -> tuple[str, str]:
-        """(state, reason) a feature gets before any import: apply / native / skipped."""
-        if profile in ("absent", "unknown"):
-            what = "FastDeploy not found" if profile == "absent" else "unrecognised FastDeploy"
-            return "skipped", f"{what}: {profile_reason or profile}; nothing patched"
-        decision = feature.profiles.get(profile)
-        if decision is None:
-            known = ", ".join(sorted(feature.profiles))
-            return "skipped", f"not for profile {profile!r} (serves: {known}); FastDeploy left as is"
-        if decision.startswith("native"):
-            return "native", decision.partition(":")[2].strip() or "FastDeploy already does this"
-        missing = [r for r in feature.requires if r not in requested]
-        if missing:
-            return "skipped", f"needs feature(s) {', '.join(missing)} requested too"
-        return "apply", f"mirrors {feature.mirrors}" if feature.mirrors else "apply"
+    # -- predictions (doctor) ------------------------------------------------------------------
+    def predict(self, features: tuple[str, ...], backend: str, root: str) -> tuple[ProfileInfo, dict[str, Decision]]:
+        """What ``enable()`` would decide, without patching or creating anything."""
+        self.pm = self.pm or plugin_manager()
+        profile = detect_profile(root)
+        return profile, plan(features, available_features(self.pm), profile, functools.partial(probe_backend, backend))
 
     # -- enable / disable ----------------------------------------------------------------------
     def enable(
@@ -126,124 +132,103 @@ class PatchManager:
         root: str = "fastdeploy",
     ) -> None:
         with self._lock:
+            request = (tuple(features), root, backend, strict)
             if self.enabled:
-                same = (root, backend, strict) == (self.root, self.requested_backend, self.strict)
-                if same and set(features) <= set(self.states):
+                if request == (self.requested, self.root, self.requested_backend, self.strict):
                     return  # idempotent: FastDeploy calls the entry point in every process, maybe twice
-                self.disable()
+                self.disable()  # a different request is planned afresh, never merged into the old one
             self.pm = self.pm or plugin_manager()
-            self.root, self.strict = root, strict
-            self.requested, self.requested_backend = tuple(features), backend
+            self.requested, self.root, self.requested_backend, self.strict = request
             self.enabled = True
-            self.states = {}
-            all_features = collect_features(self.pm)
-            self._features = all_features
-            unknown = [f for f in features if f not in all_features]
-            for name in unknown:
-                self._set_state(name, "skipped", "no installed patch set provides this feature")
+            available = available_features(self.pm)
+            self._features = available if isinstance(available, dict) else {}
             self.profile = detect_profile(root)
-            profile = self.profile.profile
-            planned = {}
-            for name in features:
-                if name in all_features:
-                    planned[name] = self.plan(all_features[name], profile, features, self.profile.reason)
-            for name, (state, reason) in planned.items():
-                if state != "apply":
-                    self._set_state(name, state, reason)
-            # Dependencies first (sampled_tokens needs stop_flag applied), whatever order was asked.
-            to_apply = _dependency_order(
-                [name for name, (state, _) in planned.items() if state == "apply"], all_features
-            )
-            if not to_apply:
-                self._finish_strict()
-                return
-            try:
-                self.backend = runtime.make_backend(backend)
-                self.backend_name = self.backend.name
-            except Exception as exc:
-                self.backend, self.backend_name = None, backend
-                for name in to_apply:
-                    self._set_state(name, "skipped", f"backend stands down: {exc}")
-                self._finish_strict()
-                return
-            runtime.use(self.backend)
-            for name in to_apply:
-                feature = all_features[name]
-                ops = None
-                if feature.needs_ops:
-                    ops, why = _load_ops()
-                    if ops is None:
-                        prefix = "custom ops unavailable"
-                        self._set_state(name, "skipped", why if why.startswith(prefix) else f"{prefix}: {why}")
-                        continue
-                ctx = PatchContext(
-                    root=root, profile=profile, backend=self.backend, features=features, ops=ops, strict=strict,
-                    stand_down=functools.partial(self._stand_down, name),
-                )
-                self._schedule(feature, ctx)
+            # The backend is created only if some feature gets that far in the plan.
+            decisions = plan(features, available, self.profile, functools.partial(self._make_backend, backend))
+            if self.backend is not None:
+                # The replica (FastDeploy's stand-in) and the tests find the active backend here;
+                # the patches get it from their PatchContext only.
+                runtime_module().use(self.backend)
+            self.decisions = {}
+            for name, decision in decisions.items():
+                if decision.option_of is None or decision.option_of not in decisions:
+                    self._decide(name, decision)  # an option is decided with its feature
+            for name, decision in decisions.items():
+                if decision.state == APPLY and decision.option_of is None:
+                    self._schedule(self._features[name])
             self._finish_strict()
 
-    def _schedule(self, feature: Feature, ctx: PatchContext) -> None:
+    def _make_backend(self, backend: str) -> tuple[str, str]:
+        try:
+            self.backend = runtime_module().make_backend(backend)
+        except Exception as exc:
+            return backend, str(exc)
+        return self.backend.name, ""
+
+    def _decide(self, name: str, decision: Decision) -> None:
+        """Record a feature's decision (and its options'), and log it once."""
+        self.decisions[name] = decision
+        if decision.state != APPLY:
+            level = logging.INFO if decision.state in (APPLIED, NATIVE, PENDING) else logging.WARNING
+            log.log(level, "fd_async_copy: feature %s: %s (%s)", name, decision.state, decision.reason)
+        feature = self._features.get(name)
+        for option in getattr(feature, "options", {}):
+            if option in self.requested:
+                self.decisions[option] = option_decision(feature, option, decision)
+
+    def _context(self, feature: Feature) -> PatchContext:
+        return PatchContext(
+            root=self.root,
+            profile=self.profile.profile,
+            backend=self.backend,
+            options=frozenset(o for o in feature.options if o in self.requested),
+            strict=self.strict,
+            stand_down=functools.partial(self._stand_down, feature.name),
+        )
+
+    def _schedule(self, feature: Feature) -> None:
         """Apply now if every module is imported; otherwise when the last one is."""
-        modules = feature.module_names(ctx)
+        modules = feature.modules(self.root, self.profile.profile)
         waiting = [m for m in modules if not WATCHER.is_ready(m)]
         if not waiting:
-            self._apply(feature, ctx)
+            self._apply(feature)
             return
-        self._set_state(feature.name, "pending", f"waiting for import of {', '.join(waiting)}")
+        self._decide(feature.name, Decision(PENDING, f"waiting for import of {', '.join(waiting)}"))
 
         def on_import() -> None:
             if not self.enabled or self._pending.get(feature.name) is not on_import:
                 return
             if all(WATCHER.is_ready(m) for m in modules):
                 self._pending.pop(feature.name, None)
-                self._apply(feature, ctx)
+                self._apply(feature)
                 self._finish_strict()
 
         self._pending[feature.name] = on_import
         for module in waiting:
             WATCHER.when_ready(module, on_import)
 
-    def _apply(self, feature: Feature, ctx: PatchContext) -> None:
-        unmet = [r for r in feature.requires if self.states.get(r, FeatureState("", "")).state != "applied"]
-        if unmet:
-            detail = ", ".join(f"{r} is {self.states[r].state if r in self.states else 'not requested'}" for r in unmet)
-            self._set_state(feature.name, "skipped", f"needs {detail}")
-            return
+    def _apply(self, feature: Feature) -> None:
         try:
-            self.applied[feature.name] = apply_feature(feature, ctx)
+            self.applied[feature.name] = apply_feature(feature, self._context(feature))
         except IncompatibleError as exc:
-            self._set_state(feature.name, "skipped", f"incompatible: {exc}")
+            self._decide(feature.name, Decision(INCOMPATIBLE, str(exc)))
         except Exception as exc:  # never let a patch crash the server; FD stays unpatched
             log.exception("fd_async_copy: applying %s failed; FastDeploy left unpatched", feature.name)
-            self._set_state(feature.name, "failed", f"{type(exc).__name__}: {exc}")
+            self._decide(feature.name, Decision(FAILED, f"{type(exc).__name__}: {exc}"))
         else:
-            self._set_state(feature.name, "applied", self.states_reason(feature))
+            self._decide(feature.name, Decision(APPLIED, f"mirrors {feature.mirrors}" if feature.mirrors else "applied"))
 
     def _stand_down(self, name: str, reason: str) -> None:
         """A patch left FastDeploy's own path in place at run time (its wrappers pass through)."""
-        self._set_state(name, "skipped", reason)
-        for dependent, state in list(self.states.items()):
-            if state.state == "applied" and name in getattr(self._features.get(dependent), "requires", ()):
-                self._set_state(dependent, "skipped", f"needs {name}, which stood down: {reason}")
-
-    @staticmethod
-    def states_reason(feature: Feature) -> str:
-        return f"mirrors {feature.mirrors}" if feature.mirrors else "applied"
-
-    def _ordered_names(self) -> list[str]:
-        """Feature names in the order they were requested (states are set in decision order)."""
-        requested = [n for n in self.requested if n in self.states]
-        return requested + [n for n in self.states if n not in requested]
+        self._decide(name, Decision(PASSTHROUGH, reason))
 
     def _finish_strict(self) -> None:
         if not self.strict:
             return
-        bad = {n: s for n, s in self.states.items() if s.state in ("skipped", "failed")}
-        if bad:
-            detail = "; ".join(f"{n}: {s.state} ({s.reason})" for n, s in bad.items())
+        refused = strict_violations(self.decisions)
+        if refused:
             self.disable()
-            raise StrictModeError(f"FD_ASYNC_COPY_STRICT=1 and not every feature applied: {detail}")
+            raise StrictModeError(f"FD_ASYNC_COPY_STRICT=1 and not every feature applied: {refused}")
 
     def disable(self) -> None:
         with self._lock:
@@ -252,19 +237,17 @@ class PatchManager:
             self._pending.clear()
             for name in reversed(list(self.applied)):
                 self.applied.pop(name).revert()
-                self._notify(name, "reverted", "disable()")
-            if self.enabled:
-                runtime.use(None)
+            if self.backend is not None and runtime_module().current() is self.backend:
+                runtime_module().use(None)
             self.enabled = False
-            self.states = {}
+            self.decisions = {}
             self.backend = None
-            self.backend_name = "none"
 
     # -- reporting -----------------------------------------------------------------------------
     def status(self) -> dict:
-        WATCHER.poll()
+        """What this process's plugin did; reads state only (loads nothing, fires nothing)."""
         profile = self.profile or detect_profile(self.root)
-        status = {
+        return {
             "enabled": self.enabled,
             "fastdeploy_version": profile.version,
             "profile": profile.profile,
@@ -272,45 +255,52 @@ class PatchManager:
             "root": self.root,
             "backend": self.backend_name,
             "strict": self.strict,
-            "features": {n: self.states[n].as_dict() for n in self._ordered_names()},
-            "ops": _ops_status(),
+            "features": self._feature_report(),
+            "ops": ops_report(),
         }
-        if self.pm is not None:
-            for extra in self.pm.hook.fd_async_copy_status_extra(status=status):
-                status.update(extra or {})
-        return status
 
 
-def _dependency_order(names: list[str], features: dict[str, Feature]) -> list[str]:
-    ordered: list[str] = []
+    def _feature_report(self) -> dict:
+        """Each feature's decision, checked against what is bound now: a feature whose replacements
+        were re-bound away (a reloaded FastDeploy module) is not reported applied."""
+        report = {n: self.decisions[n].as_dict() for n in self.requested if n in self.decisions}
+        for name, applied in list(self.applied.items()):
+            try:
+                runs = applied.feature.report(applied.ctx)
+            except Exception as exc:  # reporting must never fail
+                runs = {"state": FAILED, "reason": f"cannot report: {type(exc).__name__}: {exc}"}
+            if runs:
+                for key in [name, *getattr(applied.feature, "options", {})]:
+                    if key in report and report[key]["state"] == APPLIED:
+                        entry = {"state": runs["state"], "reason": runs["reason"]} if runs["state"] != APPLIED else dict(report[key])
+                        report[key] = {**entry, "runners": list(runs.get("runners", []))}
+            lost = applied.drifted()
+            if not lost:
+                continue
+            entry = {
+                "state": FAILED,
+                "reason": f"no longer in place (module reloaded?): {', '.join(lost)} are not the plugin's; "
+                          "FastDeploy's own code runs there - disable() and enable() to re-apply",
+            }
+            for key in [name, *getattr(applied.feature, "options", {})]:
+                if key in report and report[key]["state"] == APPLIED:
+                    report[key] = dict(entry)
+        return report
 
-    def visit(name: str) -> None:
-        if name in ordered or name not in names:
-            return
-        for required in features[name].requires:
-            visit(required)
-        ordered.append(name)
 
-    for name in names:
-        visit(name)
-    return ordered
+def runtime_module():
+    from .. import runtime  # imports Paddle: only once a feature is to be applied
+
+    return runtime
 
 
-def _load_ops():
-    try:
-        from ..ops import load_ops
-    except Exception as exc:  # pragma: no cover - the ops package is part of the plugin
-        return None, f"{type(exc).__name__}: {exc}"
-    try:
-        return load_ops(), ""
-    except Exception as exc:
-        return None, str(exc)
-
-
-def _ops_status() -> dict:
+def ops_report() -> dict:
+    """The custom ops as this process has them, without loading them (and without Paddle)."""
+    if "paddle" not in sys.modules:
+        return {"loadable": None, "error": "not checked: Paddle is not imported in this process"}
     try:
         from ..ops import ops_status
 
-        return ops_status()
+        return ops_status(load=False)
     except Exception as exc:
-        return {"state": "unavailable", "error": f"{type(exc).__name__}: {exc}"}
+        return {"loadable": None, "error": f"{type(exc).__name__}: {exc}"}

@@ -1,26 +1,31 @@
 """Patches and features: declared targets, a compatibility check, all-or-nothing apply, exact revert.
 
-A ``Feature`` (e.g. ``logprobs``) is a set of ``Patch`` objects. Each patch names its ``Target``
-(module relative to the FastDeploy root + attribute path) and builds a replacement from the
-original. Applying a feature:
+A ``Feature`` (e.g. ``logprobs``) declares its ``patches`` as a class attribute, so its targets can
+be read without running anything. Each ``Patch`` names one ``Target`` (module relative to the
+FastDeploy root + attribute path) and builds a replacement from the original. The modules a feature
+waits for are exactly the modules of its required targets (``Feature.modules``). Applying a feature:
 
 1. resolves every target (the module must be fully imported; the attribute must exist);
 2. runs every patch's ``check`` and the feature's ``check`` - nothing is touched yet;
-3. builds every replacement;
+3. builds every replacement (``Feature.prepare`` first creates the feature's own state);
 4. sets them one by one; if any set fails, the ones already set are restored in reverse order.
 
 Reverting restores the exact original objects (``is``-identical), including class attributes that
-were inherited (those are deleted again rather than shadowed). Targets with ``required=False`` are
-modules that re-bound a name with ``from ... import`` (e.g. the Metax/GCU runners importing
-``post_process``): patched when loaded, and restored on revert wherever they still point at the
-replacement.
+were inherited (those are deleted again rather than shadowed).
+
+``from x import name`` re-bindings are handled one way: the importing module is declared as a
+target with ``required=False`` (e.g. the Metax/GCU runners importing ``post_process``). It is
+patched when it is loaded at apply time, imports the replacement itself when loaded later, and is
+pointed back at the original on revert wherever it still holds the replacement.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
+import logging
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 _MISSING = object()
@@ -34,6 +39,7 @@ class IncompatibleError(RuntimeError):
 class Target:
     module: str  # relative to the FastDeploy root, e.g. "worker.gpu_model_runner"
     attr: str  # attribute path inside the module, e.g. "GPUModelRunner.not_need_stop"
+    #: False: a module that re-bound the name with ``from ... import`` (see the module docstring)
     required: bool = True
     #: ``module`` is a full module name outside FastDeploy (e.g. ``paddle.device``)
     absolute: bool = False
@@ -78,28 +84,45 @@ def _raw_attr(owner: Any, name: str) -> Any:
     return getattr(owner, name, _MISSING)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Patch:
     target: Target
     #: builds the replacement from (original raw value, context)
     build: Callable[[Any, "PatchContext"], Any]
     #: raises IncompatibleError when the original does not look as expected
     check: Callable[[Any, "PatchContext"], None] | None = None
+    #: the profiles this patch is for; ``None``: every profile the feature applies to
+    profiles: tuple[str, ...] | None = None
+    #: hands out data whose copies complete later (e.g. ``gather_logprobs``): restored first on
+    #: revert, then ``Feature.quiesce`` runs, and only then are the consumer guards removed
+    producer: bool = False
+
+
+def wraps(original: Any) -> Callable[[Callable], Callable]:
+    """The one way a replacement function is made to look like FastDeploy's original: keeps
+    ``__name__``, ``__qualname__``, ``__doc__``, ``__module__`` and sets ``__wrapped__`` (for
+    ``inspect.signature``, tracebacks and FastDeploy code that logs function names)."""
+
+    def decorate(replacement: Callable) -> Callable:
+        functools.update_wrapper(replacement, original, updated=())
+        return replacement
+
+    return decorate
 
 
 @dataclass
 class PatchContext:
-    """What a feature needs to build its patches: where FD is, which FD, how to copy."""
+    """What one feature's patches see: where FD is, which FD, how to copy, and the feature's own
+    state (what ``Feature.prepare`` returned)."""
 
     root: str
     profile: str
-    backend: Any  # runtime.CopyBackend
-    features: tuple[str, ...]  # every feature requested in this enable() call
-    ops: Any = None  # loaded custom ops, or None
-    state: dict[str, Any] = field(default_factory=dict)  # feature-owned runtime state
+    backend: Any  # runtime.CopyBackend: the only way a patch reaches the backend
+    options: frozenset = frozenset()  # the feature's options requested (e.g. ``sampled_tokens``)
     strict: bool = False
+    state: Any = None  # the feature's own typed state, from ``Feature.prepare``
     #: called by a patch that finds, at run time, that it must leave FastDeploy's own path in place
-    #: (e.g. a runner too large for the kernels); the manager records the feature as skipped
+    #: (e.g. a runner too large for the kernels); the feature is then reported as ``passthrough``
     stand_down: Callable[[str], None] = lambda reason: None
 
     def module(self, relative: str):
@@ -107,7 +130,8 @@ class PatchContext:
 
 
 class Feature:
-    """Base class for a patch set. Subclasses set the class attributes and ``patches``."""
+    """Base class for a patch set: class attributes only, plus optional ``check``/``prepare``/
+    ``teardown``/``unavailable`` hooks."""
 
     #: feature name as used in FD_ASYNC_COPY_FEATURES
     name: str = ""
@@ -115,29 +139,40 @@ class Feature:
     mirrors: str = ""
     #: profile -> "apply" or "native: <why>"; profiles not listed are skipped
     profiles: dict[str, str] = {}
-    #: other features that must be requested together with this one
-    requires: tuple[str, ...] = ()
-    #: needs the compiled custom ops
-    needs_ops: bool = False
+    #: the targets, declared up front
+    patches: tuple[Patch, ...] = ()
+    #: option name -> what it adds; an option is requested like a feature (FD_ASYNC_COPY_FEATURES)
+    #: and reported with this feature's state
+    options: dict[str, str] = {}
 
-    def modules(self, ctx: PatchContext) -> list[str]:
-        """Modules (relative to root) that must be fully imported before applying."""
-        return sorted({p.target.module for p in self.patches(ctx) if p.target.required and not p.target.absolute})
+    def patches_for(self, profile: str) -> list[Patch]:
+        return [p for p in self.patches if p.profiles is None or profile in p.profiles]
 
-    def module_names(self, ctx: PatchContext) -> list[str]:
-        """Full names of the modules to wait for (``modules()`` under the root, plus absolute ones)."""
-        names = {f"{ctx.root}.{m}" if m else ctx.root for m in self.modules(ctx)}
-        names |= {p.target.module for p in self.patches(ctx) if p.target.required and p.target.absolute}
-        return sorted(names)
+    def modules(self, root: str, profile: str) -> list[str]:
+        """Full names of the modules that must be fully imported before applying."""
+        return sorted({p.target.module_name(root) for p in self.patches_for(profile) if p.target.required})
 
-    def patches(self, ctx: PatchContext) -> list[Patch]:
-        raise NotImplementedError
+    def unavailable(self, backend: str) -> str:
+        """Why this feature cannot run on ``backend`` here (e.g. custom ops not built); "" if it can.
+        Called by the planner before anything is imported or patched."""
+        return ""
 
     def check(self, ctx: PatchContext) -> None:
         """Feature-level compatibility check, after every target resolved. Raise IncompatibleError."""
 
-    def prepare(self, ctx: PatchContext) -> None:
-        """Create runtime state (buffers, rings) - after checks, before patching."""
+    def prepare(self, ctx: PatchContext) -> Any:
+        """Create and return the feature's runtime state (buffers, rings) - after checks, before
+        the replacements are built; it is handed to the builders as ``ctx.state``."""
+        return None
+
+    def report(self, ctx: PatchContext) -> dict | None:
+        """What runs now, per runner, for ``status()`` (reads only): ``{"state", "reason",
+        "runners": [...]}`` overriding an ``applied`` decision, or None to keep the decision."""
+        return None
+
+    def quiesce(self, ctx: PatchContext) -> None:
+        """On revert, after the producers are restored and before the consumer guards go: finish
+        everything the producers issued (``disable()`` may run on another thread mid-step)."""
 
     def teardown(self, ctx: PatchContext) -> None:
         """Drop runtime state after revert."""
@@ -150,33 +185,77 @@ class _Applied:
     original: Any
     replacement: Any
     own: bool  # the original lived in owner's own __dict__ (else it was inherited)
-    target: Target
+    producer: bool = False
+    target: Target | None = None
 
 
 class AppliedFeature:
     """The record of one applied feature: enough to restore every original exactly."""
 
-    def __init__(self, feature: Feature, ctx: PatchContext, records: list[_Applied]) -> None:
+    def __init__(self, feature: Feature, ctx: PatchContext, records: list[_Applied], importers: list) -> None:
         self.feature = feature
         self.ctx = ctx
         self.records = records
+        #: the declared ``from ... import`` targets (``required=False``), loaded now or not
+        self.importers = importers
+
+    def drifted(self) -> list[str]:
+        """Targets whose current binding is no longer the replacement (e.g. ``importlib.reload`` of
+        a FastDeploy module re-bound FastDeploy's originals). Reads only; imports nothing. A class
+        re-bound to a subclass of the patched one (tests, FD's platform runners) is not a drift."""
+        lost = []
+        for record in self.records:
+            target = record.target
+            if target is None:
+                continue
+            module = sys.modules.get(target.module_name(self.ctx.root))
+            if module is None:
+                continue
+            owner: Any = module
+            for part in target.attr.split(".")[:-1]:
+                owner = getattr(owner, part, _MISSING)
+            if isinstance(owner, type) and isinstance(record.owner, type) and issubclass(owner, record.owner):
+                owner = record.owner
+            current = _raw_attr(owner, record.name) if owner is not _MISSING else _MISSING
+            if not _binds(current, record.replacement):
+                lost.append(target.describe(self.ctx.root))
+        return lost
 
     def revert(self) -> None:
-        for record in reversed(self.records):
-            _restore(record)
-        # Modules that imported the replaced name after we patched (``from x import name``)
-        # hold the replacement: point them back at the original too (one pass over all modules).
-        originals = {id(r.replacement): r.original for r in self.records if r.replacement is not r.original}
-        if originals:
-            for module in list(sys.modules.values()):
-                namespace = getattr(module, "__dict__", None)
-                if not isinstance(namespace, dict):
-                    continue
-                for key, value in list(namespace.items()):
-                    original = originals.get(id(value), _MISSING)
-                    if original is not _MISSING:
-                        namespace[key] = original
+        # Producers first, then whatever they issued is finished, then the consumers' guards go:
+        # a result handed out before the revert never reaches an unguarded consumer unfinished.
+        ordered = list(reversed(self.records))
+        for record in ordered:
+            if record.producer:
+                _restore(record)
+        try:
+            self.feature.quiesce(self.ctx)
+        except Exception:  # a revert always completes: FastDeploy must get every original back
+            logging.getLogger("fd_async_copy").exception(
+                "fd_async_copy: finishing %s's in-flight work on revert failed", self.feature.name
+            )
+        for record in ordered:
+            if not record.producer:
+                _restore(record)
+        # Importers loaded after apply imported a replacement themselves: point them back too.
+        originals = {id(r.replacement): r.original for r in self.records}
+        for target in self.importers:
+            module = sys.modules.get(target.module_name(self.ctx.root))
+            current = getattr(module, target.attr, None) if module is not None else None
+            if current is not None and id(current) in originals:
+                setattr(module, target.attr, originals[id(current)])
         self.feature.teardown(self.ctx)
+
+
+def _binds(current: Any, replacement: Any) -> bool:
+    """``current`` is ``replacement`` or wraps it (another feature patched the same target on top)."""
+    for _ in range(16):
+        if current is replacement:
+            return True
+        current = getattr(current, "__wrapped__", None)
+        if current is None:
+            return False
+    return False
 
 
 def _set(owner: Any, name: str, value: Any) -> None:
@@ -193,7 +272,7 @@ def _restore(record: _Applied) -> None:
 def apply_feature(feature: Feature, ctx: PatchContext) -> AppliedFeature:
     """All-or-nothing apply. Raises IncompatibleError (nothing changed) or re-raises the error
     that stopped a partial apply after restoring every original."""
-    patches = feature.patches(ctx)
+    patches = feature.patches_for(ctx.profile)
     resolved = []
     for patch in patches:
         if not patch.target.required and patch.target.module_name(ctx.root) not in sys.modules:
@@ -204,16 +283,17 @@ def apply_feature(feature: Feature, ctx: PatchContext) -> AppliedFeature:
         own = (name in vars(owner)) if isinstance(owner, type) else True
         resolved.append((patch, owner, name, original, own))
     feature.check(ctx)
-    feature.prepare(ctx)
+    ctx.state = feature.prepare(ctx)
     records: list[_Applied] = []
     try:
         built = [(p, o, n, orig, own, p.build(orig, ctx)) for p, o, n, orig, own in resolved]
         for patch, owner, name, original, own, replacement in built:
             _set(owner, name, replacement)
-            records.append(_Applied(owner, name, original, replacement, own, patch.target))
+            records.append(_Applied(owner, name, original, replacement, own, patch.producer, patch.target))
     except BaseException:
         for record in reversed(records):
             _restore(record)
         feature.teardown(ctx)
         raise
-    return AppliedFeature(feature, ctx, records)
+    importers = [p.target for p in patches if not p.target.required]
+    return AppliedFeature(feature, ctx, records, importers)

@@ -1,4 +1,8 @@
-"""The pinned-buffer/event core: copy backends, pinned rings, the sync census."""
+"""The pinned-buffer/event core: copy backends, pinned rings, the sync census.
+
+The race-detecting simulator (``SimulatedBackend``, backend ``sim``) is for tests and the selftest:
+it is imported only when asked for, never by ``enable()`` with a real backend.
+"""
 
 from __future__ import annotations
 
@@ -11,8 +15,7 @@ from .backend import (
 )
 from .census import SyncCensus, collecting
 from .host import HostBackend
-from .ring import PinnedRing, PinnedSlot
-from .simulated import SimulatedBackend
+from .ring import PinnedRing, PinnedSlot, RingFull
 
 BACKENDS = ("auto", "cuda", "host", "sim")
 
@@ -34,6 +37,8 @@ def make_backend(name: str) -> CopyBackend:
     if name == "host":
         return HostBackend()
     if name == "sim":
+        from .simulated import SimulatedBackend
+
         return SimulatedBackend()
     raise ValueError(f"unknown backend {name!r}; expected one of {BACKENDS}")
 
@@ -53,6 +58,14 @@ def use(backend: CopyBackend | None) -> CopyBackend | None:
     return previous
 
 
+def __getattr__(name: str):
+    if name == "SimulatedBackend":  # imported on first use only
+        from .simulated import SimulatedBackend
+
+        return SimulatedBackend
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "AsyncCopyError",
     "BACKENDS",
@@ -63,6 +76,7 @@ __all__ = [
     "PendingCopyError",
     "PinnedRing",
     "PinnedSlot",
+    "RingFull",
     "SimulatedBackend",
     "SyncCensus",
     "collecting",

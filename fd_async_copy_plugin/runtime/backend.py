@@ -5,6 +5,10 @@ Three implementations share this contract (see docs/architecture.md):
 tests, selftest) and ``sim`` (a race-detecting simulator of asynchronous copies). The patches
 and the reference replica of FastDeploy are written against this contract only, so the same
 code runs on all three.
+
+Thread safety: FastDeploy runs an output thread beside the model loop, so copies, records and the
+event lookup hold the backend's lock (a copy is issued under it, so sequence order is stream order);
+host waits do not hold it.
 """
 
 from __future__ import annotations
@@ -89,11 +93,11 @@ class CopyBackend:
     def copy_d2h(self, dst: paddle.Tensor, src: paddle.Tensor, label: str) -> None:
         """Issue a non-blocking D2H copy of ``src`` into the pinned buffer ``dst``."""
         census.record("async_d2h", label)
-        with self._lock:
+        with self._lock:  # issued under the lock: sequence order is stream order, for every thread
             self._seq += 1
             seq = self._seq
             self._copy_seq[id(dst)] = (seq, label, weakref.ref(dst))
-        self._copy(dst, src, seq, label)
+            self._copy(dst, src, seq, label)
 
     def blocking_d2h(self, src: paddle.Tensor, label: str) -> paddle.Tensor:
         """FastDeploy 2.4's ``.cpu()``: a copy the host waits for."""
@@ -101,15 +105,20 @@ class CopyBackend:
         return src.cpu()
 
     def record(self, label: str) -> CopyEvent:
-        with self._lock:
+        with self._lock:  # recorded and listed atomically: covering_event sees events in seq order
             seq = self._seq
-        event = CopyEvent(seq, label, self._record_native(seq, label))
-        self._recent_events.append(event)
+            event = CopyEvent(seq, label, self._record_native(seq, label))
+            self._recent_events.append(event)
         return event
 
     def _last_copy(self, buf) -> tuple[int, str, weakref.ref] | None:
         entry = self._copy_seq.get(id(buf))
         return entry if entry is not None and entry[2]() is buf else None
+
+    def copy_in_flight(self, buf) -> bool:
+        """A copy into ``buf`` may still be landing (no wait covering it has returned)."""
+        last = self._last_copy(buf)
+        return last is not None and last[0] > self._completed
 
     def covering_event(self, buf: paddle.Tensor) -> CopyEvent | None:
         """The earliest recorded event that covers the last copy into ``buf`` (None: no copy
@@ -117,7 +126,9 @@ class CopyBackend:
         last = self._last_copy(buf)
         if last is None or last[0] <= self._completed:
             return None
-        for event in self._recent_events:
+        with self._lock:  # another thread may be recording (FastDeploy's output thread)
+            events = list(self._recent_events)
+        for event in events:
             if event.seq >= last[0]:
                 return event
         return None
@@ -168,9 +179,10 @@ class CopyBackend:
         last = self._last_copy(t)
         if last is not None and last[0] > self._completed:
             event = self.covering_event(t)
-            if event is None:
+            if event is None and self.copy_in_flight(t):
                 event = self._missing_record(t, reader, last[1])
-            self.wait(event, reader)
+            if event is not None:  # None: another thread's wait covered the copy meanwhile
+                self.wait(event, reader)
         return paddle.to_tensor(self.read(t, reader, start, end), place=paddle.CPUPlace())
 
     def _missing_record(self, t, reader: str, writer: str) -> CopyEvent:

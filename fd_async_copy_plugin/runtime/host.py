@@ -29,3 +29,6 @@ class HostBackend(CopyBackend):
     def _copy(self, dst, src, seq, label):
         # Positional ``blocking``: Paddle 3.3 ignores it as a keyword (platform-facts.md).
         dst.copy_(src, True)
+
+    def copy_in_flight(self, buf) -> bool:
+        return False  # every host copy has landed when copy_d2h returns

@@ -10,7 +10,11 @@ its buffers (CPython reference counts are exact and immediate).
 
 If no slot is free the ring grows by one slot - a counted pinned allocation, logged - instead of
 overwriting data that someone may still read. Capacity grows (never shrinks) when a step needs more
-elements than a slot has. On the simulator backend a slot chosen while still referenced raises
+elements than a slot has. Growth is bounded by ``max_bytes`` (the ring's total pinned bytes): a
+step that would exceed it raises ``RingFull`` and the producer copies it another way (the logprobs
+feature: FastDeploy 2.4's blocking copies). Slots added while a consumer lagged are released again
+once they have been idle for ``IDLE_ACQUIRES`` acquires (or at once when the cap is reached) - only
+slots nothing references and whose copies have completed, never below the initial slot count. On the simulator backend a slot chosen while still referenced raises
 ``BufferInUseError`` naming the referrers: that is how a too-early reuse is caught in tests.
 """
 
@@ -19,14 +23,23 @@ from __future__ import annotations
 import gc
 import logging
 import sys
+import threading
 from dataclasses import dataclass, field
 from math import prod
 
+import numpy as np
 import paddle
 
 from .backend import BufferInUseError, CopyBackend
 
 log = logging.getLogger("fd_async_copy")
+
+#: A slot added beyond the initial ones is released after this many acquires without being chosen.
+IDLE_ACQUIRES = 32
+
+
+class RingFull(RuntimeError):
+    """Serving this step from the ring would take it past its ``max_bytes``; nothing was allocated."""
 
 
 def _refcount(buf) -> int:
@@ -41,6 +54,7 @@ class PinnedSlot:
     capacity: dict[str, int]
     baseline: dict[str, int] = field(default_factory=dict)
     generation: int = 0
+    last_acquired: int = 0  # the ring's acquire count when this slot was last handed out
 
 
 class PinnedRing:
@@ -53,15 +67,29 @@ class PinnedRing:
         dtypes: dict[str, str],
         capacity: dict[str, int],
         slots: int = 2,
+        max_bytes: int | None = None,
     ) -> None:
         if slots < 1:
             raise ValueError("a PinnedRing needs at least one slot")
         self.backend = backend
         self.name = name
         self.dtypes = dict(dtypes)
+        self.itemsize = {f: np.dtype(d).itemsize for f, d in self.dtypes.items()}
         self.slots: list[PinnedSlot] = []
+        self.base_slots = slots
+        self.max_bytes = max_bytes
         self.grow_events = 0  # slots added after construction (stays 0 after warm-up when healthy)
+        self.released_slots = 0  # idle slots released after a lagging consumer caught up
+        self.refused = 0  # acquires refused with RingFull (the step was copied another way)
+        self._acquires = 0
+        initial = slots * sum(max(1, int(capacity[f])) * self.itemsize[f] for f in self.dtypes)
+        if max_bytes is not None and initial > max_bytes:
+            raise RingFull(f"pinned ring {name!r} needs {initial} bytes for its first {slots} slot(s), "
+                           f"over its cap of {max_bytes}")
         self._next = 0
+        #: Held by ``acquire``; a producer handing buffers to other threads holds it from ``acquire``
+        #: until its result references them (else another thread could pick the same free slot).
+        self.lock = threading.RLock()
         for _ in range(slots):
             self._add_slot(capacity)
 
@@ -91,9 +119,14 @@ class PinnedRing:
         return not self.external_refs(slot)
 
     def _select(self) -> PinnedSlot | None:
-        """The reuse policy: the next free slot in ring order, or None."""
-        for offset in range(len(self.slots)):
-            candidate = self.slots[(self._next + offset) % len(self.slots)]
+        """The reuse policy: the next free slot of the initial ones in ring order, else the first
+        free added slot (so added slots go idle once the consumer caught up), or None."""
+        base = min(self.base_slots, len(self.slots))
+        for offset in range(base):
+            candidate = self.slots[(self._next + offset) % base]
+            if self.is_free(candidate):
+                return candidate
+        for candidate in self.slots[base:]:
             if self.is_free(candidate):
                 return candidate
         return None
@@ -125,11 +158,74 @@ class PinnedRing:
         When a buffer must grow, it grows to ``reserve[field]`` elements if that is larger (e.g. a
         wider logprob row sized for every sequence, not just this step's), so it grows once.
         """
+        with self.lock:
+            return self._acquire(writer, shapes, reserve)
+
+    @property
+    def nbytes(self) -> int:
+        """Pinned bytes the ring holds now."""
+        return sum(n * self.itemsize[f] for slot in self.slots for f, n in slot.capacity.items())
+
+    def _idle(self, slot: PinnedSlot) -> bool:
+        """Nothing references the slot and no copy into it is still in flight."""
+        return self.is_free(slot) and not any(self.backend.copy_in_flight(b) for b in slot.buffers.values())
+
+    def release_idle(self, min_idle: int = IDLE_ACQUIRES) -> int:
+        """Release slots beyond the initial ones that are idle and were last used ``min_idle`` or
+        more acquires ago; returns how many were released."""
+        with self.lock:
+            released = 0
+            for slot in sorted(self.slots, key=lambda s: s.last_acquired):
+                if len(self.slots) <= self.base_slots:
+                    break
+                if self._acquires - slot.last_acquired < min_idle or not self._idle(slot):
+                    continue
+                self.slots.remove(slot)
+                for name in list(slot.buffers):
+                    buffer = slot.buffers.pop(name)
+                    self.backend.free_pinned(buffer, f"{self.name}[{slot.index}].{name}")
+                    del buffer
+                released += 1
+            if released:
+                for index, slot in enumerate(self.slots):
+                    slot.index = index
+                self._next %= min(self.base_slots, len(self.slots))
+                self.released_slots += released
+                log.info("fd_async_copy: pinned ring %s released %d idle slot(s); %d left (%d bytes)",
+                         self.name, released, len(self.slots), self.nbytes)
+            return released
+
+    def _growth(self, slot: PinnedSlot | None, need: dict[str, int], reserve: dict[str, int]) -> int:
+        """Bytes serving ``need`` from ``slot`` (None: a new slot) would add to the ring."""
+        if slot is None:
+            return sum(max(1, n) * self.itemsize[f] for f, n in need.items())
+        return sum(
+            (max(n, int(reserve.get(f, 0))) - slot.capacity[f]) * self.itemsize[f]
+            for f, n in need.items()
+            if n > slot.capacity[f]
+        )
+
+    def _acquire(self, writer: str, shapes: dict[str, list[int]], reserve: dict[str, int] | None) -> PinnedSlot:
         need = {f: (prod(shape) if shape else 1) for f, shape in shapes.items()}
         reserve = reserve or {}
+        self._acquires += 1
+        if len(self.slots) > self.base_slots:
+            self.release_idle()
         slot = self._select()
         if slot is not None and not self._verify_unreferenced(slot, writer):
             slot = None
+        if self.max_bytes is not None:
+            growth = self._growth(slot, need, reserve)
+            if growth and self.nbytes + growth > self.max_bytes:
+                self.release_idle(min_idle=0)  # under pressure: every idle extra slot goes first
+                slot = self._select() if slot is None else slot
+                growth = self._growth(slot, need, reserve)
+                if growth and self.nbytes + growth > self.max_bytes:
+                    self.refused += 1
+                    raise RingFull(
+                        f"pinned ring {self.name!r} holds {self.nbytes} bytes; {writer!r} needs {growth} more, "
+                        f"over its cap of {self.max_bytes} (FD_ASYNC_COPY_RING_MAX_BYTES)"
+                    )
         if slot is None:
             self.grow_events += 1
             log.warning(
@@ -148,8 +244,9 @@ class PinnedRing:
                 self.backend.free_pinned(old, f"{self.name}[{slot.index}].{name}")
                 del old
                 log.info("fd_async_copy: pinned ring %s slot %d: %s grew to %d elements", self.name, slot.index, name, elements)
-        self._next = (slot.index + 1) % len(self.slots)
+        self._next = (slot.index + 1) % max(1, min(self.base_slots, len(self.slots)))
         slot.generation += 1
+        slot.last_acquired = self._acquires
         return slot
 
     @property

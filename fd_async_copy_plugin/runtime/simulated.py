@@ -59,6 +59,9 @@ class SimulatedBackend(CopyBackend):
     def internal_refs(self, buf) -> int:
         return 1 if id(buf) in self._pending else 0
 
+    def copy_in_flight(self, buf) -> bool:
+        return id(buf) in self._pending
+
     def pending_writers(self) -> list[str]:
         return sorted(writer for _, _, _, writer in self._pending.values())
 
@@ -73,6 +76,10 @@ class SimulatedBackend(CopyBackend):
         self._pending[id(dst)] = (dst, data, seq, label)
 
     def _land(self, upto: int) -> None:
+        with self._lock:  # never called with the lock held (waits and drains release it)
+            self._land_locked(upto)
+
+    def _land_locked(self, upto: int) -> None:
         for key, (dst, data, seq, _) in list(self._pending.items()):
             if seq <= upto:
                 dst.copy_(_host_tensor(data), True)

@@ -3,14 +3,15 @@ the other, so they never compete for the GPU), compare, and build the report."""
 
 from __future__ import annotations
 
+import http.client
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, ContextManager
 
-from .client import ServerRun, ServerURL, run_request_set, served_model_name
+from .client import ServerRun, ServerURL, get_json, run_request_set, served_model_name
 from .compare import compare_runs
-from .launcher import API_SERVER_MODULE, LaunchedServer, ServerPorts, server_command, server_env
+from .launcher import API_SERVER_MODULE, LaunchedServer, ServerPorts, ServerStartError, server_command, server_env
 from .report import ABReport
 from .request_set import ABRequest, build_request_set, warmup_requests
 
@@ -97,9 +98,27 @@ class _Running:
         return None
 
 
+class ServerUnreachable(ServerStartError):
+    """A server given by URL does not answer: nothing was sent to either server."""
+
+
+def check_reachable(servers: dict[str, ServerURL], timeout: float = 10.0, api_key: str | None = None) -> None:
+    """Raise ``ServerUnreachable`` naming every server that does not answer HTTP (any status
+    counts as an answer), before a single request of the set is sent."""
+    down = []
+    for name, url in servers.items():
+        try:
+            get_json(url, "/health", timeout=timeout, api_key=api_key)
+        except (OSError, http.client.HTTPException) as exc:
+            down.append(f"{name} server {url} is not reachable ({type(exc).__name__}: {exc})")
+    if down:
+        raise ServerUnreachable("; ".join(down) + "; start it, or check --base-url/--candidate-url")
+
+
 def run_ab(base_url: str, candidate_url: str, opts: ABOptions, log: Callable[[str], None] = _stderr) -> ABReport:
-    """A/B against two running servers."""
+    """A/B against two running servers (both checked to answer before anything is sent)."""
     base, candidate = ServerURL.parse(base_url), ServerURL.parse(candidate_url)
+    check_reachable({"base": base, "candidate": candidate}, api_key=opts.api_key)
     return run_ab_servers(lambda: _Running(base), lambda: _Running(candidate), opts, log)
 
 

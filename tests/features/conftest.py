@@ -46,7 +46,7 @@ def logprobs_ring() -> Optional[runtime.PinnedRing]:
     applied = fd_async_copy_plugin._get_manager().applied.get("logprobs")
     if applied is None:
         return None
-    return applied.ctx.state["logprobs"].ring
+    return applied.ctx.state.ring
 
 
 @dataclass
@@ -190,7 +190,7 @@ def lpkit() -> LogprobKit:
 
 # ==== stop_flag / sampled_tokens fixtures ========================================================
 # Used by test_stop_flag*.py, test_sampled_tokens*.py and test_planted_stop_flag_bugs.py, through
-# the ``sfkit`` and ``sf_plugin_off`` fixtures only (every name here starts with ``sf``/``SF``).
+# the ``sfkit`` fixture and the shared ``plugin_off`` (every name here starts with ``sf``/``SF``).
 
 # Self-contained: the imports below repeat what this block uses from the top of the file.
 import contextlib as _sf_contextlib  # noqa: E402
@@ -452,14 +452,29 @@ def _sf_runner_subclass(base, captured: list, record: list, probe):
 @pytest.fixture(scope="session")
 def sfkit() -> SFKit:
     return SFKit()
+# ==== end of stop_flag / sampled_tokens fixtures =================================================
+
+
+# ==== engine helpers ==============================================================================
+# Features declare their patches up front (class attribute ``patches``): a planted bug replaces the
+# builder of one declared patch, for one test.
 
 
 @pytest.fixture
-def sf_plugin_off():
-    """The plugin disabled and the default copy backend current, before and after the test."""
-    fd_async_copy_plugin.disable()
-    previous = runtime.use(None)
-    yield
-    fd_async_copy_plugin.disable()
-    runtime.use(previous)
-# ==== end of stop_flag / sampled_tokens fixtures =================================================
+def replace_build(monkeypatch):
+    """``replace_build(feature_cls, attr, make)``: ``feature_cls``'s patch of the target attribute
+    ``attr`` (e.g. ``"save_output_topk"``) builds with ``make(attr)(original, ctx)`` in this test."""
+    import dataclasses
+
+    def replace(feature_cls, attr: str, make) -> None:
+        patches = tuple(
+            dataclasses.replace(p, build=make(p.target.attr)) if p.target.attr == attr else p
+            for p in feature_cls.patches
+        )
+        assert patches != feature_cls.patches, f"{feature_cls.__name__} declares no patch of {attr}"
+        monkeypatch.setattr(feature_cls, "patches", patches)
+
+    return replace
+
+
+# ==== end of engine helpers ======================================================================

@@ -79,7 +79,7 @@ def _guard_reading_before_the_event(via_fastdeploy_numpy: bool):
                 return original
 
             def guarded(*args, **kwargs):
-                backend = runtime.current()
+                backend = ctx.backend
 
                 def host(a):
                     if not backend.is_pinned(a):
@@ -96,15 +96,15 @@ def _guard_reading_before_the_event(via_fastdeploy_numpy: bool):
     return build_guard
 
 
-def test_a_save_guard_reading_before_the_event_raises(monkeypatch, lpkit, unpatched_run):
-    monkeypatch.setattr(logprobs_patch, "build_guard", _guard_reading_before_the_event(False))
+def test_a_save_guard_reading_before_the_event_raises(replace_build, lpkit, unpatched_run):
+    replace_build(logprobs_patch.LogprobsFeature, "save_output_topk", _guard_reading_before_the_event(False))
     with pytest.raises(PendingCopyError, match=r"logprobs\.decode\[\d\]\..*save_output_topk"):
         _run_planted("fd24-save_output_topk", lpkit, unpatched_run)
 
 
 def test_a_save_guard_reading_pinned_memory_itself_before_the_event_changes_outputs(
-        monkeypatch, lpkit, unpatched_run):
-    monkeypatch.setattr(logprobs_patch, "build_guard", _guard_reading_before_the_event(True))
+        replace_build, lpkit, unpatched_run):
+    replace_build(logprobs_patch.LogprobsFeature, "save_output_topk", _guard_reading_before_the_event(True))
     run, base = _run_planted("fd24-save_output_topk", lpkit, unpatched_run)
     differences = run.result.differences(base.result)
     assert any("message" in d for d in differences), differences

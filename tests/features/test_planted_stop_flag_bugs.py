@@ -20,7 +20,7 @@ import pytest
 
 from fd_async_copy_plugin.runtime import AsyncCopyError, PendingCopyError
 
-pytestmark = pytest.mark.usefixtures("sf_plugin_off")
+pytestmark = pytest.mark.usefixtures("plugin_off")
 
 #: (features, DriverConfig overrides) of the runs the bugs are planted in
 RUNS = {
@@ -114,7 +114,7 @@ def _plant(monkeypatch, sfkit, bug: str) -> None:
     if bug == "a-sync-without-wait":
         monkeypatch.setattr(state, "sync", _sync_without_wait)
     elif bug == "b-tokens-before-event":
-        monkeypatch.setattr(module._Registry, "substitute", _early_substitute)
+        monkeypatch.setattr(module.StopFlagRunners, "substitute", _early_substitute)
     elif bug == "c-record-before-copy":
         monkeypatch.setattr(state, "after_update", _after_update_event_first)
     elif bug == "c-wait-on-early-event":
@@ -153,17 +153,13 @@ def test_b_handing_the_pinned_tokens_before_the_event_raises(sfkit, monkeypatch,
 
 
 @pytest.mark.parametrize("key", ["stop_flag-save_output", "both-save_output", "both-zmq"])
-def test_c_recording_the_event_before_the_copies_raises(sfkit, monkeypatch, key):
-    _plant(monkeypatch, sfkit, "c-record-before-copy")
+@pytest.mark.parametrize("bug, error, message", [
+    ("c-record-before-copy", AsyncCopyError, "no event was recorded after the copy"),
+    ("c-wait-on-early-event", PendingCopyError, "before the copy"),
+])
+def test_c_an_event_recorded_before_the_copies_is_caught(sfkit, monkeypatch, key, bug, error, message):
+    _plant(monkeypatch, sfkit, bug)
     outcome = _outcome(sfkit, key)
-    assert isinstance(outcome, AsyncCopyError), outcome
-    assert "no event was recorded after the copy" in str(outcome)
-
-
-@pytest.mark.parametrize("key", ["stop_flag-save_output", "both-save_output", "both-zmq"])
-def test_c_waiting_on_an_event_recorded_before_the_copies_raises(sfkit, monkeypatch, key):
-    _plant(monkeypatch, sfkit, "c-wait-on-early-event")
-    outcome = _outcome(sfkit, key)
-    assert isinstance(outcome, PendingCopyError), outcome
-    assert "before the copy" in str(outcome)
-    assert _outcome(sfkit, key, backend="host") == "identical"
+    assert isinstance(outcome, error), outcome
+    assert message in str(outcome)
+    assert _outcome(sfkit, key, backend="host") == "identical"  # only the simulator sees it

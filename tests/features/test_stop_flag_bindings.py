@@ -17,7 +17,7 @@ import pytest
 
 import fd_async_copy_plugin
 
-pytestmark = pytest.mark.usefixtures("sf_plugin_off")
+pytestmark = pytest.mark.usefixtures("plugin_off")
 
 POSTPROC_NAMES = ("update_inputs_v1", "update_inputs", "save_output", "save_output_topk",
                   "_build_stream_transfer_data", "post_process")

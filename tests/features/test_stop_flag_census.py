@@ -13,7 +13,7 @@ import pytest
 
 from fd_async_copy_plugin.harness import on_patched_path
 
-pytestmark = pytest.mark.usefixtures("sf_plugin_off")
+pytestmark = pytest.mark.usefixtures("plugin_off")
 
 PATHS = {
     "save_output": {},

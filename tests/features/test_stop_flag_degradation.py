@@ -1,7 +1,7 @@
 """Feature ``stop_flag``: degradation when the custom ops cannot be used, and the batch limit.
 
 Without loadable ops (not built, stale, an ABI mismatch) ``stop_flag`` is skipped with the
-reason, ``sampled_tokens`` is skipped because it needs ``stop_flag``, and FastDeploy runs exactly
+reason, its option ``sampled_tokens`` with it, and FastDeploy runs exactly
 as unpatched - same outputs, same host interactions step by step. ``strict=True`` turns the skip
 into an exception. ``max_num_seqs`` above the kernels' one-block limit (1024) is a clear error,
 never a silently wrong stop flag.
@@ -15,14 +15,18 @@ import pytest
 
 import fd_async_copy_plugin
 from fd_async_copy_plugin.reference.driver import DriverConfig, Request
-from fd_async_copy_plugin.registry import manager as manager_module
+from fd_async_copy_plugin.ops import OpsUnavailable
+from fd_async_copy_plugin.patches import stop_flag as stop_flag_patch
 from fd_async_copy_plugin.registry.manager import StrictModeError
 
-pytestmark = pytest.mark.usefixtures("sf_plugin_off")
+pytestmark = pytest.mark.usefixtures("plugin_off")
 
 
 def _no_ops_by_monkeypatch(monkeypatch, tmp_path) -> str:
-    monkeypatch.setattr(manager_module, "_load_ops", lambda: (None, "planted: the ops are not built"))
+    def load_stop_flag_ops():
+        raise OpsUnavailable("planted: the ops are not built")
+
+    monkeypatch.setattr(stop_flag_patch, "load_stop_flag_ops", load_stop_flag_ops)
     return "planted: the ops are not built"
 
 
@@ -62,7 +66,8 @@ def test_status_names_the_reasons_without_ops(sfkit, monkeypatch, tmp_path):
     assert features["stop_flag"] == {"state": "skipped",
                                       "reason": "custom ops unavailable: planted: the ops are not built"}
     assert features["sampled_tokens"]["state"] == "skipped"
-    assert features["sampled_tokens"]["reason"] == "needs stop_flag is skipped"
+    assert features["sampled_tokens"]["reason"] == (
+        "needs stop_flag, which is skipped: custom ops unavailable: planted: the ops are not built")
 
 
 @pytest.mark.parametrize("how", NO_OPS)
@@ -112,10 +117,10 @@ def test_max_num_seqs_over_1024_stands_down_with_a_clear_reason_never_a_silent_d
     config, requests = _over_limit()
     with sfkit.enabled_runner(config, backend=backend) as runner:
         entry = fd_async_copy_plugin.status()["features"]
-        assert entry["stop_flag"]["state"] == "skipped"
+        assert entry["stop_flag"]["state"] == "passthrough"  # applied, the wrappers pass through
         assert "max_num_seqs=1025 exceeds 1024" in entry["stop_flag"]["reason"]
         assert "lower max_num_seqs" in entry["stop_flag"]["reason"]
-        assert entry["sampled_tokens"]["state"] == "skipped"
+        assert entry["sampled_tokens"]["state"] == "passthrough"
         assert "not_need_stop_device" not in runner.share_inputs  # no state: every wrapper passes through
     with pytest.raises(Exception) as unpatched:
         sfkit.run(config, requests, backend=backend)
@@ -149,7 +154,7 @@ def test_backend_that_cannot_reach_fastdeploys_buffers_stands_down(sfkit, monkey
     config = DriverConfig(max_num_seqs=4, vocab_size=64, max_model_len=16, hidden_size=8)
     with sfkit.enabled_runner(config, backend="cuda") as runner:
         entry = fd_async_copy_plugin.status()["features"]["stop_flag"]
-        assert entry["state"] == "skipped"
+        assert entry["state"] == "passthrough"
         assert "FD_ASYNC_COPY_BACKEND=host" in entry["reason"]
         assert "not_need_stop_device" not in runner.share_inputs
     with pytest.raises(ValueError, match="cannot update FastDeploy's CPU buffers"):

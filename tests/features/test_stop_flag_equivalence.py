@@ -18,7 +18,7 @@ import pytest
 
 from fd_async_copy_plugin.reference.driver import DriverConfig, Request
 
-pytestmark = pytest.mark.usefixtures("sf_plugin_off")
+pytestmark = pytest.mark.usefixtures("plugin_off")
 
 BACKENDS = ("host", "sim")
 

@@ -15,7 +15,7 @@ import pytest
 
 from fd_async_copy_plugin import runtime
 
-pytestmark = pytest.mark.usefixtures("sf_plugin_off")
+pytestmark = pytest.mark.usefixtures("plugin_off")
 
 BACKENDS = ("host", "sim")
 

@@ -18,7 +18,7 @@ import pytest
 
 from fd_async_copy_plugin import runtime
 
-pytestmark = pytest.mark.usefixtures("sf_plugin_off")
+pytestmark = pytest.mark.usefixtures("plugin_off")
 
 PLUGIN_KEYS = ("not_need_stop_device", "not_need_stop_gpu", "not_need_stop_pinned", "sampled_token_ids")
 

@@ -70,7 +70,7 @@ def test_prompt_logprobs_need_no_device_wide_synchronize(overlap, features, back
     assert sum(o.prompt_logprobs is not None for o in run.result.outputs.values()) == 3
 
 
-def test_the_scoped_wait_is_what_lands_the_prompt_logprob_copies(fd25_logprobs, monkeypatch, unpatched_run, lpkit):
+def test_the_scoped_wait_is_what_lands_the_prompt_logprob_copies(fd25_logprobs, replace_build, unpatched_run, lpkit):
     """Planted: a scoped synchronize that waits for nothing. In the simulator the prompt logprobs
     copied out of 2.5's pinned buffers are then poison, and the outputs differ."""
     from fd_async_copy_plugin.patches import sync_scope as sync_scope_patch
@@ -86,7 +86,8 @@ def test_the_scoped_wait_is_what_lands_the_prompt_logprob_copies(fd25_logprobs, 
 
         return _get_prompt_logprobs_list
 
-    monkeypatch.setattr(sync_scope_patch, "build_prompt_logprobs", build_without_wait)
+    replace_build(sync_scope_patch.SyncScopeFeature, "GPUModelRunner._get_prompt_logprobs_list",
+                  lambda attr: build_without_wait)
     config, requests = _prompt_workload(False)
     native = unpatched_run(("sync_scope", False), FD25, config, requests)
     run = lpkit.run_replica(FD25, config, requests, features=["sync_scope"], backend="sim")

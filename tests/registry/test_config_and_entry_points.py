@@ -58,7 +58,9 @@ def test_builtin_patch_sets_register_through_the_entry_point_group():
     eps = importlib.metadata.entry_points(group="fd_async_copy")
     assert "builtin" in {ep.name for ep in eps}
     features = collect_features(plugin_manager())
-    assert set(FEATURES) <= set(features)
+    options = {option for feature in features.values() for option in feature.options}
+    assert set(FEATURES) <= set(features) | options
+    assert set(features["stop_flag"].options) == {"sampled_tokens"}  # an option, not a feature
 
 
 def test_register_inactive_by_default_logs_how_to_enable(monkeypatch, caplog):
@@ -133,18 +135,18 @@ def test_doctor_json_has_the_status_shape():
     assert set(report["features"]) == set(FEATURES)
     for entry in report["features"].values():
         assert set(entry) == {"state", "reason"}
-        assert entry["state"] in ("would-apply", "native", "skipped", "failed")
+        assert entry["state"] in ("apply", "native", "skipped", "failed")
 
 
-def test_doctor_human_output_reports_bad_env():
-    out = subprocess.run(
+def test_doctor_human_output_reports_bad_env_and_exits_non_zero():
+    done = subprocess.run(
         [sys.executable, "-m", "fd_async_copy_plugin.cli", "doctor"],
         capture_output=True,
         text=True,
-        check=True,
         env={**__import__("os").environ, "FD_ASYNC_COPY_BACKEND": "gpu"},
-    ).stdout
-    assert "CONFIG ERROR" in out and "FD_ASYNC_COPY_BACKEND='gpu'" in out
+    )
+    assert done.returncode == 1
+    assert "CONFIG ERROR" in done.stdout and "FD_ASYNC_COPY_BACKEND='gpu'" in done.stdout
 
 
 def test_enable_with_an_empty_feature_list_is_an_error_not_everything():

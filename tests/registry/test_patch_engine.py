@@ -23,8 +23,9 @@ class DemoFeature(Feature):
 
     def __init__(self, fail_last: bool = False) -> None:
         self.fail_last = fail_last
+        self.patches = self._declare()
 
-    def patches(self, ctx):
+    def _declare(self):
         def replace(tag):
             def build(original, ctx):
                 if isinstance(original, staticmethod):
@@ -38,7 +39,7 @@ class DemoFeature(Feature):
                 raise Planted("planted failure in the last target")
             return replace("save")(original, ctx)
 
-        return [
+        return (
             Patch(Target("worker.gpu_model_runner", "GPUModelRunner.execute_model"), replace("exec")),
             Patch(Target("worker.gpu_model_runner", "GPUModelRunner.not_need_stop"), replace("stop")),
             Patch(Target("worker.gpu_model_runner", "GPUModelRunner.helper"), replace("helper")),
@@ -46,7 +47,7 @@ class DemoFeature(Feature):
             Patch(Target("worker.gpu_model_runner", "post_process"), replace("post-import")),
             Patch(Target("worker.metax_model_runner", "post_process", required=False), replace("metax")),
             Patch(Target("model_executor.pre_and_post_process", "save_output_topk"), last),
-        ]
+        )
 
 
 class DemoPlugin:
@@ -84,7 +85,7 @@ def snapshot(root):
 def enable_demo(manager, root, feature, profile="fastdeploy-2.4", as_profile=None):
     manager.add_plugin(DemoPlugin(feature), name=f"test-{id(feature)}")
     manager.enable(("demo",), backend="host", root=root)
-    return manager.states["demo"]
+    return manager.decisions["demo"]
 
 
 def test_apply_patches_every_target_including_importers(fakefd, manager, as_profile):
@@ -162,7 +163,7 @@ def test_native_and_unknown_profiles_patch_nothing(fakefd, manager, as_profile):
     manager.disable()
     as_profile("unknown")
     manager.enable(("demo",), backend="host", root=fakefd)
-    state = manager.states["demo"]
+    state = manager.decisions["demo"]
     assert state.state == "skipped" and "unrecognised" in state.reason
     assert all(snapshot(fakefd)[k] is before[k] for k in before)
 
@@ -173,7 +174,7 @@ def test_modules_imported_later_are_patched_on_import(fakefd, manager, as_profil
     state = enable_demo(manager, fakefd, DemoFeature())
     assert state.state == "pending"
     runner = importlib.import_module(f"{fakefd}.worker.gpu_model_runner")
-    assert manager.states["demo"].state == "applied"
+    assert manager.decisions["demo"].state == "applied"
     assert runner.GPUModelRunner().execute_model()[0] == "exec"
 
 
@@ -191,7 +192,7 @@ def test_half_initialised_module_ends_in_the_same_patched_state(fakefd, manager,
     manager.add_plugin(DemoPlugin(DemoFeature()), name="test-half")
     runner = importlib.import_module(f"{fakefd}.worker.gpu_model_runner")
     importlib.import_module("json.tool")  # any later import completes the deferred apply
-    assert manager.states["demo"].state == "applied"
+    assert manager.decisions["demo"].state == "applied"
     assert runner.GPUModelRunner().execute_model()[0] == "exec"
     assert runner.GPUModelRunner().not_need_stop() == ("stop", "base")
 
@@ -210,3 +211,20 @@ def test_enable_twice_with_backend_auto_is_a_noop(fakefd, manager, as_profile, m
     manager.enable(("demo",), backend="auto", root=fakefd)
     assert manager.applied["demo"] is applied
     assert all(snapshot(fakefd)[k] is first[k] for k in first)
+
+
+def test_an_importer_loaded_after_apply_is_pointed_back_on_revert(fakefd, manager, as_profile, tmp_path):
+    """A declared ``from ... import`` importer (``required=False``) that FD loads only after the
+    patch imports the replacement itself; ``disable()`` hands it FD's original again."""
+    as_profile("fastdeploy-2.4")
+    importlib.import_module(f"{fakefd}.worker.gpu_model_runner")
+    post = importlib.import_module(f"{fakefd}.model_executor.pre_and_post_process")
+    original = post.post_process
+    assert enable_demo(manager, fakefd, DemoFeature()).state == "applied"
+    (tmp_path / fakefd / "worker" / "metax_model_runner.py").write_text(
+        "from ..model_executor.pre_and_post_process import post_process\n"
+    )
+    metax = importlib.import_module(f"{fakefd}.worker.metax_model_runner")
+    assert metax.post_process is post.post_process and metax.post_process is not original
+    manager.disable()
+    assert metax.post_process is original

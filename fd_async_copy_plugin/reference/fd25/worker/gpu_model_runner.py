@@ -17,7 +17,9 @@ patch points; V1 scheduler only.
 Every CUDA event/copy goes through the copy backend (``create_event``/``record`` ->
 ``backend.record``, ``synchronize`` -> ``backend.wait``, pinned ``copy_(x, False)`` ->
 ``backend.copy_d2h``, ``paddle.device.synchronize()`` is spelled as in FastDeploy and routed to
-``backend.device_synchronize`` by ``reference/paddle_device.py`` on the CPU build).
+``backend.device_synchronize`` by ``reference/paddle_device.py`` on the CPU build, while a decode
+run (``driver.run_decode``) or ``paddle_device.routed()`` asks for it; importing this module
+changes nothing).
 """
 
 from __future__ import annotations
@@ -29,7 +31,6 @@ import numpy as np
 import paddle
 
 from .. import envs
-from ... import paddle_device
 from ...placement import as_device, blocking_d2h, copy_async, count_d2h, device_code
 from ...tiny_model import TinyModel
 from ...zmq_sink import AsyncOutputThread
@@ -49,10 +50,6 @@ from ..model_executor.pre_and_post_process import (
 )
 from .input_batch import InputBatch
 from .output import LogprobsTensors, ModelOutputData
-
-
-# ``paddle.device.synchronize()`` below must reach the copy backend on the CPU build.
-paddle_device.install()
 
 
 class GPUModelRunner(AsyncOutputThread):

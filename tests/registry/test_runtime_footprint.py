@@ -1,0 +1,124 @@
+"""What an FD worker loads is the product: ``register()`` + ``enable()`` import the runtime part only
+(API, config, profile, registry, patches, runtime, ops loader), never the scaffolding (replica,
+decode driver, harness, CLI, A/B checker, simulator, builder), and the runtime part stays small.
+Importing the scaffolding changes nothing in Paddle."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+PACKAGE = "fd_async_copy_plugin"
+FD24 = f"{PACKAGE}.reference.fd24"
+#: Every module of the runtime part (``runtime.cuda`` is loaded on GPU builds only).
+RUNTIME = {
+    PACKAGE,
+    f"{PACKAGE}.config",
+    f"{PACKAGE}.fd_identity",
+    f"{PACKAGE}.profile",
+    f"{PACKAGE}.registry",
+    f"{PACKAGE}.registry.hookspecs",
+    f"{PACKAGE}.registry.imports",
+    f"{PACKAGE}.registry.manager",
+    f"{PACKAGE}.registry.patch",
+    f"{PACKAGE}.registry.plan",
+    f"{PACKAGE}.patches",
+    f"{PACKAGE}.patches._consumers",
+    f"{PACKAGE}.patches.logprobs",
+    f"{PACKAGE}.patches.stop_flag",
+    f"{PACKAGE}.patches.sync_scope",
+    f"{PACKAGE}.runtime",
+    f"{PACKAGE}.runtime.backend",
+    f"{PACKAGE}.runtime.census",
+    f"{PACKAGE}.runtime.host",
+    f"{PACKAGE}.runtime.ring",
+    f"{PACKAGE}.runtime.cuda",
+    f"{PACKAGE}.ops",
+    f"{PACKAGE}.ops.cache",
+    f"{PACKAGE}.ops.stop_flag_library",
+    f"{PACKAGE}.ops.stop_flag_ops",
+    f"{PACKAGE}.ops.toolchain",
+}
+#: New runtime modules are fine (add them above); these must never be loaded by register()+enable().
+SCAFFOLDING = ("reference.driver", "harness", "cli", "serving_ab", "runtime.simulated", "ops.build",
+               "pytest_plugin", "gpu_copy_strategies", "testing")
+MAX_RUNTIME_LINES = 4500
+
+
+def loaded_by_register(prelude: str = "") -> tuple[set[str], dict]:
+    """Plugin modules that ``register()`` (FD_ASYNC_COPY=1, backend host) loads in a fresh process,
+    FastDeploy being the replica at ``FD24``; ``prelude`` runs first (e.g. FD imports its runner)."""
+    code = textwrap.dedent(
+        f"""
+        import functools, json, os, sys
+        {prelude}
+        before = set(sys.modules)
+        os.environ.update(FD_ASYNC_COPY="1", FD_ASYNC_COPY_BACKEND="host")
+        import fd_async_copy_plugin as plugin
+        plugin.enable = functools.partial(plugin.enable, root={FD24!r})
+        plugin.register()
+        status = plugin.status()
+        new = sorted(m for m in set(sys.modules) - before if m.startswith({PACKAGE!r}))
+        print(json.dumps({{"modules": new, "features": status["features"]}}))
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    # FastDeploy's side: the replica root, its modules, and the packages above it (imported to find it).
+    fd_side = {m for m in report["modules"] if m.startswith(FD24 + ".") or FD24 == m or FD24.startswith(m + ".")}
+    fd_side.discard(PACKAGE)
+    return set(report["modules"]) - fd_side, report["features"]
+
+
+def _assert_runtime_only(modules: set[str]) -> None:
+    forbidden = sorted(m for m in modules if m.removeprefix(PACKAGE + ".").startswith(SCAFFOLDING))
+    assert forbidden == [], f"register()+enable() loaded scaffolding: {forbidden}"
+    assert modules <= RUNTIME, f"not listed as runtime: {sorted(modules - RUNTIME)}"
+
+
+def test_register_and_enable_before_fastdeploy_imports_its_modules_load_the_runtime_only():
+    modules, features = loaded_by_register()
+    assert features["logprobs"]["state"] == "pending"  # the apply path ran up to the deferred import
+    _assert_runtime_only(modules)
+    assert f"{PACKAGE}.runtime.host" in modules and f"{PACKAGE}.ops.stop_flag_ops" in modules
+
+
+def test_register_and_enable_with_fastdeploy_imported_load_the_runtime_only():
+    modules, features = loaded_by_register(f"import {FD24}.worker.gpu_model_runner")
+    assert features["logprobs"]["state"] == "applied" and features["stop_flag"]["state"] == "applied"
+    _assert_runtime_only(modules)
+
+
+def test_the_runtime_part_stays_small():
+    root = Path(__file__).resolve().parents[2]
+    total = 0
+    for module in RUNTIME:
+        relative = module.removeprefix(PACKAGE).strip(".").replace(".", "/")
+        if relative.startswith("patches"):
+            path = root / relative
+        else:
+            path = root / PACKAGE / relative
+        path = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+        total += len(path.read_text().splitlines())
+    assert total <= MAX_RUNTIME_LINES, f"the runtime part has {total} lines"
+
+
+def test_importing_the_scaffolding_changes_nothing_in_paddle():
+    code = textwrap.dedent(
+        f"""
+        import importlib, pkgutil, paddle
+        original = paddle.device.synchronize
+        import {PACKAGE}.reference as reference
+        for info in pkgutil.walk_packages(reference.__path__, reference.__name__ + "."):
+            importlib.import_module(info.name)
+        import {PACKAGE}.harness, {PACKAGE}.reference.driver
+        assert paddle.device.synchronize is original, paddle.device.synchronize
+        print("ok")
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
