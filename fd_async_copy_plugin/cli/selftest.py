@@ -1,7 +1,8 @@
 """``fd-async-copy selftest``: decode on the reference FastDeploy with the plugin off and on.
 
 Outputs (tokens, stop decisions, logprobs, prompt logprobs, every saved message and ZMQ payload)
-must be bit-identical. With backend ``auto`` it uses ``cuda`` where Paddle can (real pinned memory
+must be bit-identical. Then, when a FastDeploy is installed (detected as ``doctor`` does), its own
+code is checked before and after enabling the plugin (``fd_async_copy_plugin/selftest_fd``). With backend ``auto`` it uses ``cuda`` where Paddle can (real pinned memory
 and events), otherwise ``host``; on CPU it also runs the race-detecting simulator (``sim``).
 """
 
@@ -53,6 +54,13 @@ def run(args) -> int:
             )
             report["ok"] &= entry["ok"]
             report["scenarios"].append(entry)
+    # The FastDeploy installed here, if any (fd_async_copy_plugin/selftest_fd): its own code before
+    # and after enabling the plugin. Without one, it says that only the replica was checked.
+    from ..selftest_fd import checks as fd_checks
+
+    report["environment"] = fd_checks.environment()
+    report["fastdeploy"] = fd_checks.run(backends, root=getattr(args, "root", "fastdeploy"))
+    report["ok"] &= report["fastdeploy"]["ok"]
     report["seconds"] = round(time.perf_counter() - started, 1)
     if args.json:
         json.dump(report, sys.stdout, indent=2, default=str)
@@ -86,5 +94,9 @@ def format_report(report: dict) -> str:
         )
         for diff in entry.get("differences", []):
             lines.append(f"         - {diff}")
+    if "fastdeploy" in report:
+        from ..selftest_fd.checks import format_lines
+
+        lines += format_lines(report["fastdeploy"])
     lines.append(f"  result: {'PASS' if report['ok'] else 'FAIL'} ({report['seconds']} s)")
     return "\n".join(lines)

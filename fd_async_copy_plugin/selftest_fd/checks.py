@@ -102,8 +102,8 @@ def import_fastdeploy(root: str = "fastdeploy") -> dict:
                 out["compiled_ops"] = True
                 out["ops_reason"] = f"{root}.{OPS}.update_inputs_v1 is importable"
             else:
-                out["ops_reason"] = (f"FastDeploy's compiled ops are not importable ({root}.{OPS} has no "
-                                     "update_inputs_v1: a CPU machine or a source tree without custom_ops built)")
+                out["ops_reason"] = (f"{root}.{OPS} has no update_inputs_v1 (a CPU machine, or a source tree "
+                                     "without FastDeploy's custom ops built)")
                 tolerant = getattr(ops, "tolerant_import_error", None)
                 if callable(tolerant):
                     tolerant()
@@ -444,6 +444,28 @@ def _run_prompt_schedule(modules, vocab: int, device: str):
     return outputs
 
 
+@contextlib.contextmanager
+def _cpu_device_synchronize(device: str):
+    """CPU Paddle refuses ``paddle.device.synchronize()`` (FastDeploy 2.5+ calls it for prompt
+    logprobs): on CPU there is nothing to wait for, so FastDeploy's own run gets a counting no-op."""
+    calls = [0]
+    if device != "cpu":
+        yield calls
+        return
+    import paddle
+
+    original = paddle.device.synchronize
+
+    def synchronize(*args, **kwargs):
+        calls[0] += 1
+
+    paddle.device.synchronize = synchronize
+    try:
+        yield calls
+    finally:
+        paddle.device.synchronize = original
+
+
 def run_prompt_logprobs_check(modules: dict, backend_name: str, device: str, vocab: int = DEFAULT_VOCAB) -> dict:
     """FastDeploy's own ``GPUModelRunner._get_prompt_logprobs_list`` (on a runner holding only what
     that method reads) before and after enabling: chunked prefill, 20 and whole-vocabulary widths."""
@@ -457,7 +479,8 @@ def run_prompt_logprobs_check(modules: dict, backend_name: str, device: str, voc
     if "_get_prompt_logprobs_list" not in runner_cls.__dict__:
         return _check(name, backend_name, "skipped", "this FastDeploy has no prompt logprobs")
     try:
-        expected = _run_prompt_schedule(modules, vocab, device)
+        with _cpu_device_synchronize(device) as fd_syncs:
+            expected = _run_prompt_schedule(modules, vocab, device)
     except Exception as exc:  # noqa: BLE001
         return _check(name, backend_name, "skipped",
                       f"FastDeploy's own method does not run on this stand-in runner: {type(exc).__name__}: {exc}")
@@ -482,7 +505,8 @@ def run_prompt_logprobs_check(modules: dict, backend_name: str, device: str, voc
                     problems += _differences(f"step {s} slot {idx} {field}", a, b)
         return _check(name, backend_name, "fail" if problems else "pass", "; ".join(problems[:8]),
                       prefill_steps=len(expected), async_copies=step.count("async_d2h"),
-                      device_syncs=step.count("device_sync"))
+                      fastdeploy_device_syncs=fd_syncs[0] if device == "cpu" else "not counted on GPU",
+                      plugin_device_syncs=step.count("device_sync"))
     except Exception as exc:  # noqa: BLE001
         return _check(name, backend_name, "fail", f"{type(exc).__name__}: {exc}")
     finally:
@@ -550,7 +574,8 @@ def run_stop_flag_kernel_check(imported: dict, profile: str, backend_name: str, 
         return [_check(name, backend_name, "skipped",
                        f"profile {profile}: FastDeploy has its own async stop flag (stop_flag is native)")]
     if not imported.get("compiled_ops"):
-        return [_check(name, backend_name, "skipped", imported.get("ops_reason") or "FastDeploy's ops are absent")]
+        return [_check(name, backend_name, "skipped",
+                       f"FastDeploy's compiled ops are not importable: {imported.get('ops_reason')}")]
     if backend_name == "sim":
         return [_check(name, backend_name, "skipped", "compared once, on the host backend")]
     try:
