@@ -24,6 +24,7 @@ from ..reference import update_inputs_semantics as semantics
 
 VARIANTS = {"v1": states.V1_ARRAYS, "v0": states.V0_ARRAYS}
 MIN_SLOTS = 10_000
+MIN_BATCHES = 100  # many batch sizes, not only a few full ones
 
 Runner = Callable[[dict], bool]
 
@@ -47,7 +48,7 @@ def reference_runner(variant: str) -> Runner:
 
 
 def batches(variant: str, seed: int, min_slots: int, max_num_seqs: int = semantics.MAX_BATCH,
-            stop_nums_required: bool = False):
+            stop_nums_required: bool = False, min_batches: int = MIN_BATCHES):
     """Random batches until ``min_slots`` running slot states were generated; edge batches first
     (empty, one slot, exactly ``max_num_seqs``). ``stop_nums_required``: FastDeploy 2.4's ops
     dereference ``stop_nums``, so ``None`` is replaced by ``[max_bsz]`` (what 2.4 passes)."""
@@ -55,8 +56,8 @@ def batches(variant: str, seed: int, min_slots: int, max_num_seqs: int = semanti
     rng = np.random.default_rng(seed)
     cap = max(1, min(int(max_num_seqs), semantics.MAX_BATCH))
     fixed = [(1, 0), (1, 1), (cap, cap), (cap, 0), (cap, (cap + 1) // 2)]
-    slots = 0
-    while slots < min_slots or fixed:
+    slots = count = 0
+    while slots < min_slots or count < min_batches or fixed:
         if fixed:
             batch = generate(rng, *fixed.pop(0))
         else:
@@ -66,12 +67,13 @@ def batches(variant: str, seed: int, min_slots: int, max_num_seqs: int = semanti
         if stop_nums_required and batch["stop_nums"] is None:
             batch["stop_nums"] = np.array([len(batch["stop_flags"])], dtype=np.int64)
         slots += len(batch["seq_lens_this_time"])
+        count += 1
         yield batch
 
 
 def compare(variant: str, expected: Runner, actual: Runner, *, min_slots: int = MIN_SLOTS, seed: int = 6176,
             max_num_seqs: int = semantics.MAX_BATCH, stop_nums_required: bool = False,
-            max_reported: int = 10) -> dict:
+            max_reported: int = 10, min_batches: int = MIN_BATCHES) -> dict:
     """Run both implementations on the same random batches; every array and the flag must agree.
 
     Returns ``{"variant", "slots", "batches", "max_bsz", "partial_batches", "branches",
@@ -83,7 +85,7 @@ def compare(variant: str, expected: Runner, actual: Runner, *, min_slots: int = 
     report = {"variant": variant, "slots": 0, "batches": 0, "max_bsz": 0, "partial_batches": 0,
               "branches": dict.fromkeys(states.V1_BRANCHES, 0) if variant == "v1" else {},
               "mismatching_batches": 0, "mismatches": []}
-    for index, batch in enumerate(batches(variant, seed, min_slots, max_num_seqs, stop_nums_required)):
+    for index, batch in enumerate(batches(variant, seed, min_slots, max_num_seqs, stop_nums_required, min_batches)):
         bsz, max_bsz = len(batch["seq_lens_this_time"]), len(batch["stop_flags"])
         if variant == "v1":
             for i in range(bsz):
