@@ -35,6 +35,7 @@ from . import kernel_compare
 SAMPLER = "model_executor.layers.sample.sampler"
 OUTPUT = "worker.output"
 RUNNER = "worker.gpu_model_runner"
+POSTPROC = "model_executor.pre_and_post_process"  # the logprobs feature guards its save op
 OPS = "model_executor.ops.gpu"
 
 #: Widths of the logprobs asked for: none, one, FastDeploy's default max, the whole vocabulary.
@@ -107,7 +108,7 @@ def import_fastdeploy(root: str = "fastdeploy") -> dict:
                 tolerant = getattr(ops, "tolerant_import_error", None)
                 if callable(tolerant):
                     tolerant()
-        for rel in (OUTPUT, SAMPLER, RUNNER):
+        for rel in (OUTPUT, SAMPLER, POSTPROC, RUNNER):
             try:
                 out["modules"][rel] = importlib.import_module(f"{root}.{rel}")
             except Exception as exc:  # noqa: BLE001 - reported per check
@@ -173,6 +174,16 @@ def _copier():
 
     applied = fd_async_copy_plugin._get_manager().applied.get("logprobs")
     return None if applied is None else applied.ctx.state.get("logprobs")
+
+
+def _gather_copies(step) -> tuple[int, int]:
+    """(non-blocking, blocking) D2H copies a census step recorded in ``gather_logprobs`` (the
+    plugin's copies are labelled ``gather_logprobs.<field>``; FastDeploy's own ``.cpu()`` copies,
+    where the census sees them, ``Sampler.gather_logprobs.<field>``)."""
+    def ours(site: str) -> bool:
+        return "gather_logprobs" in site
+
+    return (sum(ours(s) for s in step.sites("async_d2h")), sum(ours(s) for s in step.sites("blocking_d2h")))
 
 
 def _is_plugin_result(result) -> bool:
@@ -289,13 +300,13 @@ def run_logprobs_checks(modules: dict, backend_name: str, device: str, vocab: in
                 logprobs, result = _gather(sampler, logits, case.width, ids)
             step = census.steps[0]
             problems += _differences(f"compute_logprobs {label}", want_logprobs, _numpy(logprobs))
-            if not _is_plugin_result(result) or step.count("async_d2h") != 3 or step.count("blocking_d2h"):
+            copies, blocking = _gather_copies(step)
+            if not _is_plugin_result(result) or copies != 3 or blocking:
                 problems.append(
                     f"gather_logprobs {label}: the plugin's patched path did not run (result "
-                    f"{type(result).__qualname__}, {step.count('async_d2h')} async / "
-                    f"{step.count('blocking_d2h')} blocking copies)")
+                    f"{type(result).__qualname__}, {copies} async / {blocking} blocking copies)")
                 continue
-            figures["async_copies"] += step.count("async_d2h")
+            figures["async_copies"] += copies
             got = _plugin_arrays(result, backend)
             for name, w, g in zip(("logprob_token_ids", "logprobs", "selected_token_ranks"), want, got):
                 problems += _differences(f"gather_logprobs {label} {name}", w, g)
@@ -393,6 +404,7 @@ def _prompt_runner(modules, vocab: int, device: str, requests, cu_seqlens):
     runner = cls.__new__(cls)
     runner.fd_config = SimpleNamespace(cache_config=SimpleNamespace(enable_prefix_caching=False),
                                        model_config=SimpleNamespace(logprobs_mode="raw_logprobs"))
+    runner.model_config = runner.fd_config.model_config  # the replica reads it from here
     runner.scheduler_config = SimpleNamespace(max_num_seqs=4)
     runner.ori_vocab_size = vocab
     runner.prompt_logprobs_reqs = {r.request_id: r for r in requests}
@@ -492,9 +504,10 @@ def run_prompt_logprobs_check(modules: dict, backend_name: str, device: str, voc
             got = _run_prompt_schedule(modules, vocab, device)
         step = census.steps[0]
         problems = []
-        if step.count("async_d2h") < 3 or step.count("blocking_d2h"):
-            problems.append(f"the plugin's patched path did not run ({step.count('async_d2h')} async / "
-                            f"{step.count('blocking_d2h')} blocking copies)")
+        copies, blocking = _gather_copies(step)
+        if copies < 3 or blocking:
+            problems.append(f"the plugin's patched path did not run ({copies} async / {blocking} blocking "
+                            "copies in gather_logprobs)")
         for s, (want_step, got_step) in enumerate(zip(expected, got)):
             for idx, (w, g) in enumerate(zip(want_step, got_step)):
                 if (w is None) != (g is None):
@@ -504,7 +517,7 @@ def run_prompt_logprobs_check(modules: dict, backend_name: str, device: str, voc
                 for field, a, b in zip(("logprob_token_ids", "logprobs", "selected_token_ranks"), w or [], g or []):
                     problems += _differences(f"step {s} slot {idx} {field}", a, b)
         return _check(name, backend_name, "fail" if problems else "pass", "; ".join(problems[:8]),
-                      prefill_steps=len(expected), async_copies=step.count("async_d2h"),
+                      prefill_steps=len(expected), async_copies=copies,
                       fastdeploy_device_syncs=fd_syncs[0] if device == "cpu" else "not counted on GPU",
                       plugin_device_syncs=step.count("device_sync"))
     except Exception as exc:  # noqa: BLE001
