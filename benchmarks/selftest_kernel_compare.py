@@ -87,7 +87,7 @@ def main(argv=None) -> int:
     failures = 0
     with tempfile.TemporaryDirectory() as tmp:
         if args.cuda_lib and (args.framework != "dry-run" or args.host_lib):
-            cuda_path = Path(args.cuda_lib)
+            cuda_path = Path(args.cuda_lib).resolve()  # dlopen of a bare name searches the library path
             host_path = Path(args.host_lib) if args.host_lib else None
         else:
             cuda_path, host_path = gkc.build_libraries(Path(tmp), fw.capability(), report)
