@@ -42,6 +42,17 @@ def _load_gpu_kernel_check():
     return module
 
 
+def _build_host(out_dir: Path, report) -> Path:
+    import subprocess
+
+    path = out_dir / "libfd_async_copy_host.so"
+    command = ["g++", "-O2", "-std=c++17", "-shared", "-fPIC", f"-I{REPO / 'custom_ops'}", "-o", str(path),
+               str(REPO / "custom_ops" / "stop_flag_host.cc")]
+    report("$ " + " ".join(command))
+    subprocess.run(command, check=True)
+    return path
+
+
 def cuda_runner(gkc, fw, cuda_lib, variant: str):
     """A ``kernel_compare`` runner: the batch to device arrays of ``fw``, the plugin's CUDA kernel on
     ``fw``'s stream, every array and the DEVICE flag back into the batch."""
@@ -86,16 +97,17 @@ def main(argv=None) -> int:
 
     failures = 0
     with tempfile.TemporaryDirectory() as tmp:
-        if args.cuda_lib and (args.framework != "dry-run" or args.host_lib):
+        if fw.name == "dry-run":  # no GPU: the host library (g++) stands in for the CUDA one
+            cuda_path, host_path = None, Path(args.host_lib).resolve() if args.host_lib else _build_host(Path(tmp), report)
+        elif args.cuda_lib:
             cuda_path = Path(args.cuda_lib).resolve()  # dlopen of a bare name searches the library path
-            host_path = Path(args.host_lib) if args.host_lib else None
         else:
             cuda_path, host_path = gkc.build_libraries(Path(tmp), fw.capability(), report)
         if fw.name == "dry-run":
             cuda_lib = gkc.HostAsCudaLibrary(gkc.library.StopFlagLibrary(host_path, "host"))
         else:
             cuda_lib = gkc.library.StopFlagLibrary(cuda_path, "cuda")
-        report(f"the plugin's kernels ({'host library standing in' if fw.name == 'dry-run' else cuda_path.name}) "
+        report(f"the plugin's kernels ({'host library standing in' if cuda_path is None else cuda_path.name}) "
                "vs the numpy statement of FastDeploy's semantics, through selftest_fd.kernel_compare:")
         for variant, seed in (("v1", 6176), ("v0", 6362)):
             result = kernel_compare.compare(
