@@ -630,24 +630,33 @@ def run_stop_flag_kernel_check(imported: dict, profile: str, backend_name: str, 
 # --- Paddle accessors (issue 10's startup probe) ---------------------------------------------------
 
 
-def paddle_accessor_checks(backend_name: str) -> dict:
+def paddle_accessor_checks(backend_name: str, device: str) -> dict:
     """The startup probe of the Paddle-free CUDA layer (issue 10): every accessor check it reports.
 
-    LEAD: WIRE-UP POINT. Issue 10 (helper ``cuda``) builds that probe; until it is merged this is
-    the one call site that reports it, as "not available in this build". Replace the body with a
-    call to the probe and map each of its checks to ``figures`` (status ``fail`` if any failed).
+    LEAD: WIRE-UP POINT (the one call site). Written against ``runtime/probe.py`` of the ``cuda``
+    branch (``probe_accessors(device) -> {"ok", "reason", "checks": [{"check", "ok", "detail"}],
+    ...}``), which is not merged in this branch: here it reports "not available in this build".
+    Check the import and the call below when merging issue 10.
     """
-    probe = None
-    for module_name, attr in (("fd_async_copy_plugin.runtime.cuda_layer", "startup_probe"),):
-        try:
-            probe = getattr(importlib.import_module(module_name), attr)
-        except (ImportError, AttributeError):
-            probe = None
-    if probe is None:
-        return _check("paddle accessors (startup probe of the CUDA layer)", backend_name, "skipped",
-                      "not available in this build")
-    return _check("paddle accessors (startup probe of the CUDA layer)", backend_name, "skipped",
-                  "probe found but not wired up in selftest_fd.checks.paddle_accessor_checks yet")
+    name = "paddle accessors (startup probe of the CUDA layer)"
+    try:
+        from ..runtime.probe import probe_accessors  # issue 10
+    except ImportError:
+        return _check(name, backend_name, "skipped", "not available in this build")
+    if device != "gpu":
+        return _check(name, backend_name, "skipped", "needs a CUDA device (the probe compares Paddle's GPU "
+                      "accessors with the CUDA runtime)")
+    try:
+        import paddle
+
+        where = str(paddle.device.get_device())
+        device_id = int(where.split(":")[1]) if ":" in where else 0
+        result = probe_accessors(device_id)
+    except Exception as exc:  # noqa: BLE001 - the probe itself failing is the finding
+        return _check(name, backend_name, "fail", f"the probe raised {type(exc).__name__}: {exc}")
+    figures = {c["check"]: ("ok" if c["ok"] else f"FAILED: {c['detail']}") for c in result.get("checks", [])}
+    return _check(name, backend_name, "pass" if result.get("ok") else "fail", result.get("reason", ""),
+                  **figures)
 
 
 # --- cost -----------------------------------------------------------------------------------------
@@ -755,7 +764,7 @@ def run(backends: list[str], root: str = "fastdeploy", vocab: int | None = None,
         report["checks"].append(run_prompt_logprobs_check(modules, backend_name, device, vocab))
     first = backends[0]
     report["checks"] += run_stop_flag_kernel_check(imported, info.profile, first, device, kernel_slots, max_num_seqs)
-    report["checks"].append(paddle_accessor_checks(first))
+    report["checks"].append(paddle_accessor_checks(first, device))
     if cost:
         report["checks"].append(run_cost_check(modules, first, device, vocab=vocab))
     report["seconds"] = round(time.perf_counter() - started, 1)

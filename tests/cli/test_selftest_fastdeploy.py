@@ -141,7 +141,9 @@ def test_checks_pass_on_the_installed_replica_through_the_patched_path(version, 
         assert all(c["figures"]["slots"] >= 1500 and c["figures"]["max_bsz"] == 128 for c in kernels)
     else:
         assert [c["status"] for c in kernels] == ["skipped"] and "native" in kernels[0]["reason"]
-    assert found[("paddle accessors (startup probe of the CUDA layer)", "host")]["reason"] == "not available in this build"
+    accessors = found[("paddle accessors (startup probe of the CUDA layer)", "host")]
+    assert accessors["status"] == "skipped"  # no probe in this build, or (issue 10 merged) no CUDA device
+    assert accessors["reason"] == "not available in this build" or accessors["reason"].startswith("needs a CUDA")
     cost = found[("cost", "host")]["figures"]
     assert cost["fastdeploy_median_us"] > 0 and cost["plugin_median_us"] > 0
     assert not fd_async_copy_plugin.status()["enabled"] or all(
@@ -254,3 +256,17 @@ def test_cli_selftest_exits_non_zero_on_a_planted_fastdeploy_mismatch(installed_
     assert selftest.run(SimpleNamespace(steps=2, backend="host", json=False)) == 1
     out = capsys.readouterr().out
     assert "FAIL    logprobs" in out and "result: FAIL" in out
+
+
+def test_the_accessor_probe_is_reported_check_by_check(monkeypatch):
+    """The wire-up point for issue 10's probe: each of its checks appears in the figures, and a
+    failed one fails the selftest (a stand-in probe, since CI has no GPU)."""
+    probe = SimpleNamespace(probe_accessors=lambda device: {
+        "ok": False, "device": device, "reason": "Paddle's accessors disagree with the CUDA layer (data_ptr: off)",
+        "checks": [{"check": "current_device", "ok": True, "detail": ""},
+                   {"check": "data_ptr", "ok": False, "detail": "off"}]})
+    monkeypatch.setitem(sys.modules, "fd_async_copy_plugin.runtime.probe", probe)
+    result = checks.paddle_accessor_checks("cuda", "gpu")
+    assert result["status"] == "fail" and "data_ptr: off" in result["reason"]
+    assert result["figures"] == {"current_device": "ok", "data_ptr": "FAILED: off"}
+    assert checks.paddle_accessor_checks("host", "cpu")["status"] == "skipped"
