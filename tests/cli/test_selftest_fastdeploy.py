@@ -270,3 +270,17 @@ def test_the_accessor_probe_is_reported_check_by_check(monkeypatch):
     assert result["status"] == "fail" and "data_ptr: off" in result["reason"]
     assert result["figures"] == {"current_device": "ok", "data_ptr": "FAILED: off"}
     assert checks.paddle_accessor_checks("host", "cpu")["status"] == "skipped"
+
+
+def test_a_check_that_breaks_is_a_failed_check_not_a_crash(installed_replica, monkeypatch):
+    installed_replica("fd25")
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("cost check broke")
+
+    monkeypatch.setattr(checks, "run_cost_check", broken)
+    report = checks.run(["host"], vocab=VOCAB, cost=True)
+    assert report["ok"] is False
+    assert _by_name(report)[("cost", "host")] == {
+        "name": "cost", "backend": "host", "status": "fail", "reason": "RuntimeError: cost check broke", "figures": {}}
+    assert not any(f["state"] == "applied" for f in fd_async_copy_plugin.status()["features"].values())
