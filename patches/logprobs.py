@@ -17,6 +17,7 @@ Mirrors: FastDeploy PR #6362 (async logprob copy).
 FD:     2.4 (backport), 2.5 and 2.6+/develop (replaces the per-step pinned allocations). Not for the
         speculative/MTP samplers (their ``gather_logprobs`` return GPU tensors; left untouched) nor
         non-CUDA platforms sharing ``Sampler`` (XPU, Iluvatar, GCU, DCU, Metax: original code runs).
+        FastDeploy's CPU platform takes the patched path on the ``host``/``sim`` backends (selftest).
 Delete: when FastDeploy's ``gather_logprobs`` copies into preallocated pinned buffers.
 """
 
@@ -237,11 +238,26 @@ def make_async_class(base, backend):
     return AsyncLogprobsTensors
 
 
+def keeps_fastdeploy_code(platform, backend) -> bool:
+    """Whether ``gather_logprobs`` runs FastDeploy's own code on this platform.
+
+    Non-CUDA accelerators that share ``Sampler`` (XPU, Iluvatar, GCU, DCU, Metax) do. FastDeploy's
+    CPU platform (a CPU build of Paddle, where only the ``host`` and ``sim`` backends can run: ``auto``
+    and ``cuda`` stand down) takes the patched path with synchronous copies: that is how the plugin
+    is checked against a real FastDeploy without a GPU (``fd-async-copy selftest``).
+    """
+    if platform is None or platform.is_cuda():
+        return False
+    is_cpu = getattr(platform, "is_cpu", None)
+    return not (backend.name in ("host", "sim") and callable(is_cpu) and is_cpu())
+
+
 def build_gather_logprobs(original, ctx):
     sampler_module = ctx.module(SAMPLER)
     copier: LogprobsCopier = ctx.state
     batched_count_greater_than = sampler_module.batched_count_greater_than
     platform = getattr(sampler_module, "current_platform", None)
+    backend = ctx.backend
     postproc = ctx.module(POSTPROC)
     fd_consumer = postproc.__dict__.get("save_output_topk")  # FastDeploy's (the guard is set later)
 
@@ -255,7 +271,7 @@ def build_gather_logprobs(original, ctx):
 
     def fastdeploys_path() -> bool:
         """Not CUDA (XPU/Iluvatar/...: untouched), or the consumer guards are gone."""
-        if platform is not None and not platform.is_cuda():
+        if keeps_fastdeploy_code(platform, backend):
             return True
         if copier.closed:
             return True

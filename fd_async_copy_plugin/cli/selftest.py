@@ -1,8 +1,10 @@
 """``fd-async-copy selftest``: decode on the reference FastDeploy with the plugin off and on.
 
 Outputs (tokens, stop decisions, logprobs, prompt logprobs, every saved message and ZMQ payload)
-must be bit-identical. With backend ``auto`` it uses ``cuda`` where Paddle can (real pinned memory
-and events), otherwise ``host``; on CPU it also runs the race-detecting simulator (``sim``).
+must be bit-identical. Then, when a FastDeploy is installed (detected as ``doctor`` does), its own
+code is checked before and after enabling the plugin (``fd_async_copy_plugin/selftest_fd``). With
+backend ``auto`` it uses ``cuda`` where Paddle can (real pinned memory and events), otherwise
+``host``; on CPU it also runs the race-detecting simulator (``sim``).
 """
 
 from __future__ import annotations
@@ -60,6 +62,13 @@ def run(args) -> int:
             for name, state in entry["features"].items():
                 if state in REFUSED_IN_STRICT_MODE:  # not tested by this run: say so
                     report["skipped"].setdefault(name, f"{state}: {entry['feature_reasons'][name]}")
+    # The FastDeploy installed here, if any (fd_async_copy_plugin/selftest_fd): its own code before
+    # and after enabling the plugin. Without one, it says that only the replica was checked.
+    from ..selftest_fd import checks as fd_checks
+
+    report["environment"] = fd_checks.environment()
+    report["fastdeploy"] = fd_checks.run(backends, root=getattr(args, "root", "fastdeploy"))
+    report["ok"] &= report["fastdeploy"]["ok"]
     report["seconds"] = round(time.perf_counter() - started, 1)
     report["allow_skip"] = bool(getattr(args, "allow_skip", False))
     if args.json:
@@ -109,6 +118,10 @@ def format_report(report: dict) -> str:
         lines.append(f"         device syncs {before['device_sync']:.2f} -> {after['device_sync']:.2f}")
         for diff in entry.get("differences", []):
             lines.append(f"         - {diff}")
+    if "fastdeploy" in report:
+        from ..selftest_fd.checks import format_lines
+
+        lines += format_lines(report["fastdeploy"])
     lines.append(result_line(report))
     for name, why in sorted(report["skipped"].items()):
         lines.append(f"    {name}: {why}")
