@@ -178,7 +178,7 @@ def _copier():
     import fd_async_copy_plugin
 
     applied = fd_async_copy_plugin._get_manager().applied.get("logprobs")
-    return None if applied is None else applied.ctx.state.get("logprobs")
+    return None if applied is None else applied.ctx.state  # the feature's own state (its copier)
 
 
 def _gather_copies(step) -> tuple[int, int]:
