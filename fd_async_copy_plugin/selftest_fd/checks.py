@@ -18,6 +18,7 @@ import atexit
 import contextlib
 import importlib
 import importlib.metadata
+import importlib.util
 import logging
 import os
 import platform
@@ -634,33 +635,74 @@ def run_stop_flag_kernel_check(imported: dict, profile: str, backend_name: str, 
 # --- Paddle accessors (issue 10's startup probe) ---------------------------------------------------
 
 
-def paddle_accessor_checks(backend_name: str, device: str) -> dict:
-    """The startup probe of the Paddle-free CUDA layer (issue 10): every accessor check it reports.
+ACCESSOR_CHECK = "paddle accessors (startup probe of the CUDA layer)"
+#: Where the Paddle-free CUDA layer (issue 10) keeps its startup probe.
+PROBE_MODULE = "fd_async_copy_plugin.runtime.probe"
 
-    LEAD: WIRE-UP POINT (the one call site). Written against ``runtime/probe.py`` of the ``cuda``
-    branch (``probe_accessors(device) -> {"ok", "reason", "checks": [{"check", "ok", "detail"}],
-    ...}``), which is not merged in this branch: here it reports "not available in this build".
-    Check the import and the call below when merging issue 10.
+
+def paddle_accessor_checks(backend_name: str, device: str) -> dict:
+    """The startup probe of the Paddle-free CUDA layer (issue 10), reported check by check.
+
+    LEAD: WIRE-UP POINT (the one call site). Calls ``runtime.probe.probe_accessors(device,
+    kernels=...)`` as the ``cuda`` branch defines it (``{"ok", "device", "runtime", "reason",
+    "checks": [{"check", "ok", "detail"}], "seconds"}``; never raises) with the plugin's CUDA
+    stop-flag library when it is built (adds ``kernel_order``). Skipped, with the reason, where that
+    module is not in this build or there is no CUDA device; the probe raising or returning something
+    else is a failed check.
     """
-    name = "paddle accessors (startup probe of the CUDA layer)"
-    try:
-        from ..runtime.probe import probe_accessors  # issue 10
-    except ImportError:
-        return _check(name, backend_name, "skipped", "not available in this build")
+    if not _probe_present():
+        return _check(ACCESSOR_CHECK, backend_name, "skipped", f"not available in this build (no {PROBE_MODULE}: "
+                      "the Paddle-free CUDA layer is not installed)")
     if device != "gpu":
-        return _check(name, backend_name, "skipped", "needs a CUDA device (the probe compares Paddle's GPU "
+        return _check(ACCESSOR_CHECK, backend_name, "skipped", "needs a CUDA device (the probe compares Paddle's GPU "
                       "accessors with the CUDA runtime)")
     try:
+        probe = importlib.import_module(PROBE_MODULE)
         import paddle
 
         where = str(paddle.device.get_device())
         device_id = int(where.split(":")[1]) if ":" in where else 0
-        result = probe_accessors(device_id)
+        kernels = _cuda_stop_flag_library()
+        result = probe.probe_accessors(device_id, kernels=kernels)
     except Exception as exc:  # noqa: BLE001 - the probe itself failing is the finding
-        return _check(name, backend_name, "fail", f"the probe raised {type(exc).__name__}: {exc}")
-    figures = {c["check"]: ("ok" if c["ok"] else f"FAILED: {c['detail']}") for c in result.get("checks", [])}
-    return _check(name, backend_name, "pass" if result.get("ok") else "fail", result.get("reason", ""),
-                  **figures)
+        return _check(ACCESSOR_CHECK, backend_name, "fail", f"the probe raised {type(exc).__name__}: {exc}")
+    return accessor_report(result, backend_name, with_kernels=kernels is not None)
+
+
+def _probe_present() -> bool:
+    module = sys.modules.get(PROBE_MODULE, False)
+    if module is not False:
+        return module is not None
+    try:
+        return importlib.util.find_spec(PROBE_MODULE) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _cuda_stop_flag_library():
+    """The plugin's CUDA stop-flag library for the probe's ``kernel_order`` check (None if not built)."""
+    try:
+        from ..ops import load_ops
+
+        return load_ops().cuda_library
+    except Exception:  # noqa: BLE001 - the probe runs without it
+        return None
+
+
+def accessor_report(result, backend_name: str, with_kernels: bool = False) -> dict:
+    """A check dict from a ``probe_accessors`` result: every probe check with its detail in the
+    figures (``format_lines`` prints one line each), ``fail`` when any failed."""
+    checks = result.get("checks") if isinstance(result, dict) else None
+    if not isinstance(checks, list) or not checks or not all(
+            isinstance(c, dict) and {"check", "ok", "detail"} <= set(c) for c in checks):
+        return _check(ACCESSOR_CHECK, backend_name, "fail", f"the probe returned no checks: {result!r:.300}")
+    figures = {"device": result.get("device"), "runtime": result.get("runtime", ""),
+               "seconds": result.get("seconds"), "with_kernels": with_kernels,
+               "checks": [{"check": c["check"], "ok": bool(c["ok"]), "detail": str(c["detail"])} for c in checks]}
+    ok = bool(result.get("ok")) and all(c["ok"] for c in figures["checks"])
+    reason = "" if ok else (result.get("reason") or "; ".join(
+        f"{c['check']}: {c['detail']}" for c in figures["checks"] if not c["ok"]))
+    return _check(ACCESSOR_CHECK, backend_name, "pass" if ok else "fail", reason, **figures)
 
 
 # --- cost -----------------------------------------------------------------------------------------
@@ -781,7 +823,7 @@ def run(backends: list[str], root: str = "fastdeploy", vocab: int | None = None,
     first = backends[0]
     report["checks"] += guarded("stop_flag kernels", first, run_stop_flag_kernel_check, imported, info.profile, first,
                                 device, kernel_slots, max_num_seqs)
-    report["checks"] += guarded("paddle accessors", first, paddle_accessor_checks, first, device)
+    report["checks"] += guarded(ACCESSOR_CHECK, first, paddle_accessor_checks, first, device)
     if cost:
         report["checks"] += guarded("cost", first, run_cost_check, modules, first, device, vocab=vocab)
     report["seconds"] = round(time.perf_counter() - started, 1)
@@ -815,6 +857,14 @@ def format_lines(report: dict) -> list[str]:
                          f"{figures['ratio_plugin_over_fastdeploy']}")
         elif check["name"].startswith("stop_flag kernels") and "slots" in figures:
             lines.append(f"                 {kernel_compare.summary(dict(figures, mismatches=[]))}")
+        elif check["name"] == ACCESSOR_CHECK and "checks" in figures:
+            lines.append(f"                 gpu:{figures['device']}, {figures['runtime']}, {figures['seconds']} s"
+                         f"{'' if figures['with_kernels'] else '; no kernel_order (CUDA kernels not built)'}")
+            for probe_check in figures["checks"]:
+                word = "ok" if probe_check["ok"] else "FAILED"
+                lines.append(f"                 {probe_check['check']}: {word} ({probe_check['detail']})")
+            if check["status"] == "fail":
+                continue  # the reason repeats the failed checks
         elif figures and check["status"] == "pass":
             lines.append("                 " + ", ".join(f"{k}={v}" for k, v in figures.items()))
         if check["reason"]:

@@ -12,6 +12,7 @@ import importlib.abc
 import importlib.util
 import json
 import sys
+import types
 from types import SimpleNamespace
 
 import numpy as np
@@ -141,9 +142,9 @@ def test_checks_pass_on_the_installed_replica_through_the_patched_path(version, 
         assert all(c["figures"]["slots"] >= 1500 and c["figures"]["max_bsz"] == 128 for c in kernels)
     else:
         assert [c["status"] for c in kernels] == ["skipped"] and "native" in kernels[0]["reason"]
-    accessors = found[("paddle accessors (startup probe of the CUDA layer)", "host")]
+    accessors = found[(checks.ACCESSOR_CHECK, "host")]
     assert accessors["status"] == "skipped"  # no probe in this build, or (issue 10 merged) no CUDA device
-    assert accessors["reason"] == "not available in this build" or accessors["reason"].startswith("needs a CUDA")
+    assert accessors["reason"].startswith(("not available in this build", "needs a CUDA"))
     cost = found[("cost", "host")]["figures"]
     assert cost["fastdeploy_median_us"] > 0 and cost["plugin_median_us"] > 0
     assert not fd_async_copy_plugin.status()["enabled"] or all(
@@ -258,18 +259,129 @@ def test_cli_selftest_exits_non_zero_on_a_planted_fastdeploy_mismatch(installed_
     assert "FAIL    logprobs" in out and "result: FAIL" in out
 
 
-def test_the_accessor_probe_is_reported_check_by_check(monkeypatch):
-    """The wire-up point for issue 10's probe: each of its checks appears in the figures, and a
-    failed one fails the selftest (a stand-in probe, since CI has no GPU)."""
-    probe = SimpleNamespace(probe_accessors=lambda device: {
-        "ok": False, "device": device, "reason": "Paddle's accessors disagree with the CUDA layer (data_ptr: off)",
-        "checks": [{"check": "current_device", "ok": True, "detail": ""},
-                   {"check": "data_ptr", "ok": False, "detail": "off"}]})
-    monkeypatch.setitem(sys.modules, "fd_async_copy_plugin.runtime.probe", probe)
+# What the ``cuda`` branch's ``runtime.probe.probe_accessors`` returned (commit 07ccf1b5, run on CPU
+# Paddle over its HostRuntime with the CPU-as-GPU glue of its tests/runtime/test_accessor_probe.py):
+# agreeing accessors with the host stop-flag library, and a data_ptr off by 8 bytes without kernels.
+CUDA_PROBE_PASS = {
+    "ok": True, "device": 0, "runtime": "host memory (no CUDA)", "reason": "", "seconds": 0.014163,
+    "checks": [
+        {"check": "current_device", "ok": True, "detail": "framework current device 0, CUDA current device 0, probed gpu:0"},
+        {"check": "data_ptr", "ok": True, "detail": "data_ptr() 0x563427518000 (host memory): copying 2048 bytes "
+         "from it gives the tensor's values: True"},
+        {"check": "stream_order", "ok": True, "detail": "a copy on the reported stream after a framework op sees "
+         "that op's result: True (first values [7, 7, 7, 7])"},
+        {"check": "pinned_wrap", "ok": True, "detail": "wrap at the pinned address, reads back through the "
+         "framework; reshaped in place: True"},
+        {"check": "kernel_order", "ok": True, "detail": "kernel on the reported stream read the framework op's "
+         "value: input_ids[0]=4242 (expected 4242), not_need_stop=False (expected False)"},
+    ],
+}
+_DATA_PTR_OFF = "data_ptr() 0x563428bd2008 (host memory): copying 2048 bytes from it gives the tensor's values: False"
+_STREAM_OFF = "a copy on the reported stream after a framework op sees that op's result: False (first values [7, 7, 7, 7])"
+CUDA_PROBE_FAIL = {
+    "ok": False, "device": 0, "runtime": "host memory (no CUDA)", "seconds": 0.001021,
+    "reason": f"Paddle's accessors disagree with the CUDA layer (data_ptr: {_DATA_PTR_OFF}; stream_order: {_STREAM_OFF})",
+    "checks": [
+        CUDA_PROBE_PASS["checks"][0],
+        {"check": "data_ptr", "ok": False, "detail": _DATA_PTR_OFF},
+        {"check": "stream_order", "ok": False, "detail": _STREAM_OFF},
+        CUDA_PROBE_PASS["checks"][3],
+    ],
+}
+
+
+@pytest.fixture
+def stand_in_probe(monkeypatch):
+    """``stand_in_probe(result)``: ``runtime.probe`` answers ``result`` (or raises it); records the calls."""
+    calls = []
+
+    def install(result):
+        module = types.ModuleType(checks.PROBE_MODULE)
+
+        def probe_accessors(device, glue=None, rt=None, ops=None, kernels=None):  # the cuda branch's signature
+            calls.append({"device": device, "kernels": kernels})
+            if isinstance(result, Exception):
+                raise result
+            return result
+
+        module.probe_accessors = probe_accessors
+        monkeypatch.setitem(sys.modules, checks.PROBE_MODULE, module)
+        return calls
+
+    return install
+
+
+def _formatted(check: dict) -> list[str]:
+    from fd_async_copy_plugin.cli.selftest import _wrapped
+
+    report = {"present": True, "root": "fastdeploy", "fastdeploy_version": "2.4.0", "profile": "fastdeploy-2.4",
+              "location": "/x", "device": "gpu", "compiled_ops": True, "ops_reason": "", "checks": [check]}
+    return _wrapped(checks.format_lines(report))
+
+
+def test_the_accessor_probe_is_skipped_with_the_reason_when_this_build_has_none(monkeypatch, installed_replica):
+    monkeypatch.setitem(sys.modules, checks.PROBE_MODULE, None)  # absent, before and after issue 10 is merged
+    for device in ("gpu", "cpu"):
+        result = checks.paddle_accessor_checks("cuda", device)
+        assert result["status"] == "skipped", result
+        assert result["reason"].startswith("not available in this build (no fd_async_copy_plugin.runtime.probe")
+    installed_replica("fd25")  # and so in a whole run, which stays ok
+    report = checks.run(["host"], vocab=VOCAB, cost=False)
+    accessors = _by_name(report)[(checks.ACCESSOR_CHECK, "host")]
+    assert accessors["status"] == "skipped" and "not available in this build" in accessors["reason"]
+    assert report["ok"] and any("skipped paddle accessors" in line for line in checks.format_lines(report))
+
+
+def test_the_accessor_probe_is_skipped_without_a_cuda_device(stand_in_probe):
+    calls = stand_in_probe(CUDA_PROBE_PASS)
+    result = checks.paddle_accessor_checks("host", "cpu")
+    assert result["status"] == "skipped" and result["reason"].startswith("needs a CUDA device")
+    assert calls == []  # never called on CPU
+
+
+def test_the_accessor_probe_result_is_reported_check_by_check(stand_in_probe, monkeypatch):
+    """The wire-up point for issue 10's probe, on results of the cuda branch's probe: every check with
+    its detail in the figures and on its own line; a failed one fails the selftest."""
+    library = object()
+    monkeypatch.setattr(checks, "_cuda_stop_flag_library", lambda: library)
+    calls = stand_in_probe(CUDA_PROBE_PASS)
     result = checks.paddle_accessor_checks("cuda", "gpu")
-    assert result["status"] == "fail" and "data_ptr: off" in result["reason"]
-    assert result["figures"] == {"current_device": "ok", "data_ptr": "FAILED: off"}
-    assert checks.paddle_accessor_checks("host", "cpu")["status"] == "skipped"
+    assert calls == [{"device": 0, "kernels": library}]  # the CUDA stop-flag library: kernel_order is probed
+    assert result["status"] == "pass" and result["reason"] == ""
+    figures = result["figures"]
+    assert figures["with_kernels"] is True and figures["device"] == 0 and figures["seconds"] == 0.014163
+    assert [c["check"] for c in figures["checks"]] == ["current_device", "data_ptr", "stream_order", "pinned_wrap",
+                                                       "kernel_order"]
+    assert json.loads(json.dumps(result)) == result  # --json carries it as is
+    lines = _formatted(result)
+    assert "  [cuda] ok      paddle accessors (startup probe of the CUDA layer)" in lines
+    assert any(line.strip().startswith("kernel_order: ok (kernel on the reported stream") for line in lines)
+    assert all(len(line) <= 100 for line in lines)
+
+    monkeypatch.setattr(checks, "_cuda_stop_flag_library", lambda: None)
+    stand_in_probe(CUDA_PROBE_FAIL)
+    result = checks.paddle_accessor_checks("cuda", "gpu")
+    assert result["status"] == "fail" and result["reason"] == CUDA_PROBE_FAIL["reason"]
+    assert result["figures"]["with_kernels"] is False
+    assert [(c["check"], c["ok"]) for c in result["figures"]["checks"]] == [
+        ("current_device", True), ("data_ptr", False), ("stream_order", False), ("pinned_wrap", True)]
+    text = "\n".join(_formatted(result))
+    assert "FAIL    paddle accessors" in text and "no kernel_order" in text
+    assert "data_ptr: FAILED (data_ptr() 0x563428bd2008" in text and "stream_order: FAILED" in text
+    assert text.count("Paddle's accessors disagree") == 0  # the failed checks are listed once, not repeated
+
+
+def test_an_accessor_probe_that_raises_or_answers_nonsense_is_a_failed_check(stand_in_probe, monkeypatch):
+    monkeypatch.setattr(checks, "_cuda_stop_flag_library", lambda: None)
+    stand_in_probe(RuntimeError("cudaGetDevice failed"))
+    result = checks.paddle_accessor_checks("cuda", "gpu")
+    assert result["status"] == "fail" and result["reason"] == "the probe raised RuntimeError: cudaGetDevice failed"
+    for nonsense in (None, {"ok": True}, {"ok": True, "checks": []}, {"ok": True, "checks": [{"check": "x"}]}):
+        stand_in_probe(nonsense)
+        result = checks.paddle_accessor_checks("cuda", "gpu")
+        assert result["status"] == "fail" and result["reason"].startswith("the probe returned no checks"), nonsense
+    stand_in_probe(dict(CUDA_PROBE_PASS, ok=False, reason=""))  # ok False with every check ok: still a fail
+    assert checks.paddle_accessor_checks("cuda", "gpu")["status"] == "fail"
 
 
 def test_a_check_that_breaks_is_a_failed_check_not_a_crash(installed_replica, monkeypatch):
