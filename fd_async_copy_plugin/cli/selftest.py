@@ -80,7 +80,9 @@ def run(args) -> int:
 
 
 def result_line(report: dict) -> str:
-    """PASS only when every scenario was bit-identical and no feature was left out."""
+    """PASS only when every scenario and every check against the installed FastDeploy agreed and no
+    feature was left out. Checks against FastDeploy that cannot run on this machine (skipped, with
+    their reason above) are named too; they do not fail the run."""
     skipped = report["skipped"]
     names = ", ".join(sorted(skipped))
     if not report["ok"]:
@@ -91,6 +93,13 @@ def result_line(report: dict) -> str:
         verdict = f"PASS with {names} skipped (--allow-skip)"
     else:
         verdict = "PASS"
+    fastdeploy = report.get("fastdeploy") or {}
+    if fastdeploy.get("present") is False:
+        verdict += "; reference replica only (no FastDeploy installed)"
+    not_run = sorted({c["name"].split(":")[0].split(" (")[0] for c in fastdeploy.get("checks", [])
+                      if c["status"] == "skipped"})
+    if not_run:  # cannot run here (e.g. FastDeploy's compiled ops absent): said, not failed
+        verdict += f"; skipped against FastDeploy: {', '.join(not_run)} (reasons above)"
     return f"  result: {verdict} ({report['seconds']} s)"
 
 

@@ -234,6 +234,53 @@ def test_kernel_comparison_is_skipped_with_the_reason_when_fastdeploys_ops_are_a
     assert "compiled ops are not importable" in kernels[0]["reason"]
 
 
+def test_kernel_comparison_is_skipped_when_the_plugins_ops_do_not_load(installed_replica, monkeypatch):
+    """Not built is untested, not a mismatch: ``--allow-skip`` can accept it (the replica runs name
+    ``stop_flag`` skipped for the same reason)."""
+    import fd_async_copy_plugin.ops as ops
+    from fd_async_copy_plugin.ops import OpsUnavailable
+
+    installed_replica("fd24")
+
+    def unavailable(*args, **kwargs):
+        raise OpsUnavailable("custom ops unavailable: not built")
+
+    monkeypatch.setattr(ops, "load_ops", unavailable)
+    report = checks.run(["host"], vocab=VOCAB, cost=False)
+    kernels = [c for c in report["checks"] if c["name"].startswith("stop_flag")]
+    assert [c["status"] for c in kernels] == ["skipped"] and report["ok"] is True
+    assert "the plugin's custom ops do not load" in kernels[0]["reason"] and "build-ops" in kernels[0]["reason"]
+
+
+def test_the_result_line_names_what_was_not_checked_against_fastdeploy(installed_replica, monkeypatch, capsys):
+    from fd_async_copy_plugin.cli import selftest
+
+    installed_replica("fd24")
+    real_import = checks.import_fastdeploy
+
+    def without_compiled_ops(root="fastdeploy"):  # the replica's ops stay (its decode runs use them)
+        return dict(real_import(root), compiled_ops=False, ops_reason="no update_inputs_v1 (a CPU machine)")
+
+    monkeypatch.setattr(checks, "import_fastdeploy", without_compiled_ops)
+    monkeypatch.setitem(sys.modules, checks.PROBE_MODULE, None)
+    assert selftest.run(SimpleNamespace(steps=2, backend="host", json=False)) == 0
+    out = capsys.readouterr().out
+    (result,) = [line for line in out.splitlines() if line.startswith("  result:")]
+    assert result.startswith("  result: PASS; skipped against FastDeploy: paddle accessors, stop_flag, sync_scope")
+    assert "(reasons above)" in out and "compiled ops are not importable" in out
+    assert all(len(line) <= 100 for line in out.splitlines())
+
+
+def test_without_fastdeploy_the_result_line_says_only_the_replica_was_checked():
+    from fd_async_copy_plugin.cli.selftest import result_line
+
+    report = {"ok": True, "skipped": {}, "allow_skip": False, "seconds": 1.0,
+              "fastdeploy": checks.run(["host"])}
+    assert result_line(report) == "  result: PASS; reference replica only (no FastDeploy installed) (1.0 s)"
+    report["fastdeploy"] = {"present": True, "checks": [{"name": "logprobs", "status": "pass"}]}
+    assert result_line(report) == "  result: PASS (1.0 s)"
+
+
 def test_cli_selftest_json_carries_versions_profile_and_every_check(installed_replica, capsys):
     from fd_async_copy_plugin.cli import selftest
 
