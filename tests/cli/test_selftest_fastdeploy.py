@@ -30,6 +30,8 @@ class _Alias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def __init__(self, target: str) -> None:
         self.target = target
+        self.aliased: list = []  # (module, its own __spec__): the import system overwrites __spec__
+
 
     def find_spec(self, name, path=None, target=None):
         if name == "fastdeploy" or name.startswith("fastdeploy."):
@@ -40,7 +42,14 @@ class _Alias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return None
 
     def create_module(self, spec):
-        return importlib.import_module(self.target + spec.name[len("fastdeploy"):])
+        module = importlib.import_module(self.target + spec.name[len("fastdeploy"):])
+        self.aliased.append((module, module.__spec__))
+        return module
+
+    def restore(self) -> None:
+        """Give the replica's modules back their own ``__spec__`` (``importlib.reload`` needs it)."""
+        for module, spec in reversed(self.aliased):
+            module.__spec__ = spec
 
     def exec_module(self, module):
         return None
@@ -63,6 +72,7 @@ def installed_replica(monkeypatch):
     fd_async_copy_plugin.disable()
     for finder in finders:
         sys.meta_path.remove(finder)
+        finder.restore()
     for name in [n for n in sys.modules if n.startswith("fastdeploy.")]:
         del sys.modules[name]
 
