@@ -291,6 +291,43 @@ def test_without_fastdeploy_the_result_line_says_only_the_replica_was_checked():
     assert result_line(report) == "  result: PASS (1.0 s)"
 
 
+def test_a_fastdeploy_the_plugin_leaves_alone_is_named_untested_not_compared_with_itself(
+        installed_replica, monkeypatch, capsys):
+    """FastDeploy's gather_logprobs is not the body the plugin reproduces (issue 13's identity check):
+    logprobs is ``incompatible`` there, FastDeploy runs unpatched - correct, but nothing was tested.
+    The logprobs checks are skipped (no FastDeploy-vs-FastDeploy "pass"), the feature is named on the
+    result line, and the run fails unless --allow-skip."""
+    from fd_async_copy_plugin import fd_identity
+    from fd_async_copy_plugin.cli import selftest
+
+    installed_replica("fd25")
+    real_run = checks.run
+
+    def run_on_a_modified_fastdeploy(*args, **kwargs):  # the replica runs before keep their real body
+        with monkeypatch.context() as m:
+            m.setattr(fd_identity, "check", lambda *a: "Sampler.gather_logprobs.maths has digest 0123 (modified)")
+            return real_run(*args, **kwargs)
+
+    monkeypatch.setattr(checks, "run", run_on_a_modified_fastdeploy)
+    report = checks.run(["host"], vocab=VOCAB, cost=True)
+    found = _by_name(report)
+    for name in ("logprobs", "prompt logprobs", "cost"):
+        assert found[(name, "host")]["status"] == "skipped", found[(name, "host")]
+        assert "logprobs is incompatible on this FastDeploy" in found[(name, "host")]["reason"]
+        assert "digest 0123 (modified)" in found[(name, "host")]["reason"]
+    assert report["ok"] is True and list(report["untested"]) == ["logprobs"]
+    assert found[("sync_scope", "host")]["status"] == "pass"  # applied beside it: still checked
+
+    assert selftest.run(SimpleNamespace(steps=2, backend="host", json=False)) == 1
+    out = capsys.readouterr().out
+    (result,) = [line for line in out.splitlines() if line.startswith("  result:")]
+    assert result.startswith("  result: FAIL: not tested: logprobs (installed FastDeploy)"), result
+    # named as not run here, but not untested: stop_flag is native on 2.5, this build has no probe
+    assert "skipped against FastDeploy: paddle accessors, stop_flag (reasons above)" in " ".join(out.split())
+    assert selftest.run(SimpleNamespace(steps=2, backend="host", json=False, allow_skip=True)) == 0
+    assert "result: PASS with logprobs (installed FastDeploy) skipped (--allow-skip)" in capsys.readouterr().out
+
+
 def test_cli_selftest_json_carries_versions_profile_and_every_check(installed_replica, capsys):
     from fd_async_copy_plugin.cli import selftest
 
