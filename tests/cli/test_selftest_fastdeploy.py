@@ -359,7 +359,8 @@ def test_cli_selftest_exits_non_zero_on_a_planted_fastdeploy_mismatch(installed_
 CUDA_PROBE_PASS = {
     "ok": True, "device": 0, "runtime": "host memory (no CUDA)", "reason": "", "seconds": 0.014163,
     "checks": [
-        {"check": "current_device", "ok": True, "detail": "framework current device 0, CUDA current device 0, probed gpu:0"},
+        {"check": "current_device", "ok": True,
+         "detail": "framework current device 0, CUDA current device 0, probed gpu:0"},
         {"check": "data_ptr", "ok": True, "detail": "data_ptr() 0x563427518000 (host memory): copying 2048 bytes "
          "from it gives the tensor's values: True"},
         {"check": "stream_order", "ok": True, "detail": "a copy on the reported stream after a framework op sees "
@@ -371,10 +372,12 @@ CUDA_PROBE_PASS = {
     ],
 }
 _DATA_PTR_OFF = "data_ptr() 0x563428bd2008 (host memory): copying 2048 bytes from it gives the tensor's values: False"
-_STREAM_OFF = "a copy on the reported stream after a framework op sees that op's result: False (first values [7, 7, 7, 7])"
+_STREAM_OFF = ("a copy on the reported stream after a framework op sees that op's result: False "
+               "(first values [7, 7, 7, 7])")
 CUDA_PROBE_FAIL = {
     "ok": False, "device": 0, "runtime": "host memory (no CUDA)", "seconds": 0.001021,
-    "reason": f"Paddle's accessors disagree with the CUDA layer (data_ptr: {_DATA_PTR_OFF}; stream_order: {_STREAM_OFF})",
+    "reason": ("Paddle's accessors disagree with the CUDA layer "
+               f"(data_ptr: {_DATA_PTR_OFF}; stream_order: {_STREAM_OFF})"),
     "checks": [
         CUDA_PROBE_PASS["checks"][0],
         {"check": "data_ptr", "ok": False, "detail": _DATA_PTR_OFF},
