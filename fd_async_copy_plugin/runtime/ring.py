@@ -22,8 +22,6 @@ import sys
 from dataclasses import dataclass, field
 from math import prod
 
-import paddle
-
 from .backend import BufferInUseError, CopyBackend
 
 log = logging.getLogger("fd_async_copy")
@@ -37,7 +35,7 @@ def _refcount(buf) -> int:
 @dataclass
 class PinnedSlot:
     index: int
-    buffers: dict[str, paddle.Tensor]
+    buffers: dict[str, object]  # name -> pinned buffer (a host tensor of the backend's glue)
     capacity: dict[str, int]
     baseline: dict[str, int] = field(default_factory=dict)
     generation: int = 0
