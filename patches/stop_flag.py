@@ -188,7 +188,9 @@ def build_init_share_inputs(original, ctx):
                              f"use FD_ASYNC_COPY_BACKEND={'cuda' if on_gpu else 'host'}")
             return
         if on_gpu:
-            problem = ctx.state.setdefault("cuda_probe", probe_cuda_kernels(ctx.ops, self.share_inputs["stop_flags"].place))
+            problem = probe_accessors(ctx, self.share_inputs["stop_flags"].place) or ctx.state.setdefault(
+                "cuda_probe", probe_cuda_kernels(ctx.ops, self.share_inputs["stop_flags"].place)
+            )
             if problem:
                 _stand_down(ctx, problem)
                 return
@@ -205,6 +207,21 @@ def build_init_share_inputs(original, ctx):
         self._fdac_stop = state
 
     return _init_share_inputs
+
+
+def probe_accessors(ctx, place) -> str:
+    """The cuda backend's startup probe on this device, with the stop-flag kernels (see
+    ``runtime/probe.py``): "" when Paddle's accessors agree with the CUDA layer, else why not."""
+    ensure = getattr(ctx.backend, "ensure_probed", None)
+    if ensure is None:
+        return ""
+    from fd_async_copy_plugin.runtime.cuda import AccessorProbeError
+
+    try:
+        ensure(place.gpu_device_id(), kernels=ctx.ops.cuda_library)
+    except AccessorProbeError as exc:
+        return str(exc)
+    return ""
 
 
 def probe_cuda_kernels(ops, place) -> str:

@@ -274,6 +274,8 @@ class PatchManager:
             "strict": self.strict,
             "features": {n: self.states[n].as_dict() for n in self._ordered_names()},
             "ops": _ops_status(),
+            # the cuda backend's startup probe per device (runtime/probe.py); {} before first use
+            "accessor_probe": {str(d): r for d, r in getattr(self.backend, "probes", {}).items()},
         }
         if self.pm is not None:
             for extra in self.pm.hook.fd_async_copy_status_extra(status=status):

@@ -189,6 +189,10 @@ class CopyBackend:
     def is_pinned(self, t) -> bool:
         return t is not None and self._pinned.get(id(t)) is t
 
+    def unusable_for(self, src) -> str:
+        """Why copies of ``src`` must not go through this backend ("" when they may)."""
+        return ""
+
     def internal_refs(self, buf) -> int:
         """References to ``buf`` the backend itself holds (so the ring can tell consumers' apart)."""
         return 0

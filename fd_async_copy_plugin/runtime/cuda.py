@@ -68,20 +68,34 @@ class RuntimeBackend(CopyBackend):
         self._next_event = 0
 
     # -- first use of a device -----------------------------------------------------------------
-    def ensure_probed(self, device: int) -> dict:
-        """Probe the accessors on ``device`` once; raise ``AccessorProbeError`` if they disagree."""
+    def ensure_probed(self, device: int, kernels=None, ops=None) -> dict:
+        """Probe the accessors on ``device`` once (again with ``kernels``, the stop-flag library, if
+        the first probe ran without); raise ``AccessorProbeError`` if they disagree."""
         result = self.probes.get(device)
-        if result is None:
+        if result is None or (kernels is not None and not result.get("with_kernels")):
             if self._probe_enabled:
                 from .probe import probe_accessors
 
-                result = probe_accessors(device, glue=self.glue, rt=self.rt)
+                result = probe_accessors(device, glue=self.glue, rt=self.rt, ops=ops, kernels=kernels)
             else:
-                result = {"ok": True, "device": device, "checks": [], "reason": "probe disabled"}
+                result = {"ok": True, "device": device, "checks": [], "reason": "", "probe": "disabled"}
+            result["with_kernels"] = kernels is not None
             self.probes[device] = result
         if not result["ok"]:
             raise AccessorProbeError(f"gpu:{device}: {result['reason']}")
         return result
+
+    def unusable_for(self, src) -> str:
+        """Why copies of ``src`` must not use this backend ("" when they may): the accessor probe
+        of its device failed."""
+        device = self.glue.gpu_device(src)
+        if device is None:
+            return ""
+        try:
+            self.ensure_probed(device)
+        except AccessorProbeError as exc:
+            return str(exc)
+        return ""
 
     # -- copies ----------------------------------------------------------------------------------
     def _source(self, src) -> tuple[int | None, int]:
