@@ -59,9 +59,10 @@ class RuntimeBackend(CopyBackend):
     #: sources must be on a GPU (``cuda``) or may be host tensors (``host``)
     device_sources = True
 
-    def __init__(self, rt, glue=None, probe: bool = True) -> None:
+    def __init__(self, rt, glue=None, probe: bool = True, probe_ops=None) -> None:
         super().__init__(glue=glue, rt=rt)
         self._probe_enabled = probe
+        self._probe_ops = probe_ops  # the framework ops the probe uses (None: Paddle's)
         self.probes: dict[int, dict] = {}  # device -> probe_accessors() result
         self._streams: dict[int, int] = {}  # stream -> device, every stream copied on so far
         self._events: dict[int, list[int]] = {}  # stream -> pool of event handles
@@ -76,6 +77,7 @@ class RuntimeBackend(CopyBackend):
             if self._probe_enabled:
                 from .probe import probe_accessors
 
+                ops = ops or self._probe_ops
                 result = probe_accessors(device, glue=self.glue, rt=self.rt, ops=ops, kernels=kernels)
             else:
                 result = {"ok": True, "device": device, "checks": [], "reason": "", "probe": "disabled"}
@@ -172,7 +174,7 @@ class RuntimeBackend(CopyBackend):
 class CudaBackend(RuntimeBackend):
     name = "cuda"
 
-    def __init__(self, glue=None, rt=None, probe: bool = True) -> None:
+    def __init__(self, glue=None, rt=None, probe: bool = True, probe_ops=None) -> None:
         if glue is None:
             ok, why = cuda_available()
             if not ok:
@@ -181,4 +183,4 @@ class CudaBackend(RuntimeBackend):
             from .cudart import runtime
 
             rt = runtime()
-        super().__init__(rt, glue=glue, probe=probe)
+        super().__init__(rt, glue=glue, probe=probe, probe_ops=probe_ops)
