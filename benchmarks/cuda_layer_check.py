@@ -47,6 +47,8 @@ import threading
 import time
 from pathlib import Path
 
+import logging
+
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
@@ -274,7 +276,10 @@ def run_probe(backend, lib, ops) -> None:
 
     planted = probe_accessors(0, glue=WrongStream(), rt=backend.rt, ops=ops, kernels=lib)
     bad = [c["check"] for c in planted["checks"] if not c["ok"]]
-    check(not planted["ok"] and "stream_order" in bad, f"planted wrong stream handle is caught: failed checks {bad}")
+    # Either ordering check may catch it (under compute-sanitizer, which serialises work, the
+    # copy on the wrong stream can happen to run late; the kernel read still comes early).
+    check(bool(bad) and set(bad) <= {"stream_order", "kernel_order"},
+          f"planted wrong stream handle is caught: failed checks {bad}")
     planted = probe_accessors(0, glue=WrongAddress(), rt=backend.rt, ops=ops)
     bad = [c["check"] for c in planted["checks"] if not c["ok"]]
     check(not planted["ok"] and "data_ptr" in bad, f"planted wrong data_ptr is caught: failed checks {bad}")
@@ -421,8 +426,8 @@ def run_correctness(backend, lib, cycles, quick: bool, device) -> None:
     torch.cuda.synchronize()
     intact = bool((host_view(new, backend.glue) == -1).all())
     same = backend.memory_of(new).ptr == old_ptr
-    check(intact, f"release while a copy is in flight: waited {release_ms:.2f} ms for the copy, then freed; "
-                  f"the next allocation ({'same' if same else 'another'} address) is intact")
+    check(intact, f"release while a copy is in flight (~10 ms queued): release took {release_ms:.2f} ms (event "
+                  f"wait, then cudaFreeHost); the next allocation ({'same' if same else 'another'} address) is intact")
     del new
     # for the record: a plain cudaFreeHost with a copy in flight
     rt = backend.rt
@@ -618,6 +623,7 @@ def main(argv=None) -> int:
     parser.add_argument("--output", help="also write the report here")
     args = parser.parse_args(argv)
     say(f"$ python3 benchmarks/cuda_layer_check.py {' '.join(argv if argv is not None else sys.argv[1:])}")
+    logging.getLogger("fd_async_copy").setLevel(logging.ERROR)  # ring growth is reported per run below
     device = torch.device("cuda:0")
     torch.cuda.init()
     stream = torch.cuda.Stream()  # a non-default current stream: every copy must follow it
