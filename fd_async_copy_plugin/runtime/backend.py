@@ -48,11 +48,12 @@ class PinnedMemory:
         self.rt, self.ptr, self.nbytes = rt, ptr, nbytes
         self._backend = weakref.ref(backend)
         self.fence_stream: int | None = None
+        self.fence_device = -1
         self.fence_seq = 0
         self.released = False
 
-    def fence(self, stream: int, seq: int) -> None:
-        self.fence_stream, self.fence_seq = stream, seq
+    def fence(self, stream: int, seq: int, device: int = -1) -> None:
+        self.fence_stream, self.fence_seq, self.fence_device = stream, seq, device
 
     def in_flight(self) -> bool:
         backend = self._backend()
@@ -63,12 +64,20 @@ class PinnedMemory:
             return
         self.released = True
         if self.in_flight():
-            event = self.rt.event_create(True)
+            # The last reference can go on any thread: the event must belong to the stream's device.
+            current = self.rt.get_device() if self.fence_device >= 0 else -1
+            if current != self.fence_device:
+                self.rt.set_device(self.fence_device)
             try:
-                self.rt.event_record(event, self.fence_stream)
-                self.rt.event_synchronize(event)  # GIL released: other threads keep running
+                event = self.rt.event_create(True)
+                try:
+                    self.rt.event_record(event, self.fence_stream)
+                    self.rt.event_synchronize(event)  # GIL released: other threads keep running
+                finally:
+                    self.rt.event_destroy(event)
             finally:
-                self.rt.event_destroy(event)
+                if current != self.fence_device:
+                    self.rt.set_device(current)
         self.rt.host_free(self.ptr)
 
     def __del__(self) -> None:
@@ -169,10 +178,15 @@ class CopyBackend:
     def _fit(self, dst, src) -> tuple[PinnedMemory, tuple[int, ...], int]:
         """Give ``dst`` ``src``'s shape (Paddle ``copy_`` semantics) inside its allocation, after
         checking the dtype and the capacity; returns (memory, shape, bytes to copy)."""
-        memory = self.memory_of(dst)
-        if memory is None:
+        if not self.is_pinned(dst):
             raise ValueError("copy_d2h: the destination is not a pinned buffer of this backend (new_pinned)")
+        memory = self.memory_of(dst)
         glue = self.glue
+        if memory is None or glue.address(dst) != memory.ptr:
+            raise AsyncCopyError(
+                "copy_d2h: the pinned buffer no longer points at its memory (a framework op such as a "
+                "copy_ of a larger tensor reallocated it); write pinned buffers only through the backend"
+            )
         dtype = glue.dtype(src)
         if dtype != glue.dtype(dst):
             raise ValueError(f"copy_d2h: source dtype {dtype} differs from the pinned buffer's {glue.dtype(dst)}")

@@ -118,7 +118,7 @@ class RuntimeBackend(CopyBackend):
         stream = self.glue.stream(device) if device is not None else 0
         if nbytes:
             self.rt.memcpy_d2h_async(memory.ptr, src_ptr, nbytes, stream)
-            memory.fence(stream, seq)
+            memory.fence(stream, seq, -1 if device is None else device)
         with self._lock:
             self._streams.setdefault(stream, -1 if device is None else device)
 

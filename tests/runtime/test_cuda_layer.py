@@ -18,7 +18,7 @@ import paddle
 import pytest
 
 from fd_async_copy_plugin.runtime import HostBackend, PinnedRing, SimulatedBackend
-from fd_async_copy_plugin.runtime.backend import host_view
+from fd_async_copy_plugin.runtime.backend import AsyncCopyError, host_view
 from fd_async_copy_plugin.runtime.cuda import RuntimeBackend
 from fd_async_copy_plugin.runtime.cudart import CudaError, CudaRuntime, CudaUnavailable, HostRuntime
 from fd_async_copy_plugin.runtime.glue import PaddleGlue
@@ -33,6 +33,14 @@ class RecordingRuntime(HostRuntime):
     def __init__(self) -> None:
         super().__init__()
         self.log: list[tuple] = []
+        self.current = 0
+
+    def get_device(self):
+        return self.current
+
+    def set_device(self, device):
+        self.log.append(("set_device", device))
+        self.current = device
 
     def host_alloc(self, nbytes):
         ptr = super().host_alloc(nbytes)
@@ -159,6 +167,28 @@ def test_release_of_a_buffer_with_a_copy_in_flight_waits_for_it_first():
     # an event recorded on the copy's stream and waited on, then the free
     assert kinds == ["memcpy", "record", "sync", "host_free"]
     assert tail[1][2] == STREAM and tail[-1] == ("host_free", ptr)
+
+
+def test_release_on_a_thread_whose_device_differs_records_on_the_copy_device():
+    backend, rt = gpu_backend()
+    buf = backend.new_pinned([4], "int64", "b")
+    backend.copy_d2h(buf, paddle.arange(4, dtype="int64"), "copy")
+    rt.current = 1  # the last reference goes on a thread whose current device is gpu:1
+    del buf
+    gc.collect()
+    tail = [e for e in rt.log[rt.kinds().index("memcpy") + 1:]]
+    assert [e[0] for e in tail] == ["set_device", "record", "sync", "set_device", "host_free"]
+    assert tail[0] == ("set_device", 0) and tail[3] == ("set_device", 1)
+
+
+def test_a_buffer_reallocated_by_a_framework_op_is_refused():
+    backend, _ = gpu_backend()
+    buf = backend.new_pinned([2], "int64", "b")
+    ptr = backend.memory_of(buf).ptr
+    buf.copy_(paddle.arange(64, dtype="int64"), True)  # Paddle reallocates: the wrap left its memory
+    assert buf.data_ptr() != ptr
+    with pytest.raises(AsyncCopyError, match="no longer points at its memory"):
+        backend.copy_d2h(buf, paddle.arange(2, dtype="int64"), "w")
 
 
 def test_release_after_the_copy_was_waited_on_frees_at_once():
