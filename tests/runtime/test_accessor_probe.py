@@ -130,3 +130,25 @@ def test_a_failed_probe_stands_the_backend_down_for_that_device():
     good = RuntimeBackend(HostRuntime(), glue=CpuAsGpuGlue(), probe=True, probe_ops=cpu_ops)
     assert good.unusable_for(paddle.arange(4, dtype="int64")) == ""
     assert good.probes[0]["ok"] is True
+
+
+def test_a_failed_probe_stands_the_logprobs_feature_down_to_blocking_copies():
+    from fd_async_copy_plugin.patches.logprobs import LogprobsCopier
+    from fd_async_copy_plugin.reference.fd24.worker.output import LogprobsTensors
+
+    reasons = []
+    backend = RuntimeBackend(HostRuntime(), glue=WrongAddress(), probe=True, probe_ops=PaddleProbeOps(paddle.CPUPlace()))
+    copier = LogprobsCopier(backend, LogprobsTensors, stand_down=reasons.append)
+    ids = paddle.arange(6, dtype="int64").reshape([2, 3])
+    lps = paddle.arange(6, dtype="float32").reshape([2, 3])
+    ranks = paddle.arange(2, dtype="int64")
+    result = copier.copy(object(), ids, lps, ranks)
+    assert len(reasons) == 1 and "data_ptr" in reasons[0]
+    assert type(result) is LogprobsTensors and not copier.rings  # FastDeploy's blocking way, no pinned ring
+    assert result.logprob_token_ids.numpy().tolist() == ids.numpy().tolist()
+    copier.copy(object(), ids, lps, ranks)
+    assert len(reasons) == 1  # reported once
+    good = LogprobsCopier(RuntimeBackend(HostRuntime(), glue=CpuAsGpuGlue(), probe=True,
+                                         probe_ops=PaddleProbeOps(paddle.CPUPlace())), LogprobsTensors,
+                          stand_down=reasons.append)
+    assert type(good.copy(object(), ids, lps, ranks)) is good.AsyncLogprobsTensors and len(reasons) == 1
