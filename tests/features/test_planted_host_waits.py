@@ -21,6 +21,7 @@ from fd_async_copy_plugin.reference.driver import DriverConfig, Request
 from fd_async_copy_plugin.reference.placement import as_device
 from fd_async_copy_plugin.runtime import collecting
 from fd_async_copy_plugin.runtime.backend import host_view
+from fd_async_copy_plugin.runtime.cuda import RuntimeBackend
 from fd_async_copy_plugin.runtime.host import HostBackend
 
 pytestmark = pytest.mark.usefixtures("plugin_off")
@@ -147,3 +148,16 @@ def test_planted_numpy_of_the_device_stop_flag_is_caught(monkeypatch):
     run = tracked_plugin_run()
     hits = _caught(run, read_device_flag, "d2h")
     assert hits[0]["what"] == ".numpy()"
+
+
+def test_planted_host_read_inside_the_cuda_paths_copy_is_caught(monkeypatch):
+    """The copy by address (``RuntimeBackend._copy``: the ``cuda`` backend's code, run by ``host``
+    on ``HostRuntime``) is tracked: only the simulator's modelled DMA (``glue.snapshot``) is not."""
+
+    def numel_in_the_copy(self, dst, src, seq, label):
+        if int(src.numel()) == 0:  # a device value read where only metadata may be
+            raise ValueError
+
+    _plant(monkeypatch, RuntimeBackend, "_copy", numel_in_the_copy)
+    run = tracked_plugin_run()
+    _caught(run, numel_in_the_copy, "d2h")
