@@ -152,3 +152,73 @@ def test_a_failed_probe_stands_the_logprobs_feature_down_to_blocking_copies():
                                          probe_ops=PaddleProbeOps(paddle.CPUPlace())), LogprobsTensors,
                           stand_down=reasons.append)
     assert type(good.copy(object(), ids, lps, ranks)) is good.AsyncLogprobsTensors and len(reasons) == 1
+
+
+def test_a_failed_probe_stands_the_stop_flag_runner_down_with_the_reason():
+    """``stop_flag`` probes the accessors at runner construction (with the kernels): a failure is the
+    reason the runner keeps FastDeploy's path; agreeing accessors (or a backend without a probe) pass."""
+    from fd_async_copy_plugin.patches.stop_flag import probe_accessors as stop_flag_probe
+
+    class Place:
+        def gpu_device_id(self):
+            return 0
+
+    class Ops:
+        cuda_library = None  # no kernels on CPU: the accessor checks only
+
+    cpu_ops = PaddleProbeOps(paddle.CPUPlace())
+    bad = RuntimeBackend(HostRuntime(), glue=WrongAddress(), probe=True, probe_ops=cpu_ops)
+    assert "data_ptr" in stop_flag_probe(bad, Ops(), Place())
+    good = RuntimeBackend(HostRuntime(), glue=CpuAsGpuGlue(), probe=True, probe_ops=cpu_ops)
+    assert stop_flag_probe(good, Ops(), Place()) == ""
+    assert stop_flag_probe(object(), Ops(), Place()) == ""  # host/sim: nothing to probe
+
+
+def test_a_failed_probe_in_strict_mode_refuses_the_async_logprobs():
+    from fd_async_copy_plugin.patches.logprobs import LogprobsCopier
+    from fd_async_copy_plugin.reference.fd24.worker.output import LogprobsTensors
+
+    backend = RuntimeBackend(HostRuntime(), glue=WrongAddress(), probe=True, probe_ops=PaddleProbeOps(paddle.CPUPlace()))
+    copier = LogprobsCopier(backend, LogprobsTensors, strict=True)
+    ids = paddle.arange(6, dtype="int64").reshape([2, 3])
+    with pytest.raises(RuntimeError, match="data_ptr"):
+        copier.copy(object(), ids, ids.astype("float32"), paddle.arange(2, dtype="int64"))
+
+
+@pytest.mark.usefixtures("plugin_off")
+def test_through_enable_a_failed_probe_reports_logprobs_passthrough_and_fastdeploy_outputs_stay_exact(monkeypatch):
+    """The whole path on the fd24 replica: the backend's probe fails on the first logprobs copy,
+    the feature stands down (``status()``: passthrough with the reason, ``accessor_probe`` holds the
+    failed check) and FastDeploy's outputs equal the unpatched run's."""
+    import fd_async_copy_plugin as plugin
+    from fd_async_copy_plugin import runtime
+    from fd_async_copy_plugin.reference import ROOTS
+    from fd_async_copy_plugin.reference.driver import DriverConfig, Request, run_decode
+
+    config = DriverConfig(max_num_seqs=2, vocab_size=64, max_model_len=32, enable_logprob=True)
+    requests = [Request(f"r{i}", [3 + i, 4], max_tokens=4, eos_token_ids=[300], logprobs=2) for i in range(2)]
+    reference = run_decode(ROOTS["fd24"], config, requests)
+
+    class FailingProbeBackend(RuntimeBackend):
+        name = "host"
+
+    made = []
+
+    def make_backend(name):
+        made.append(FailingProbeBackend(HostRuntime(), glue=WrongAddress(), probe=True,
+                                        probe_ops=PaddleProbeOps(paddle.CPUPlace())))
+        return made[-1]
+
+    monkeypatch.setattr(runtime, "make_backend", make_backend)
+    plugin.enable(features=("logprobs",), backend="host", root=ROOTS["fd24"])
+    try:
+        assert plugin.status()["features"]["logprobs"]["state"] == "applied"
+        result = run_decode(ROOTS["fd24"], config, requests)
+        status = plugin.status()
+    finally:
+        plugin.disable()
+    assert made, "the failing backend was not used"
+    assert status["features"]["logprobs"]["state"] == "passthrough"
+    assert "data_ptr" in status["features"]["logprobs"]["reason"]
+    assert status["accessor_probe"]["0"]["ok"] is False
+    assert result.differences(reference) == []
