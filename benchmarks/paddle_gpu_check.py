@@ -1,20 +1,24 @@
 #!/usr/bin/env python3
 """Check, on a machine with a GPU build of Paddle 3, what the project could not check itself.
 
-UNVERIFIED ON GPU until someone runs this: no GPU build of Paddle 3 can be installed on the
-project's machines. Run it on the machine that serves FastDeploy (paddlepaddle-gpu 3.3.x, after
+Not run by the project: no GPU build of Paddle 3 can be installed on its machines. Run it on the machine that serves FastDeploy (paddlepaddle-gpu 3.3.x, after
 ``fd-async-copy build-ops``)::
 
     python benchmarks/paddle_gpu_check.py            # prints PASS/FAIL per check, exit 1 on a failure
     python benchmarks/paddle_gpu_check.py --json
 
-Checks (each is an assumption the plugin's ``cuda`` backend relies on):
+Checks (each is an answer from Paddle the plugin's ``cuda`` backend relies on; the CUDA layer
+itself, the backend, the ring and the kernels are checked on an H200 without Paddle by
+``benchmarks/cuda_layer_check.py``):
 
-1. ``copy_(gpu_src, False)`` into a pinned buffer is asynchronous, and the data is there after
-   an event recorded behind it is waited on; ``.numpy()`` before the wait may see old data.
-2. ``copy_`` resizes a pinned destination to the source shape and keeps its allocation (same
-   ``data_ptr``) when the source is smaller, so the ring never reallocates after warm-up.
-3. The pinned buffer stays pinned after ``copy_`` and after the plugin's host reads.
+1. The accessor probe (``runtime.probe.probe_accessors``, also run by the backend at first use):
+   Paddle's current device, a GPU tensor's ``data_ptr()``, the raw handle of
+   ``paddle.device.current_stream(place)`` (ordering after a Paddle op, for copies and for our
+   kernel), and a pinned wrap reading back through Paddle.
+2. The backend's asynchronous copy: ``copy_d2h`` returns with GPU work queued, the event is
+   pending right after it, the data is right after the wait.
+3. A pinned buffer is a CPU-place tensor over ``cudaHostAlloc`` memory (zero-copy), and a Paddle op
+   on it runs on the CPU: the buffer stays where it is (a pinned-place tensor would move to the GPU).
 4. Our CUDA stop-flag kernels, launched from Paddle GPU tensors on Paddle's current stream
    (``tensor.data_ptr()`` + the stream handle), give the same results as the host implementation.
 5. The plugin's ``cuda`` backend + ``PinnedRing`` make zero pinned allocations after warm-up.
@@ -28,47 +32,52 @@ import sys
 import time
 
 
+def check_accessor_probe(paddle):
+    from fd_async_copy_plugin.ops import load_ops
+    from fd_async_copy_plugin.runtime.probe import probe_accessors
+
+    ops = load_ops()
+    result = probe_accessors(paddle.device.current_device(), kernels=ops.cuda_library)
+    detail = "; ".join(f"{c['check']}: {'ok' if c['ok'] else 'FAILED'} ({c['detail']})" for c in result["checks"])
+    return result["ok"], detail
+
+
 def check_async_copy(paddle):
+    from fd_async_copy_plugin.runtime.cuda import CudaBackend
+
+    backend = CudaBackend()
+    dst = backend.new_pinned([1024], "int64", "check")
     busy = paddle.randn([4096, 4096], dtype="float32")
     src = paddle.full([1024], 7, dtype="int64")
-    dst = paddle.zeros([1024], dtype="int64").cpu().pin_memory()
     for _ in range(8):
         busy = paddle.matmul(busy, busy) * 1e-4  # queue GPU work ahead of the copy
     src_after = src + 0  # produced after the busy work, in stream order
     start = time.perf_counter()
-    dst.copy_(src_after, False)
+    backend.copy_d2h(dst, src_after, "check")
     issued = time.perf_counter() - start
-    event = paddle.device.cuda.Event(blocking=True)
-    event.record()
-    pending = not event.query()  # an asynchronous copy is still queued behind the busy work
-    event.synchronize()
-    correct = bool((dst.numpy() == 7).all())
-    ok = pending and correct
-    return ok, (
-        f"copy_ returned after {issued * 1e6:.0f} us with GPU work queued; event still pending right "
-        f"after copy_: {pending} (False means copy_ blocked); data correct after the event: {correct}"
+    event = backend.record("check")
+    pending = not backend.query(event)
+    host = backend.to_host(dst, "check")
+    correct = bool((host.numpy() == 7).all())
+    return pending and correct, (
+        f"copy_d2h returned after {issued * 1e6:.0f} us with GPU work queued; event pending right after: "
+        f"{pending} (False means the copy blocked); data correct after the wait: {correct}"
     )
 
 
-def check_resize_keeps_allocation(paddle):
-    dst = paddle.zeros([4096], dtype="int64").cpu().pin_memory()
-    ptr = dst.data_ptr()
-    dst.copy_(paddle.arange(100, dtype="int64").reshape([10, 10]), False)
-    paddle.device.synchronize()
-    same = dst.data_ptr() == ptr and list(dst.shape) == [10, 10]
-    pinned = dst.place.is_cuda_pinned_place()
-    return same and pinned, f"shape {list(dst.shape)}, same allocation {dst.data_ptr() == ptr}, still pinned {pinned}"
-
-
-def check_host_read_keeps_pinned(paddle):
+def check_pinned_buffer_is_a_cpu_wrap(paddle):
     from fd_async_copy_plugin.runtime.cuda import CudaBackend
 
     backend = CudaBackend()
     buf = backend.new_pinned([64], "float32", "check")
+    memory = backend.memory_of(buf)
+    kind, _ = backend.rt.pointer_info(buf.data_ptr())
     backend.copy_d2h(buf, paddle.arange(8, dtype="float32"), "check")
-    host = backend.to_host(buf, "check", 2, 4)
-    ok = buf.place.is_cuda_pinned_place() and host.numpy().tolist() == [2.0, 3.0]
-    return ok, f"pinned after read: {buf.place.is_cuda_pinned_place()}, rows read: {host.numpy().tolist()}"
+    rows = backend.to_host(buf, "check", 2, 4).numpy().tolist()
+    _ = buf + 1  # a Paddle op on the buffer: a CPU op, the buffer stays put
+    ok = buf.place.is_cpu_place() and buf.data_ptr() == memory.ptr and kind == "host" and rows == [2.0, 3.0]
+    return ok, (f"place {buf.place}, at the cudaHostAlloc address: {buf.data_ptr() == memory.ptr}, "
+                f"CUDA says {kind} memory, rows read: {rows}")
 
 
 def check_kernels_from_paddle(paddle):
@@ -118,9 +127,9 @@ def check_no_pinned_allocs_after_warmup(paddle):
 
 
 CHECKS = (
+    ("accessor probe (device, data_ptr, stream handle, kernel order, pinned wrap)", check_accessor_probe),
     ("async copy into pinned + event", check_async_copy),
-    ("copy_ resize keeps the pinned allocation", check_resize_keeps_allocation),
-    ("host read keeps the buffer pinned", check_host_read_keeps_pinned),
+    ("pinned buffer is a zero-copy CPU tensor over cudaHostAlloc memory", check_pinned_buffer_is_a_cpu_wrap),
     ("CUDA stop-flag kernels from Paddle tensors", check_kernels_from_paddle),
     ("no pinned allocations after warm-up", check_no_pinned_allocs_after_warmup),
 )

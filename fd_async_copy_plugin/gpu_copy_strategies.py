@@ -1,7 +1,7 @@
 """Copy strategies for the logprob payload on a Paddle GPU build (part of ``fd-async-copy bench``).
 
-UNVERIFIED ON GPU: no GPU build of Paddle 3 can be installed on the project's machines, so this
-has never run. It measures host time per step of the three strategies this project compares:
+Not run by the project (no GPU build of Paddle 3 installs on its machines); the same comparison
+runs without Paddle in benchmarks/cuda_layer_check.py. It measures host time per step of the three strategies this project compares:
 
 - ``blocking .cpu()``: FastDeploy 2.4 (three blocking D2H copies);
 - ``fresh pin_memory() per step``: FastDeploy 2.5 / PR #6362 (new pinned tensors every step);

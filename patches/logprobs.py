@@ -105,8 +105,13 @@ class LogprobsCopier:
     ring. Buffers are capped at ``MAX_PINNED_BYTES``.
     """
 
-    def __init__(self, backend, logprobs_tensors_cls, ring_max_bytes: int | None = None) -> None:
+    def __init__(
+        self, backend, logprobs_tensors_cls, ring_max_bytes: int | None = None, stand_down=None, strict: bool = False
+    ) -> None:
         self.backend = backend
+        self.stand_down = stand_down
+        self.strict = strict
+        self.unusable = ""  # set when the backend cannot be trusted here (accessor probe failed)
         self.base = logprobs_tensors_cls
         self.AsyncLogprobsTensors = make_async_class(logprobs_tensors_cls, backend)
         self.rings: dict[str, runtime.PinnedRing] = {}
@@ -169,6 +174,17 @@ class LogprobsCopier:
     def copy(self, sampler, indices, top_logprobs, token_ranks):
         """Issue the three non-blocking copies and record one event; return the result."""
         sources = {"logprob_token_ids": indices, "logprobs": top_logprobs, "selected_token_ranks": token_ranks}
+        if not self.unusable:
+            problem = self.backend.unusable_for(indices)  # the accessor probe, once per device
+            if problem:
+                self.unusable = problem
+                if self.strict:
+                    raise RuntimeError(f"fd_async_copy logprobs: {problem}")
+                log.error("fd_async_copy: %s; logprobs are copied FastDeploy's blocking way", problem)
+                if self.stand_down is not None:
+                    self.stand_down(problem)
+        if self.unusable:
+            return self.base(*(self.backend.blocking_d2h(sources[f], f"gather_logprobs.{f}") for f in FIELDS))
         rows, columns = int(indices.shape[0]), int(indices.shape[-1])
         prompt = self.prompt_mode()
         if any(n * _ITEM_BYTES[f] > MAX_PINNED_BYTES for f, n in self._elements(rows, columns).items()):
@@ -361,7 +377,9 @@ class LogprobsFeature(Feature):
             raise IncompatibleError(f"{SAMPLER} no longer imports LogprobsTensors")
 
     def prepare(self, ctx) -> LogprobsCopier:
-        return LogprobsCopier(ctx.backend, ctx.module(SAMPLER).LogprobsTensors)
+        return LogprobsCopier(
+            ctx.backend, ctx.module(SAMPLER).LogprobsTensors, stand_down=ctx.stand_down, strict=ctx.strict
+        )
 
     def quiesce(self, ctx) -> None:
         if isinstance(ctx.state, LogprobsCopier):

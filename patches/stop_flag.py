@@ -265,9 +265,12 @@ def build_init_share_inputs(original, ctx):
                                    f"use FD_ASYNC_COPY_BACKEND={'cuda' if on_gpu else 'host'}")
             return
         if on_gpu:
-            if registry.cuda_probe is None:
-                registry.cuda_probe = probe_cuda_kernels(registry.ops, self.share_inputs["stop_flags"].place)
-            problem = registry.cuda_probe
+            place = self.share_inputs["stop_flags"].place
+            problem = probe_accessors(ctx.backend, registry.ops, place)
+            if not problem:
+                if registry.cuda_probe is None:
+                    registry.cuda_probe = probe_cuda_kernels(registry.ops, place)
+                problem = registry.cuda_probe
             if problem:
                 _stand_down(ctx, self, problem)
                 return
@@ -284,6 +287,21 @@ def build_init_share_inputs(original, ctx):
         self._fdac_stop = state
 
     return _init_share_inputs
+
+
+def probe_accessors(backend, ops, place) -> str:
+    """The cuda backend's startup probe on this device, with the stop-flag kernels (see
+    ``runtime/probe.py``): "" when Paddle's accessors agree with the CUDA layer, else why not."""
+    ensure = getattr(backend, "ensure_probed", None)
+    if ensure is None:
+        return ""
+    from fd_async_copy_plugin.runtime.cuda import AccessorProbeError
+
+    try:
+        ensure(place.gpu_device_id(), kernels=ops.cuda_library)
+    except AccessorProbeError as exc:
+        return str(exc)
+    return ""
 
 
 def probe_cuda_kernels(ops, place) -> str:

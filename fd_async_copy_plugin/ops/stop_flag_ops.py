@@ -22,6 +22,9 @@ import os
 import threading
 from pathlib import Path
 
+from math import prod
+
+from ..runtime.glue import paddle_glue
 from . import cache
 from .stop_flag_library import MAX_BATCH, StopFlagLibrary
 
@@ -84,10 +87,10 @@ class StopFlagOps:
         )
 
     # --- CUDA kernels (GPU tensors) ------------------------------------------------------------
-    # UNVERIFIED ON GPU with Paddle: no GPU build of Paddle 3 can be installed on the project's
-    # machines. The kernels themselves are checked on an H200 by benchmarks/gpu_kernel_check.py
-    # (CuPy/PyTorch pointers and streams); what is unverified is Paddle's side - data_ptr() of GPU
-    # tensors and the current stream's handle.
+    # The launch is framework-neutral (StopFlagLibrary: addresses, shapes, a cudaStream_t), checked
+    # on an H200 by benchmarks/gpu_kernel_check.py and cuda_layer_check.py. Paddle is reduced to
+    # accessors (data_ptr, shape, dtype, place, the current stream's handle), which
+    # runtime.probe.probe_accessors checks on the GPU at first use; nothing here reads a device value.
 
     def _update_inputs_v1_cuda(
         self, stop_flags, not_need_stop, seq_lens_this_time, seq_lens_encoder, seq_lens_decoder,
@@ -111,7 +114,7 @@ class StopFlagOps:
         self._launch(
             "update_inputs_v1", pointers, device, bsz, max_bsz, ids_stride,
             block_tables_stride=_row_stride(block_tables),
-            block_tables_numel=_numel(block_tables),
+            block_tables_numel=_elements(block_tables),
             block_size=int(block_size),
             prefill_one_step_stop=bool(prefill_one_step_stop),
         )
@@ -201,23 +204,26 @@ def _checked_pointers(rows, stop_nums, next_tokens, is_block_step, bsz: int) -> 
 def check_device_tensors(tensors) -> int:
     """Every tensor on one GPU, contiguous, of the dtype and size the kernel indexes.
     Returns the device id. Raises ``OpsUnavailable`` on a CPU-only Paddle (whose CUDA stream API
-    segfaults instead of raising)."""
+    segfaults instead of raising). Accessors only (place, dtype, shape, is_contiguous): no
+    ``numel()`` or other op, each of which would be a GPU kernel and ``int()`` of it a host sync."""
     import paddle
 
     if not paddle.is_compiled_with_cuda():
         raise OpsUnavailable("the CUDA stop-flag kernels need a CUDA build of Paddle (this one is CPU-only)")
+    glue = paddle_glue()
     devices = set()
     for name, t, dtype, min_numel in tensors:
-        place = t.place
-        if not place.is_gpu_place():
-            raise ValueError(f"{name} must be a GPU tensor for the CUDA kernel (it is on {place})")
-        devices.add(place.gpu_device_id())
-        if str(t.dtype).split(".")[-1] != dtype:
+        device = glue.gpu_device(t)
+        if device is None:
+            raise ValueError(f"{name} must be a GPU tensor for the CUDA kernel (it is on {t.place})")
+        devices.add(device)
+        if glue.dtype(t) != dtype:
             raise ValueError(f"{name} has dtype {t.dtype}, expected {dtype}")
-        if not t.is_contiguous():
+        if not glue.is_contiguous(t):
             raise ValueError(f"{name} must be contiguous")
-        if _numel(t) < min_numel:
-            raise ValueError(f"{name} has {_numel(t)} elements, needs at least {min_numel}")
+        count = _elements(t)
+        if count < min_numel:
+            raise ValueError(f"{name} has {count} elements, needs at least {min_numel}")
     if len(devices) != 1:
         raise ValueError(f"stop-flag tensors are spread over GPUs {sorted(devices)}")
     return devices.pop()
@@ -226,29 +232,23 @@ def check_device_tensors(tensors) -> int:
 def current_stream_handle(device_id: int) -> int:
     """The ``cudaStream_t`` of Paddle's current stream on ``device_id``, as an int.
 
-    UNVERIFIED ON GPU. Paddle 3.3 (``paddle/device/__init__.py``): ``current_stream(place)`` returns
-    a ``Stream`` whose ``stream_base`` is a ``core.CUDAStream``; its ``cuda_stream`` attribute is
-    the raw handle (``Stream._as_parameter_`` and ``__cuda_stream__`` expose the same).
+    Paddle 3.3 (``paddle/device/__init__.py``): ``current_stream(place)`` returns a ``Stream``
+    whose ``stream_base`` is a ``core.CUDAStream``; its ``cuda_stream`` attribute is the raw handle
+    (what FastDeploy 2.5 passes to C++). Checked at first use by ``runtime.probe`` (stream order).
     """
-    import paddle
-
-    stream = paddle.device.current_stream(paddle.CUDAPlace(device_id))
-    return int(stream.stream_base.cuda_stream)
+    return paddle_glue().stream(device_id)
 
 
 def _address(t) -> int | None:
     """Device address, or None (NULL) for an absent or empty tensor, which no slot touches."""
-    if t is None or _numel(t) == 0:
+    if t is None or _elements(t) == 0:
         return None
-    return int(t.data_ptr())
+    return paddle_glue().address(t)
 
 
-def _numel(t) -> int:
-    """Element count from the shape (host metadata): ``int(t.numel())`` is a blocking D2H on GPU."""
-    count = 1
-    for dim in t.shape:
-        count *= int(dim)
-    return count
+def _elements(t) -> int:
+    """Element count from the shape (host metadata); ``numel()`` would be a device op."""
+    return prod(paddle_glue().shape(t))
 
 
 def _rows(t) -> int:

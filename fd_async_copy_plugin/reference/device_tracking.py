@@ -28,8 +28,9 @@ On CPU Paddle every tensor is a CPU tensor. Inside ``tracking()``:
 - **Event waits and synchronizes** through the copy backend (FastDeploy 2.5's events in the
   replica, the plugin's events) count too: every ``wait`` call, and every device/stream sync.
 - **Pinned buffers** written by the backend's asynchronous copy are not marked: the copy itself
-  is not a read (``copy_d2h`` runs untracked, as the DMA it models), and reading the buffer is
-  judged by the simulator.
+  is not a read (the simulator's snapshot of the source, ``glue.snapshot``, runs untracked as the
+  DMA it models; the rest of ``copy_d2h``, the copy by address included, is tracked), and reading
+  the buffer is judged by the simulator.
 - **Device code.** The replica's stand-ins for FastDeploy's compiled ops and its model read
   tensors with ``.numpy()`` to compute on the CPU; they run under ``device_code()`` (nothing is
   recorded, nothing is checked). The host side of such an op (``token_num.copy_to(CPUPlace)``
@@ -60,6 +61,7 @@ import paddle
 
 from ..runtime import census
 from ..runtime.backend import CopyBackend
+from ..runtime.glue import PaddleGlue
 
 MARK = "_fd_reference_on_device"
 
@@ -437,7 +439,7 @@ def _backend_wrappers() -> list[tuple[object, str, object]]:
     original_wait = CopyBackend.wait
     original_device_sync = CopyBackend.device_synchronize
     original_stream_sync = CopyBackend.stream_synchronize
-    original_copy = CopyBackend.copy_d2h
+    original_snapshot = PaddleGlue.snapshot
 
     def record(self, label):
         event = original_record(self, label)
@@ -464,17 +466,19 @@ def _backend_wrappers() -> list[tuple[object, str, object]]:
             tracker.synchronized(f"stream synchronize {reason}")
         return original_stream_sync(self, reason)
 
-    def copy_d2h(self, dst, src, label):
-        # The modelled DMA: the copy is not a host read (the simulator snapshots the source).
+    def snapshot(self, t):
+        # The modelled DMA: the simulator (and ``host`` for a non-contiguous source) snapshots the
+        # source instead of copying by address; that is the copy, not a host read. The rest of
+        # ``copy_d2h`` - the ``cuda`` backend's copy by address included - is tracked.
         with device_code():
-            return original_copy(self, dst, src, label)
+            return original_snapshot(self, t)
 
     return [
         (CopyBackend, "record", record),
         (CopyBackend, "wait", wait),
         (CopyBackend, "device_synchronize", device_synchronize),
         (CopyBackend, "stream_synchronize", stream_synchronize),
-        (CopyBackend, "copy_d2h", copy_d2h),
+        (PaddleGlue, "snapshot", snapshot),
     ]
 
 

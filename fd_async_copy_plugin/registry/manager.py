@@ -79,9 +79,10 @@ def probe_backend(name: str) -> tuple[str, str]:
     if name in ("auto", "cuda"):
         try:
             from ..runtime.cuda import cuda_available
+
+            ok, why = cuda_available()  # imports Paddle
         except ImportError as exc:
             return "cuda", f"Paddle is not importable ({exc}): {PADDLE_INSTALL_HINT}"
-        ok, why = cuda_available()
         if not ok:
             return "cuda", (
                 f"backend {name!r} needs CUDA: {why}. Use FD_ASYNC_COPY_BACKEND=host to run the "
@@ -257,6 +258,8 @@ class PatchManager:
             "strict": self.strict,
             "features": self._feature_report(),
             "ops": ops_report(),
+            # the cuda backend's startup probe per device (runtime/probe.py); {} before first use
+            "accessor_probe": {str(d): r for d, r in getattr(self.backend, "probes", {}).items()},
         }
 
 

@@ -14,15 +14,18 @@ host waits do not hold it.
 from __future__ import annotations
 
 import ctypes
+import logging
 import threading
 import weakref
 from collections import deque
+from math import prod
 from typing import Iterable
 
 import numpy as np
-import paddle
 
 from . import census
+
+log = logging.getLogger("fd_async_copy")
 
 
 class AsyncCopyError(RuntimeError):
@@ -35,6 +38,60 @@ class PendingCopyError(AsyncCopyError):
 
 class BufferInUseError(AsyncCopyError):
     """A copy into a buffer whose previous contents a consumer still holds."""
+
+
+class PinnedMemory:
+    """One host allocation behind a pinned buffer (``cudaHostAlloc``, or host memory on
+    ``host``/``sim``). It lives exactly as long as the buffer's tensor: tensor -> DLPack -> numpy
+    array -> this object. Released only after every copy into it: the last copy's stream is kept
+    (``fence``) and, unless the backend has seen that copy complete, an event recorded behind it is
+    waited on before the memory is freed (CUDA may otherwise hand it out while the DMA still writes).
+    """
+
+    def __init__(self, rt, ptr: int, nbytes: int, backend: "CopyBackend") -> None:
+        self.rt, self.ptr, self.nbytes = rt, ptr, nbytes
+        self._backend = weakref.ref(backend)
+        self.fence_stream: int | None = None
+        self.fence_device = -1
+        self.fence_seq = 0
+        self.released = False
+
+    def fence(self, stream: int, seq: int, device: int = -1) -> None:
+        self.fence_stream, self.fence_seq, self.fence_device = stream, seq, device
+
+    def in_flight(self) -> bool:
+        backend = self._backend()
+        return self.fence_stream is not None and (backend is None or self.fence_seq > backend._completed)
+
+    def release(self) -> None:
+        if self.released:
+            return
+        self.released = True
+        if self.in_flight():
+            # The last reference can go on any thread: the event must belong to the stream's device.
+            current = self.rt.get_device() if self.fence_device >= 0 else -1
+            if current != self.fence_device:
+                self.rt.set_device(self.fence_device)
+            try:
+                event = self.rt.event_create(True)
+                try:
+                    self.rt.event_record(event, self.fence_stream)
+                    self.rt.event_synchronize(event)  # GIL released: other threads keep running
+                finally:
+                    self.rt.event_destroy(event)
+            finally:
+                if current != self.fence_device:
+                    self.rt.set_device(current)
+        self.rt.host_free(self.ptr)
+
+    def __del__(self) -> None:
+        try:
+            self.release()
+        except Exception as exc:  # pragma: no cover - interpreter shutdown, CUDA already torn down
+            try:
+                log.debug("fd_async_copy: releasing pinned memory %#x: %s", self.ptr, exc)
+            except Exception:
+                pass
 
 
 class CopyEvent:
@@ -59,7 +116,17 @@ class CopyBackend:
 
     name = "abstract"
 
-    def __init__(self) -> None:
+    def __init__(self, glue=None, rt=None) -> None:
+        if glue is None:
+            from .glue import paddle_glue
+
+            glue = paddle_glue()
+        if rt is None:
+            from .cudart import HostRuntime
+
+            rt = HostRuntime()
+        self.glue = glue  # tensor accessors (runtime/glue.py): the only framework-specific part
+        self.rt = rt  # the CUDA layer (runtime/cudart.py), or its host-memory stand-in
         self._lock = threading.Lock()
         self._seq = 0  # sequence number of the last copy issued
         self._completed = 0  # every copy with seq <= _completed has landed, from the host's view
@@ -69,28 +136,87 @@ class CopyBackend:
         self._pinned: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
         self._copy_seq: dict[int, tuple[int, str, weakref.ref]] = {}  # id(dst) -> last copy
         self._recent_events: deque[CopyEvent] = deque(maxlen=64)
+        self._memory: dict[int, weakref.ref] = {}  # id(buf) -> its PinnedMemory (weakly)
 
     # -- allocation ---------------------------------------------------------------------------
-    def new_pinned(self, shape: Iterable[int], dtype: str, label: str) -> paddle.Tensor:
+    def new_pinned(self, shape: Iterable[int], dtype: str, label: str):
+        """A host buffer of ``shape``, allocated once through the runtime (``cudaHostAlloc`` on
+        ``cuda``) and wrapped zero-copy as a host tensor of the glue's framework."""
         census.record("pinned_alloc", label)
         t = self._alloc([int(s) for s in shape], dtype)
         self._pinned[id(t)] = t
         return t
 
-    def free_pinned(self, t: paddle.Tensor, label: str) -> None:
+    def free_pinned(self, t, label: str) -> None:
+        """Forget ``t``. Its memory is released when the last reference to the tensor goes, after
+        every copy into it (``PinnedMemory.release``), never while a consumer can still read it."""
         census.record("pinned_free", label)
         self._pinned.pop(id(t), None)
         self._copy_seq.pop(id(t), None)
+        self._memory.pop(id(t), None)
+
+    def _alloc(self, shape: list[int], dtype: str):
+        np_dtype = np_dtype_of(dtype)
+        count = prod(shape) if shape else 1
+        nbytes = count * np_dtype.itemsize
+        memory = PinnedMemory(self.rt, self.rt.host_alloc(nbytes), nbytes, self)
+        raw = (ctypes.c_byte * max(1, nbytes)).from_address(memory.ptr)
+        raw.memory = memory  # the numpy array below keeps ``raw`` alive, and ``raw`` the memory
+        array = np.frombuffer(raw, dtype=np_dtype, count=count).reshape(shape)
+        t = self.glue.wrap(array)
+        del raw, array
+        if self.glue.address(t) != memory.ptr:
+            raise AsyncCopyError(
+                f"wrapping pinned memory {memory.ptr:#x} gave a tensor at {self.glue.address(t):#x}: "
+                "the host wrap is not zero-copy"
+            )
+        self._memory[id(t)] = weakref.ref(memory)
+        return t
+
+    def memory_of(self, buf) -> PinnedMemory | None:
+        if not self.is_pinned(buf):
+            return None
+        ref = self._memory.get(id(buf))
+        return ref() if ref is not None else None
+
+    def _fit(self, dst, src) -> tuple[PinnedMemory, tuple[int, ...], int]:
+        """Give ``dst`` ``src``'s shape (Paddle ``copy_`` semantics) inside its allocation, after
+        checking the dtype and the capacity; returns (memory, shape, bytes to copy)."""
+        if not self.is_pinned(dst):
+            raise ValueError("copy_d2h: the destination is not a pinned buffer of this backend (new_pinned)")
+        memory = self.memory_of(dst)
+        glue = self.glue
+        if memory is None or glue.address(dst) != memory.ptr:
+            raise AsyncCopyError(
+                "copy_d2h: the pinned buffer no longer points at its memory (a framework op such as a "
+                "copy_ of a larger tensor reallocated it); write pinned buffers only through the backend"
+            )
+        dtype = glue.dtype(src)
+        if dtype != glue.dtype(dst):
+            raise ValueError(f"copy_d2h: source dtype {dtype} differs from the pinned buffer's {glue.dtype(dst)}")
+        shape = glue.shape(src)
+        nbytes = (prod(shape) if shape else 1) * np_dtype_of(dtype).itemsize
+        if nbytes > memory.nbytes:
+            raise ValueError(
+                f"copy_d2h: {nbytes} bytes ({list(shape)} {dtype}) do not fit the pinned buffer's "
+                f"{memory.nbytes}; allocate it larger (a pinned buffer never grows in place)"
+            )
+        glue.set_shape(dst, shape)
+        return memory, shape, nbytes
 
     def is_pinned(self, t) -> bool:
         return t is not None and self._pinned.get(id(t)) is t
+
+    def unusable_for(self, src) -> str:
+        """Why copies of ``src`` must not go through this backend ("" when they may)."""
+        return ""
 
     def internal_refs(self, buf) -> int:
         """References to ``buf`` the backend itself holds (so the ring can tell consumers' apart)."""
         return 0
 
     # -- copies and events --------------------------------------------------------------------
-    def copy_d2h(self, dst: paddle.Tensor, src: paddle.Tensor, label: str) -> None:
+    def copy_d2h(self, dst, src, label: str) -> None:
         """Issue a non-blocking D2H copy of ``src`` into the pinned buffer ``dst``."""
         census.record("async_d2h", label)
         with self._lock:  # issued under the lock: sequence order is stream order, for every thread
@@ -99,10 +225,10 @@ class CopyBackend:
             self._copy_seq[id(dst)] = (seq, label, weakref.ref(dst))
             self._copy(dst, src, seq, label)
 
-    def blocking_d2h(self, src: paddle.Tensor, label: str) -> paddle.Tensor:
+    def blocking_d2h(self, src, label: str):
         """FastDeploy 2.4's ``.cpu()``: a copy the host waits for."""
         census.record("blocking_d2h", label)
-        return src.cpu()
+        return self.glue.blocking_d2h(src)
 
     def record(self, label: str) -> CopyEvent:
         with self._lock:  # recorded and listed atomically: covering_event sees events in seq order
@@ -120,7 +246,7 @@ class CopyBackend:
         last = self._last_copy(buf)
         return last is not None and last[0] > self._completed
 
-    def covering_event(self, buf: paddle.Tensor) -> CopyEvent | None:
+    def covering_event(self, buf) -> CopyEvent | None:
         """The earliest recorded event that covers the last copy into ``buf`` (None: no copy
         pending or nothing recorded after it)."""
         last = self._last_copy(buf)
@@ -144,19 +270,21 @@ class CopyBackend:
 
     def device_synchronize(self, reason: str) -> None:
         census.record("device_sync", reason)
-        self._drain()
+        self._drain(device=True)
 
     def stream_synchronize(self, reason: str) -> None:
         census.record("stream_sync", reason)
         self._drain()
 
-    def _drain(self) -> None:
-        self._drain_native()
+    def _drain(self, device: bool = False) -> None:
         with self._lock:
-            self._completed = self._seq
+            seq = self._seq
+        self._drain_native(device)
+        with self._lock:
+            self._completed = max(self._completed, seq)
 
     # -- host reads ----------------------------------------------------------------------------
-    def read(self, buf: paddle.Tensor, reader: str, start: int | None = None, end: int | None = None) -> np.ndarray:
+    def read(self, buf, reader: str, start: int | None = None, end: int | None = None) -> np.ndarray:
         """Host read of rows ``[start:end]`` of a pinned buffer, as an owned numpy array.
 
         Reads host memory through the buffer's pointer: no Paddle op touches the pinned tensor
@@ -164,7 +292,7 @@ class CopyBackend:
         """
         census.record("host_read", reader)
         self._check_readable(buf, reader)
-        return np.array(host_view(buf)[start:end], copy=True)
+        return np.array(host_view(buf, self.glue)[start:end], copy=True)
 
     def to_host(self, t, reader: str, start: int | None = None, end: int | None = None):
         """``t`` as a tensor the host may read now, without running a Paddle op on pinned memory.
@@ -183,16 +311,13 @@ class CopyBackend:
                 event = self._missing_record(t, reader, last[1])
             if event is not None:  # None: another thread's wait covered the copy meanwhile
                 self.wait(event, reader)
-        return paddle.to_tensor(self.read(t, reader, start, end), place=paddle.CPUPlace())
+        return self.glue.from_numpy(self.read(t, reader, start, end))
 
     def _missing_record(self, t, reader: str, writer: str) -> CopyEvent:
         return self.record(f"implicit-for-{reader}")
 
     # -- subclass hooks ------------------------------------------------------------------------
-    def _alloc(self, shape: list[int], dtype: str) -> paddle.Tensor:
-        raise NotImplementedError
-
-    def _copy(self, dst: paddle.Tensor, src: paddle.Tensor, seq: int, label: str) -> None:
+    def _copy(self, dst, src, seq: int, label: str) -> None:
         raise NotImplementedError
 
     def _record_native(self, seq: int, label: str):
@@ -201,10 +326,10 @@ class CopyBackend:
     def _wait_native(self, event: CopyEvent) -> None:
         return None
 
-    def _drain_native(self) -> None:
+    def _drain_native(self, device: bool = False) -> None:
         return None
 
-    def _check_readable(self, buf: paddle.Tensor, reader: str) -> None:
+    def _check_readable(self, buf, reader: str) -> None:
         return None
 
 
@@ -221,12 +346,23 @@ _NP_DTYPES = {
 }
 
 
-def host_view(t: paddle.Tensor) -> np.ndarray:
+def np_dtype_of(name: str) -> np.dtype:
+    try:
+        return np.dtype(_NP_DTYPES[name])
+    except KeyError:
+        raise ValueError(f"dtype {name!r} is not supported for pinned buffers; expected one of {sorted(_NP_DTYPES)}") from None
+
+
+def host_view(t, glue=None) -> np.ndarray:
     """A zero-copy numpy view of a host (CPU or pinned) tensor's memory, through its pointer."""
-    dtype = np.dtype(_NP_DTYPES[str(t.dtype).replace("paddle.", "")])
-    shape = [int(s) for s in t.shape]
-    count = int(np.prod(shape)) if shape else 1
+    if glue is None:
+        from .glue import paddle_glue
+
+        glue = paddle_glue()
+    dtype = np_dtype_of(glue.dtype(t))
+    shape = list(glue.shape(t))
+    count = prod(shape) if shape else 1
     if count == 0:
         return np.empty(shape, dtype=dtype)
-    raw = (ctypes.c_byte * (count * dtype.itemsize)).from_address(t.data_ptr())
+    raw = (ctypes.c_byte * (count * dtype.itemsize)).from_address(glue.address(t))
     return np.frombuffer(raw, dtype=dtype, count=count).reshape(shape)

@@ -1,25 +1,40 @@
-"""Backend ``cuda``: real pinned memory, non-blocking copies and CUDA events.
+"""Backend ``cuda``: pinned memory, asynchronous D2H copies and events through the CUDA layer.
 
-UNVERIFIED ON GPU: no GPU build of Paddle 3 can be installed on the project's machines. The
-calls used here are the ones FastDeploy 2.5 uses (``pin_memory()``, ``copy_(src, False)``,
-``paddle.device.cuda.Event``); ``benchmarks/paddle_gpu_check.py`` checks them on a Paddle GPU build.
+Everything CUDA goes through ``runtime/cudart.py`` (ctypes on the CUDA runtime the process has
+loaded) on integers: ``cudaHostAlloc`` for pinned buffers (wrapped as zero-copy CPU-place tensors,
+never ``paddle.empty(...).cpu().pin_memory()``), ``cudaMemcpyAsync`` on the framework's current
+stream of the source's device, ``cudaEventRecord``/``cudaEventSynchronize`` with blocking-sync
+events (the wait releases the GIL), and memory released only after every copy into it.
+
+The framework is reduced to the accessors of ``runtime/glue.py`` (``data_ptr()``, shape, dtype,
+device id, the current stream's handle). Before the first copy on a device, ``runtime.probe``
+checks that those accessors agree with the layer; a disagreement raises ``AccessorProbeError``
+(the features stand down with its reason; strict mode refuses to start).
+
+``RuntimeBackend`` is the logic with the runtime left open: ``CudaBackend`` runs it on
+``CudaRuntime``; ``HostBackend`` (host.py) and the CPU tests run the same code on ``HostRuntime``.
 """
 
 from __future__ import annotations
 
-import paddle
-
-from .backend import CopyBackend, CopyEvent
+from .backend import AsyncCopyError, CopyBackend, CopyEvent
 
 _EVENT_POOL = 8
+
+
+class AccessorProbeError(AsyncCopyError):
+    """The framework's accessors disagree with the CUDA layer on this device (see ``probe``)."""
 
 
 def cuda_available() -> tuple[bool, str]:
     """Whether this Paddle can run the ``cuda`` backend, and why not.
 
     Checks ``is_compiled_with_cuda()`` before touching any CUDA API: on the CPU build,
-    ``paddle.device.cuda.current_stream()`` segfaults the process.
+    ``paddle.device.cuda.current_stream()`` segfaults the process. Then that the CUDA layer finds
+    the runtime Paddle loaded.
     """
+    import paddle
+
     if not paddle.is_compiled_with_cuda():
         return False, "Paddle is not compiled with CUDA (CPU build)"
     try:
@@ -28,51 +43,150 @@ def cuda_available() -> tuple[bool, str]:
         return False, f"cannot query CUDA devices: {exc}"
     if count < 1:
         return False, "Paddle is compiled with CUDA but sees no GPU"
-    return True, f"{count} CUDA device(s)"
+    try:  # pragma: no cover - GPU builds only
+        from .cudart import runtime
+
+        origin = runtime().origin
+    except Exception as exc:  # pragma: no cover - GPU builds only
+        return False, f"the CUDA layer cannot reach the CUDA runtime: {exc}"
+    return True, f"{count} CUDA device(s); CUDA runtime {origin}"  # pragma: no cover
 
 
-class CudaBackend(CopyBackend):
-    name = "cuda"
+class RuntimeBackend(CopyBackend):
+    """Copies by address on a runtime's streams; see the module docstring."""
 
-    def __init__(self) -> None:
-        ok, why = cuda_available()
-        if not ok:
-            raise RuntimeError(f"backend 'cuda' is unavailable: {why}")
-        super().__init__()
-        # Events are reused round-robin instead of created per step. Re-recording an event that
-        # an older CopyEvent still refers to only makes that waiter wait longer, never shorter.
-        # They are created at the first record, per device: the plugin is enabled before FastDeploy's
-        # worker selects its GPU, and an event belongs to the device current when it was created.
-        self._events: dict[int, list] = {}
+    name = "runtime"
+    #: sources must be on a GPU (``cuda``) or may be host tensors (``host``)
+    device_sources = True
+
+    def __init__(self, rt, glue=None, probe: bool = True, probe_ops=None) -> None:
+        super().__init__(glue=glue, rt=rt)
+        self._probe_enabled = probe
+        self._probe_ops = probe_ops  # the framework ops the probe uses (None: Paddle's)
+        self.probes: dict[int, dict] = {}  # device -> probe_accessors() result
+        self._streams: dict[int, int] = {}  # stream -> device, every stream copied on so far
+        self._events: dict[int, list[int]] = {}  # stream -> pool of event handles
         self._next_event = 0
 
-    def _alloc(self, shape, dtype):  # pragma: no cover - GPU builds only
-        # Allocated once per buffer; never in the decode loop after warm-up.
-        return paddle.empty(shape, dtype=dtype).cpu().pin_memory()
+    # -- first use of a device -----------------------------------------------------------------
+    def ensure_probed(self, device: int, kernels=None, ops=None) -> dict:
+        """Probe the accessors on ``device`` once (again with ``kernels``, the stop-flag library, if
+        the first probe ran without); raise ``AccessorProbeError`` if they disagree."""
+        result = self.probes.get(device)
+        if result is None or (kernels is not None and not result.get("with_kernels")):
+            if self._probe_enabled:
+                from .probe import probe_accessors
 
-    def _copy(self, dst, src, seq, label):  # pragma: no cover - GPU builds only
-        # Positional ``blocking=False``: an async cudaMemcpyAsync on the current stream.
-        dst.copy_(src, False)
+                ops = ops or self._probe_ops
+                result = probe_accessors(device, glue=self.glue, rt=self.rt, ops=ops, kernels=kernels)
+            else:
+                result = {"ok": True, "device": device, "checks": [], "reason": "", "probe": "disabled"}
+            result["with_kernels"] = kernels is not None
+            self.probes[device] = result
+        if not result["ok"]:
+            raise AccessorProbeError(f"gpu:{device}: {result['reason']}")
+        return result
 
-    def _record_native(self, seq, label):  # pragma: no cover - GPU builds only
-        # Blocking (sleeping) events: the host does not spin on the driver lock while waiting.
-        device = paddle.device.current_device()
-        pool = self._events.get(device)
+    def unusable_for(self, src) -> str:
+        """Why copies of ``src`` must not use this backend ("" when they may): the accessor probe
+        of its device failed."""
+        device = self.glue.gpu_device(src)
+        if device is None:
+            return ""
+        try:
+            self.ensure_probed(device)
+        except AccessorProbeError as exc:
+            return str(exc)
+        return ""
+
+    # -- copies ----------------------------------------------------------------------------------
+    def _source(self, src) -> tuple[int | None, int]:
+        """(device, address) of a copy source."""
+        glue = self.glue
+        device = glue.gpu_device(src)
+        if device is None and self.device_sources:
+            raise ValueError("copy_d2h: the source must be a GPU tensor for the cuda backend")
+        if not glue.is_contiguous(src):
+            raise ValueError("copy_d2h: the source must be contiguous (a copy by address reads it flat)")
+        return device, glue.address(src)
+
+    def copy_d2h(self, dst, src, label: str) -> None:
+        device = self.glue.gpu_device(src)
+        if device is not None:
+            self.ensure_probed(device)  # first use of the device: before the backend lock is taken
+        super().copy_d2h(dst, src, label)
+
+    def _copy(self, dst, src, seq, label):
+        # Called with the backend lock held (``CopyBackend.copy_d2h``): issue order is sequence order.
+        device, src_ptr = self._source(src)
+        if device is not None:
+            self.ensure_probed(device)  # a dict lookup after ``copy_d2h`` probed
+        memory, _, nbytes = self._fit(dst, src)
+        stream = self.glue.stream(device) if device is not None else 0
+        if nbytes:
+            self.rt.memcpy_d2h_async(memory.ptr, src_ptr, nbytes, stream)
+            memory.fence(stream, seq, -1 if device is None else device)
+        self._streams.setdefault(stream, -1 if device is None else device)
+
+    # -- events ----------------------------------------------------------------------------------
+    def _event(self, stream: int, device: int) -> int:
+        pool = self._events.get(stream)
         if pool is None:
-            pool = self._events[device] = [
-                paddle.device.cuda.Event(enable_timing=False, blocking=True) for _ in range(_EVENT_POOL)
-            ]
-        event = pool[self._next_event % _EVENT_POOL]
+            pool = self._events[stream] = []
+        if len(pool) < _EVENT_POOL:
+            # An event belongs to the device current when it is created: create it on the stream's.
+            current = self.rt.get_device() if device >= 0 else device
+            if current != device:
+                self.rt.set_device(device)
+            try:
+                pool.append(self.rt.event_create(True))
+            finally:
+                if current != device:
+                    self.rt.set_device(current)
+            return pool[-1]
+        # Reused round-robin: re-recording an event an older CopyEvent still refers to only makes
+        # that waiter wait longer, never shorter.
         self._next_event += 1
-        event.record()
-        return event
+        return pool[self._next_event % _EVENT_POOL]
 
-    def _wait_native(self, event: CopyEvent) -> None:  # pragma: no cover - GPU builds only
-        event.native.synchronize()
+    def _record_native(self, seq, label):
+        # Called with the backend lock held (``CopyBackend.record``): every copy issued so far is
+        # on one of these streams, and no copy is issued between the records.
+        recorded = []
+        for stream, device in list(self._streams.items()):
+            event = self._event(stream, device)
+            self.rt.event_record(event, stream)
+            recorded.append(event)
+        return tuple(recorded)
 
-    def _drain_native(self) -> None:  # pragma: no cover - GPU builds only
-        paddle.device.cuda.current_stream().synchronize()
+    def _wait_native(self, event: CopyEvent) -> None:
+        for handle in event.native or ():
+            self.rt.event_synchronize(handle)  # GIL released: other threads keep launching
 
-    def free_pinned(self, t, label):  # pragma: no cover - GPU builds only
-        super().free_pinned(t, label)
-        del t
+    def _drain_native(self, device: bool = False) -> None:
+        if device:
+            self.rt.device_synchronize()
+            return
+        with self._lock:
+            streams = list(self._streams)
+        for stream in streams:
+            self.rt.stream_synchronize(stream)
+
+    def query(self, event: CopyEvent) -> bool:
+        """Whether ``event``'s copies have landed, without waiting."""
+        return event.seq <= self._completed or all(self.rt.event_query(h) for h in event.native or ())
+
+
+class CudaBackend(RuntimeBackend):
+    name = "cuda"
+
+    def __init__(self, glue=None, rt=None, probe: bool = True, probe_ops=None) -> None:
+        if glue is None:
+            ok, why = cuda_available()
+            if not ok:
+                raise RuntimeError(f"backend 'cuda' is unavailable: {why}")
+        if rt is None:
+            from .cudart import runtime
+
+            rt = runtime()
+        super().__init__(rt, glue=glue, probe=probe, probe_ops=probe_ops)

@@ -1,34 +1,40 @@
 """Backend ``host``: the patched code paths with synchronous host copies.
 
-Used on CPU-only Paddle, in the tests and in the selftest. Buffers are ordinary CPU tensors and
-every copy has landed when ``copy_d2h`` returns, so events are complete when recorded.
+Used on CPU-only Paddle, in the tests and in the selftest. It is the ``cuda`` backend's code
+(``RuntimeBackend``) on ``HostRuntime``: buffers are host allocations wrapped exactly like the
+pinned ones, copies go by address (``memmove``) and have landed when ``copy_d2h`` returns, so
+events are complete when recorded. Sources that cannot be copied by address (non-contiguous, or on
+a GPU) are copied through the framework instead.
 """
 
 from __future__ import annotations
 
-import paddle
-
-from .backend import CopyBackend
+from .backend import host_view
 from .census import record as census_record
+from .cuda import RuntimeBackend
+from .cudart import HostRuntime
 
 
-class HostBackend(CopyBackend):
+class HostBackend(RuntimeBackend):
     name = "host"
+    device_sources = False
 
-    def _alloc(self, shape, dtype):
-        # Host memory directly: ``paddle.empty(shape).cpu()`` would be a device allocation and a
-        # blocking D2H on a GPU build (device tracking reports it).
-        return paddle.empty(shape, dtype=dtype, device="cpu")
+    def __init__(self, glue=None) -> None:
+        super().__init__(HostRuntime(), glue=glue, probe=False)
 
     def blocking_d2h(self, src, label):
         # On CPU Paddle ``.cpu()`` returns the tensor itself; FastDeploy's result is a copy.
         census_record("blocking_d2h", label)
-        out = src.cpu()
-        return out.clone() if out is src else out
+        out = self.glue.blocking_d2h(src)
+        return self.glue.from_numpy(self.glue.snapshot(out)) if out is src else out
 
     def _copy(self, dst, src, seq, label):
-        # Positional ``blocking``: Paddle 3.3 ignores it as a keyword (platform-facts.md).
-        dst.copy_(src, True)
+        glue = self.glue
+        if glue.gpu_device(src) is None and glue.is_contiguous(src):
+            return super()._copy(dst, src, seq, label)
+        data = glue.snapshot(src)
+        self._fit(dst, src)
+        host_view(dst, glue)[...] = data
 
     def copy_in_flight(self, buf) -> bool:
         return False  # every host copy has landed when copy_d2h returns

@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 from math import prod
 
 import numpy as np
-import paddle
 
 from .backend import BufferInUseError, CopyBackend
 
@@ -50,7 +49,7 @@ def _refcount(buf) -> int:
 @dataclass
 class PinnedSlot:
     index: int
-    buffers: dict[str, paddle.Tensor]
+    buffers: dict[str, object]  # name -> pinned buffer (a host tensor of the backend's glue)
     capacity: dict[str, int]
     baseline: dict[str, int] = field(default_factory=dict)
     generation: int = 0

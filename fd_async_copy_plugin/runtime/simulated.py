@@ -20,9 +20,8 @@ backend makes such bugs deterministic and loud:
 from __future__ import annotations
 
 import numpy as np
-import paddle
 
-from .backend import AsyncCopyError, CopyBackend, CopyEvent, PendingCopyError
+from .backend import AsyncCopyError, CopyBackend, CopyEvent, PendingCopyError, host_view
 
 POISON_INT = -7777
 
@@ -35,18 +34,14 @@ def poison_like(values: np.ndarray) -> np.ndarray:
     return np.full(values.shape, POISON_INT, dtype=values.dtype)
 
 
-def _host_tensor(values: np.ndarray) -> paddle.Tensor:
-    return paddle.to_tensor(values, place=paddle.CPUPlace())
-
-
 class SimulatedBackend(CopyBackend):
     name = "sim"
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, glue=None) -> None:
+        super().__init__(glue=glue)  # buffers: host memory wrapped exactly like pinned memory
         self._labels: dict[int, str] = {}
         # id(dst) -> (dst, data, seq, writer)
-        self._pending: dict[int, tuple[paddle.Tensor, np.ndarray, int, str]] = {}
+        self._pending: dict[int, tuple[object, np.ndarray, int, str]] = {}
 
     def new_pinned(self, shape, dtype, label):
         t = super().new_pinned(shape, dtype, label)
@@ -66,13 +61,15 @@ class SimulatedBackend(CopyBackend):
         return sorted(writer for _, _, _, writer in self._pending.values())
 
     def _alloc(self, shape, dtype):
-        t = paddle.empty(shape, dtype=dtype, device="cpu")
-        t.copy_(_host_tensor(poison_like(t.numpy())), True)
+        t = super()._alloc(shape, dtype)
+        view = host_view(t, self.glue)
+        view[...] = poison_like(view)
         return t
 
     def _copy(self, dst, src, seq, label):
-        data = np.array(src.numpy(), copy=True)
-        dst.copy_(_host_tensor(poison_like(data)), True)
+        data = self.glue.snapshot(src)
+        self._fit(dst, src)
+        host_view(dst, self.glue)[...] = poison_like(data)
         self._pending[id(dst)] = (dst, data, seq, label)
 
     def _land(self, upto: int) -> None:
@@ -82,13 +79,13 @@ class SimulatedBackend(CopyBackend):
     def _land_locked(self, upto: int) -> None:
         for key, (dst, data, seq, _) in list(self._pending.items()):
             if seq <= upto:
-                dst.copy_(_host_tensor(data), True)
+                host_view(dst, self.glue)[...] = data
                 del self._pending[key]
 
     def _wait_native(self, event: CopyEvent) -> None:
         self._land(event.seq)
 
-    def _drain_native(self) -> None:
+    def _drain_native(self, device: bool = False) -> None:
         self._land(self._seq)
 
     def _check_readable(self, buf, reader):

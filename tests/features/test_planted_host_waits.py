@@ -20,6 +20,8 @@ from fd_async_copy_plugin.reference import ROOTS, device_tracking
 from fd_async_copy_plugin.reference.driver import DriverConfig, Request
 from fd_async_copy_plugin.reference.placement import as_device
 from fd_async_copy_plugin.runtime import collecting
+from fd_async_copy_plugin.runtime.backend import host_view
+from fd_async_copy_plugin.runtime.cuda import RuntimeBackend
 from fd_async_copy_plugin.runtime.host import HostBackend
 
 pytestmark = pytest.mark.usefixtures("plugin_off")
@@ -60,13 +62,13 @@ def test_no_tracked_host_read_in_any_selftest_scenario(scenario):
 
 
 def test_stop_flag_launcher_argument_checks_read_shapes_not_device_values():
-    """The CUDA launcher's helpers (``_address``, ``_numel``; ``check_device_tensors`` and
-    ``block_tables_numel`` use ``_numel``) on device tensors: no host read. ``int(t.numel())``
+    """The CUDA launcher's helpers (``_address``, ``_elements``; ``check_device_tensors`` and
+    ``block_tables_numel`` use ``_elements``) on device tensors: no host read. ``int(t.numel())``
     was a blocking D2H per tensor per call."""
     t = as_device(paddle.zeros([3, 5], dtype="int32"))
     empty = as_device(paddle.zeros([0], dtype="int32"))
     with collecting(), device_tracking.tracking() as tracker:
-        assert stop_flag_ops._numel(t) == 15
+        assert stop_flag_ops._elements(t) == 15
         assert stop_flag_ops._address(t) == t.data_ptr()
         assert stop_flag_ops._address(empty) is None
     assert tracker.waits == []
@@ -109,8 +111,12 @@ def test_planted_int_numel_on_a_device_tensor_in_the_update_path_is_caught(monke
 
 
 def test_planted_ring_growth_through_cpu_is_caught(monkeypatch):
+    original = HostBackend._alloc
+
     def alloc_through_the_device(self, shape, dtype):
-        return paddle.empty(shape, dtype=dtype).cpu()  # a GPU allocation, then a blocking D2H
+        t = original(self, shape, dtype)  # the layer's host allocation, then initialised from ...
+        host_view(t, self.glue)[...] = paddle.zeros(shape, dtype=dtype).cpu().numpy()  # ... a GPU one: a blocking D2H
+        return t
 
     monkeypatch.setattr(HostBackend, "_alloc", alloc_through_the_device)
     run = tracked_plugin_run()
@@ -142,3 +148,16 @@ def test_planted_numpy_of_the_device_stop_flag_is_caught(monkeypatch):
     run = tracked_plugin_run()
     hits = _caught(run, read_device_flag, "d2h")
     assert hits[0]["what"] == ".numpy()"
+
+
+def test_planted_host_read_inside_the_cuda_paths_copy_is_caught(monkeypatch):
+    """The copy by address (``RuntimeBackend._copy``: the ``cuda`` backend's code, run by ``host``
+    on ``HostRuntime``) is tracked: only the simulator's modelled DMA (``glue.snapshot``) is not."""
+
+    def numel_in_the_copy(self, dst, src, seq, label):
+        if int(src.numel()) == 0:  # a device value read where only metadata may be
+            raise ValueError
+
+    _plant(monkeypatch, RuntimeBackend, "_copy", numel_in_the_copy)
+    run = tracked_plugin_run()
+    _caught(run, numel_in_the_copy, "d2h")

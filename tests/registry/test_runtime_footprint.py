@@ -36,6 +36,9 @@ RUNTIME = {
     f"{PACKAGE}.runtime.host",
     f"{PACKAGE}.runtime.ring",
     f"{PACKAGE}.runtime.cuda",
+    f"{PACKAGE}.runtime.cudart",
+    f"{PACKAGE}.runtime.glue",
+    f"{PACKAGE}.runtime.probe",  # loaded at the first copy on a GPU
     f"{PACKAGE}.ops",
     f"{PACKAGE}.ops.cache",
     f"{PACKAGE}.ops.stop_flag_library",
@@ -45,7 +48,9 @@ RUNTIME = {
 #: New runtime modules are fine (add them above); these must never be loaded by register()+enable().
 SCAFFOLDING = ("reference.driver", "harness", "cli", "serving_ab", "runtime.simulated", "ops.build",
                "pytest_plugin", "gpu_copy_strategies", "testing")
-MAX_RUNTIME_LINES = 4500
+#: 4.5k before issue 10 added the framework-neutral CUDA layer (``runtime/cudart.py``, ``glue.py``,
+#: ``probe.py`` and ``PinnedMemory``: ~750 lines) that replaced the Paddle GPU calls.
+MAX_RUNTIME_LINES = 5400
 
 
 def loaded_by_register(prelude: str = "") -> tuple[set[str], dict]:

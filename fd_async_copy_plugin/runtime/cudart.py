@@ -1,0 +1,293 @@
+"""The framework-neutral CUDA layer: pinned memory, D2H copies, events - on integers only.
+
+Every call takes integer addresses, byte counts, a ``cudaStream_t`` as an int and device ids; no
+tensor type and no framework is imported here (standard library only), so the same code runs under
+Paddle (the plugin), PyTorch or CuPy (``benchmarks/cuda_layer_check.py`` on the H200) and the CPU
+tests. The stop-flag kernel launches live next door in ``ops/stop_flag_library.py`` (same rules).
+
+Which CUDA runtime: the one the process has already loaded (Paddle, PyTorch and CuPy all load a
+shared ``libcudart``), found in ``/proc/self/maps``, else opened by soname
+(``libcudart.so.13``/``.12``/``libcudart.so``, already-loaded first), or ``FD_ASYNC_COPY_CUDART``.
+Using the framework's own runtime means the same primary context, the same current device of the
+thread and streams that are valid here. ``ctypes.CDLL`` releases the GIL around every call, so a
+``cudaEventSynchronize`` on one thread does not stop another thread from launching work (Paddle's
+``Event.synchronize()`` holds the GIL). Why not NVIDIA's ``cuda-bindings``: docs/architecture.md.
+
+``HostRuntime`` has the same methods over plain host memory (copies land at once, events are
+always complete): the ``host`` backend and the CPU tests run the cuda backend's code through it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+
+CUDART_ENV = "FD_ASYNC_COPY_CUDART"
+SONAMES = ("libcudart.so.13", "libcudart.so.12", "libcudart.so")
+
+# driver_types.h
+_MEMCPY_HOST_TO_HOST, _MEMCPY_HOST_TO_DEVICE, _MEMCPY_DEVICE_TO_HOST = 0, 1, 2
+HOST_ALLOC_PORTABLE = 0x01
+EVENT_BLOCKING_SYNC = 0x01
+EVENT_DISABLE_TIMING = 0x02
+_NOT_READY = 600
+MEMORY_TYPES = {0: "unregistered", 1: "host", 2: "device", 3: "managed"}
+
+
+class CudaUnavailable(RuntimeError):
+    """No usable CUDA runtime in this process (the message says why)."""
+
+
+class CudaError(RuntimeError):
+    """A CUDA runtime call returned an error."""
+
+    def __init__(self, call: str, code: int, message: str) -> None:
+        super().__init__(f"{call} failed: {message} (cudaError {code})")
+        self.call, self.code = call, code
+
+
+class _PointerAttributes(ctypes.Structure):
+    # CUDA 11-13 layout; ``reserved`` covers the padding CUDA 13 added.
+    _fields_ = [
+        ("type", ctypes.c_int),
+        ("device", ctypes.c_int),
+        ("devicePointer", ctypes.c_void_p),
+        ("hostPointer", ctypes.c_void_p),
+        ("reserved", ctypes.c_long * 8),
+    ]
+
+
+def loaded_cudart_paths() -> list[str]:
+    """Paths of every ``libcudart`` shared object mapped into this process (Linux)."""
+    paths: list[str] = []
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                path = line.rsplit(None, 1)[-1] if "/" in line else ""
+                if "libcudart.so" in os.path.basename(path) and path not in paths:
+                    paths.append(path)
+    except OSError:
+        pass
+    return paths
+
+
+def find_cudart() -> tuple[ctypes.CDLL, str]:
+    """The process's CUDA runtime library and how it was found; raises ``CudaUnavailable``."""
+    tried = []
+    explicit = os.environ.get(CUDART_ENV)
+    candidates = [(explicit, f"${CUDART_ENV}", 0)] if explicit else []
+    candidates += [(p, "already loaded (/proc/self/maps)", 0) for p in loaded_cudart_paths()]
+    noload = getattr(os, "RTLD_NOLOAD", 0)
+    candidates += [(name, "already loaded (RTLD_NOLOAD)", noload) for name in SONAMES]
+    candidates += [(name, "loaded by soname", 0) for name in SONAMES]
+    for name, origin, mode in candidates:
+        try:
+            return ctypes.CDLL(name, mode=mode | os.RTLD_GLOBAL), f"{name} ({origin})"
+        except OSError as exc:
+            tried.append(f"{name}: {exc}")
+    raise CudaUnavailable("no CUDA runtime library found; tried " + "; ".join(tried[-len(SONAMES):]))
+
+
+class CudaRuntime:
+    """ctypes bindings of the few CUDA runtime calls the plugin needs, raising ``CudaError``."""
+
+    def __init__(self, lib: ctypes.CDLL | None = None, origin: str = "") -> None:
+        if lib is None:
+            lib, origin = find_cudart()
+        self.lib, self.origin = lib, origin
+        P, I, S = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t
+        signatures = {
+            "cudaHostAlloc": [ctypes.POINTER(P), S, ctypes.c_uint],
+            "cudaFreeHost": [P],
+            "cudaMemcpyAsync": [P, P, S, I, P],
+            "cudaMemcpy": [P, P, S, I],
+            "cudaEventCreateWithFlags": [ctypes.POINTER(P), ctypes.c_uint],
+            "cudaEventRecord": [P, P],
+            "cudaEventQuery": [P],
+            "cudaEventSynchronize": [P],
+            "cudaEventDestroy": [P],
+            "cudaStreamSynchronize": [P],
+            "cudaDeviceSynchronize": [],
+            "cudaGetDevice": [ctypes.POINTER(I)],
+            "cudaSetDevice": [I],
+            "cudaGetDeviceCount": [ctypes.POINTER(I)],
+            "cudaPointerGetAttributes": [ctypes.POINTER(_PointerAttributes), P],
+            "cudaRuntimeGetVersion": [ctypes.POINTER(I)],
+            "cudaDriverGetVersion": [ctypes.POINTER(I)],
+            "cudaGetLastError": [],
+        }
+        self._f = {}
+        for name, argtypes in signatures.items():
+            fn = getattr(lib, name)
+            fn.argtypes, fn.restype = argtypes, I
+            self._f[name] = fn
+        self._error_string = lib.cudaGetErrorString
+        self._error_string.argtypes, self._error_string.restype = [I], ctypes.c_char_p
+
+    name = "cuda"
+
+    def _call(self, name: str, *args) -> int:
+        code = self._f[name](*args)
+        if code != 0 and not (name in ("cudaEventQuery",) and code == _NOT_READY):
+            # Clear the sticky "last error" of a non-sticky failure so later calls are not blamed.
+            self._f["cudaGetLastError"]()
+            raise CudaError(name, code, self._error_string(code).decode(errors="replace"))
+        return code
+
+    # -- device -----------------------------------------------------------------------------------
+    def device_count(self) -> int:
+        n = ctypes.c_int()
+        self._call("cudaGetDeviceCount", ctypes.byref(n))
+        return n.value
+
+    def get_device(self) -> int:
+        d = ctypes.c_int()
+        self._call("cudaGetDevice", ctypes.byref(d))
+        return d.value
+
+    def set_device(self, device: int) -> None:
+        self._call("cudaSetDevice", int(device))
+
+    def versions(self) -> dict:
+        rt, drv = ctypes.c_int(), ctypes.c_int()
+        self._call("cudaRuntimeGetVersion", ctypes.byref(rt))
+        self._call("cudaDriverGetVersion", ctypes.byref(drv))
+        return {"runtime": rt.value, "driver": drv.value, "library": self.origin}
+
+    def pointer_info(self, ptr: int) -> tuple[str, int]:
+        """(memory type, device) of an address: ``("device", 0)`` for a GPU allocation on gpu:0."""
+        attrs = _PointerAttributes()
+        self._call("cudaPointerGetAttributes", ctypes.byref(attrs), ctypes.c_void_p(ptr))
+        return MEMORY_TYPES.get(attrs.type, str(attrs.type)), attrs.device
+
+    # -- pinned host memory -----------------------------------------------------------------------
+    def host_alloc(self, nbytes: int) -> int:
+        ptr = ctypes.c_void_p()
+        self._call("cudaHostAlloc", ctypes.byref(ptr), max(1, int(nbytes)), HOST_ALLOC_PORTABLE)
+        return ptr.value
+
+    def host_free(self, ptr: int) -> None:
+        self._call("cudaFreeHost", ctypes.c_void_p(ptr))
+
+    # -- copies -----------------------------------------------------------------------------------
+    def memcpy_d2h_async(self, dst: int, src: int, nbytes: int, stream: int) -> None:
+        self._call("cudaMemcpyAsync", ctypes.c_void_p(dst), ctypes.c_void_p(src), int(nbytes),
+                   _MEMCPY_DEVICE_TO_HOST, ctypes.c_void_p(stream))
+
+    def memcpy_h2d_async(self, dst: int, src: int, nbytes: int, stream: int) -> None:
+        self._call("cudaMemcpyAsync", ctypes.c_void_p(dst), ctypes.c_void_p(src), int(nbytes),
+                   _MEMCPY_HOST_TO_DEVICE, ctypes.c_void_p(stream))
+
+    # -- events and streams -----------------------------------------------------------------------
+    def event_create(self, blocking: bool = True) -> int:
+        """A timing-free event; ``blocking`` waits sleep instead of spinning on the driver lock."""
+        ev = ctypes.c_void_p()
+        flags = EVENT_DISABLE_TIMING | (EVENT_BLOCKING_SYNC if blocking else 0)
+        self._call("cudaEventCreateWithFlags", ctypes.byref(ev), flags)
+        return ev.value
+
+    def event_record(self, event: int, stream: int) -> None:
+        self._call("cudaEventRecord", ctypes.c_void_p(event), ctypes.c_void_p(stream))
+
+    def event_query(self, event: int) -> bool:
+        return self._call("cudaEventQuery", ctypes.c_void_p(event)) == 0
+
+    def event_synchronize(self, event: int) -> None:
+        """Blocks this thread only (the GIL is released for the call)."""
+        self._call("cudaEventSynchronize", ctypes.c_void_p(event))
+
+    def event_destroy(self, event: int) -> None:
+        self._call("cudaEventDestroy", ctypes.c_void_p(event))
+
+    def stream_synchronize(self, stream: int) -> None:
+        self._call("cudaStreamSynchronize", ctypes.c_void_p(stream))
+
+    def device_synchronize(self) -> None:
+        self._call("cudaDeviceSynchronize")
+
+
+class HostRuntime:
+    """``CudaRuntime``'s contract over host memory: "device" addresses are host addresses, copies
+    are ``memmove`` and land at once, events are always complete. The ``host`` backend and the CPU
+    tests of the cuda backend's logic (and of the accessor probe) run through it."""
+
+    name = "host"
+    origin = "host memory (no CUDA)"
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._blocks: dict[int, ctypes.Array] = {}
+        self._next_event = 0
+        self.allocations = 0
+        self.frees = 0
+
+    def device_count(self) -> int:
+        return 0
+
+    def get_device(self) -> int:
+        return 0
+
+    def set_device(self, device: int) -> None:
+        return None
+
+    def versions(self) -> dict:
+        return {"runtime": 0, "driver": 0, "library": self.origin}
+
+    def pointer_info(self, ptr: int) -> tuple[str, int]:
+        return "host", -1
+
+    def host_alloc(self, nbytes: int) -> int:
+        block = (ctypes.c_byte * max(1, int(nbytes)))()
+        ptr = ctypes.addressof(block)
+        with self._lock:
+            self._blocks[ptr] = block
+            self.allocations += 1
+        return ptr
+
+    def host_free(self, ptr: int) -> None:
+        with self._lock:
+            if self._blocks.pop(ptr, None) is None:
+                raise CudaError("cudaFreeHost", 1, f"{ptr:#x} was not allocated by host_alloc")
+            self.frees += 1
+
+    def memcpy_d2h_async(self, dst: int, src: int, nbytes: int, stream: int) -> None:
+        ctypes.memmove(dst, src, int(nbytes))
+
+    memcpy_h2d_async = memcpy_d2h_async
+
+    def event_create(self, blocking: bool = True) -> int:
+        with self._lock:
+            self._next_event += 1
+            return self._next_event
+
+    def event_record(self, event: int, stream: int) -> None:
+        return None
+
+    def event_query(self, event: int) -> bool:
+        return True
+
+    def event_synchronize(self, event: int) -> None:
+        return None
+
+    def event_destroy(self, event: int) -> None:
+        return None
+
+    def stream_synchronize(self, stream: int) -> None:
+        return None
+
+    def device_synchronize(self) -> None:
+        return None
+
+
+_runtime_lock = threading.Lock()
+_runtime: CudaRuntime | None = None
+
+
+def runtime() -> CudaRuntime:
+    """The process's ``CudaRuntime`` (created once); raises ``CudaUnavailable``."""
+    global _runtime
+    with _runtime_lock:
+        if _runtime is None:
+            _runtime = CudaRuntime()
+        return _runtime

@@ -1,0 +1,90 @@
+"""The only place the copy backends touch a framework: tensor accessors, and wrapping host memory.
+
+A glue object answers, for a tensor: its address (``data_ptr()``), shape, dtype name, whether it is
+contiguous and which GPU holds it (None: host memory); for a device: the raw ``cudaStream_t`` of the
+framework's current stream. It also wraps host memory as a zero-copy host tensor, resizes such a
+wrap within its allocation, and turns a numpy array into an owned host tensor. Nothing else: no
+``numel()``, no op on a device tensor (on GPU each would be a kernel, ``int(...)`` of it a sync).
+
+``PaddleGlue`` is the plugin's; ``benchmarks/cuda_layer_check.py`` supplies a PyTorch one so that
+the same backend, ring and event code runs on the H200 without Paddle. What the Paddle accessors
+answer on a GPU build is checked at first use by ``runtime.probe.probe_accessors``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class PaddleGlue:
+    name = "paddle"
+
+    def __init__(self) -> None:
+        import paddle
+
+        self.paddle = paddle
+        try:
+            from paddle.utils.dlpack import from_dlpack
+        except ImportError:  # pragma: no cover - Paddle 3.3 has it
+            from_dlpack = paddle.from_dlpack
+        self._from_dlpack = from_dlpack
+
+    # -- accessors (metadata only) -----------------------------------------------------------------
+    def address(self, t) -> int:
+        return int(t.data_ptr())
+
+    def shape(self, t) -> tuple[int, ...]:
+        return tuple(int(s) for s in t.shape)
+
+    def dtype(self, t) -> str:
+        return str(t.dtype).rsplit(".", 1)[-1]
+
+    def is_contiguous(self, t) -> bool:
+        return bool(t.is_contiguous())
+
+    def gpu_device(self, t) -> int | None:
+        place = t.place
+        return int(place.gpu_device_id()) if place.is_gpu_place() else None
+
+    def current_device(self) -> int:
+        """Paddle's idea of the thread's device (parsed from its expected place, not cudaGetDevice)."""
+        return int(self.paddle.device.current_device())
+
+    def stream(self, device: int) -> int:
+        """The raw ``cudaStream_t`` of Paddle's current stream on ``device`` (what FD 2.5 passes to
+        C++). Only for a GPU build: on the CPU build ``current_stream`` segfaults."""
+        paddle = self.paddle
+        return int(paddle.device.current_stream(paddle.CUDAPlace(int(device))).stream_base.cuda_stream)
+
+    # -- host tensors --------------------------------------------------------------------------------
+    def wrap(self, array: np.ndarray):
+        """A CPU-place Paddle tensor over ``array``'s memory (DLPack, zero-copy). The tensor keeps
+        the array - and through it the allocation - alive. CPU place on purpose: no Paddle op can
+        move it to the GPU (ops on pinned-place tensors do), and ``.numpy()`` reads it in place."""
+        return self._from_dlpack(array)
+
+    def set_shape(self, t, shape: tuple[int, ...]) -> None:
+        """Reshape a host wrap within its allocation (metadata only; Paddle checks the bound)."""
+        if self.shape(t) != tuple(shape):
+            t.set_(t, list(shape))
+
+    def from_numpy(self, array: np.ndarray):
+        return self.paddle.to_tensor(array, place=self.paddle.CPUPlace())
+
+    def blocking_d2h(self, t):
+        """FastDeploy 2.4's ``.cpu()`` (the host waits)."""
+        return t.cpu()
+
+    def snapshot(self, t) -> np.ndarray:
+        """An owned numpy copy of a host tensor (``host``/``sim`` backends: CPU sources only)."""
+        return np.array(t.numpy(), copy=True)
+
+
+_paddle_glue: PaddleGlue | None = None
+
+
+def paddle_glue() -> PaddleGlue:
+    global _paddle_glue
+    if _paddle_glue is None:
+        _paddle_glue = PaddleGlue()
+    return _paddle_glue

@@ -1,0 +1,239 @@
+"""Startup probe: do the framework's accessors agree with the CUDA layer on this device?
+
+The ``cuda`` backend trusts four answers from Paddle that no machine of this project can check
+(no GPU build of Paddle 3 installs here): the thread's current device, a GPU tensor's
+``data_ptr()``, the raw handle of the current stream, and that a host wrap reads back through
+Paddle. ``probe_accessors(device)`` checks them once per device, at first use, with a few
+microsecond-sized copies (about 1-3 ms in all, mostly queued GPU work):
+
+- ``current_device``: Paddle's current device is the CUDA runtime's current device of this thread;
+- ``data_ptr``: the address of a GPU tensor is device memory on that device (cudaPointerGetAttributes)
+  and copying its bytes by address gives the tensor's values;
+- ``stream_order``: a copy by address on the handle Paddle reports, issued after a Paddle op that
+  fills a tensor behind ~1 ms of queued GPU work, sees the filled values (the handle is the stream
+  Paddle's ops run on);
+- ``kernel_order`` (when the stop-flag kernels are given): our kernel, launched on that handle after
+  a Paddle op, reads that op's result, and its output copied by the layer is what the kernel wrote;
+- ``pinned_wrap``: pinned memory from the layer, wrapped as a host tensor, is the same memory
+  (address), reads back through Paddle (``.numpy()``) and keeps its address when reshaped.
+
+Any failed check makes the result ``ok: False`` with the reason; the backend then raises
+``AccessorProbeError`` and the features stand down with that reason in ``status()`` (strict mode
+refuses to start). The result is a plain dict, so ``fd-async-copy selftest`` can report it.
+
+The logic is framework-neutral: ``glue`` (accessors), ``rt`` (the layer) and ``ops`` (a few framework
+ops: make a device tensor, fill it in place, queue work, synchronize) are parameters. The CPU tests run
+it on CPU Paddle over ``HostRuntime`` with planted disagreements.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import time
+
+import numpy as np
+
+_N = 256  # elements per probe tensor
+_PATTERN = np.arange(_N, dtype=np.int64) * 7919 + 13
+
+
+class PaddleProbeOps:
+    """The framework ops the probe needs, for Paddle (``place`` None = ``CUDAPlace(device)``)."""
+
+    def __init__(self, place=None) -> None:
+        import paddle
+
+        self.paddle = paddle
+        self.place = place
+
+    def _place(self, device: int):
+        return self.place if self.place is not None else self.paddle.CUDAPlace(device)
+
+    def tensor(self, values: np.ndarray, device: int):
+        return self.paddle.to_tensor(values, place=self._place(device))
+
+    def fill(self, t, value) -> None:
+        t.fill_(value)  # an in-place Paddle op on the device's current stream
+
+    def _on_gpu(self) -> bool:
+        return self.place is None or self.place.is_gpu_place()
+
+    def busy(self, device: int) -> None:
+        """Queue about a millisecond of GPU work on the current stream (nothing on CPU)."""
+        if not self._on_gpu():
+            return
+        x = self.paddle.to_tensor(np.full([1024, 1024], 1e-3, dtype=np.float32), place=self._place(device))
+        for _ in range(8):
+            x = self.paddle.matmul(x, x)
+
+    def host_values(self, t) -> np.ndarray:
+        return np.array(t.numpy(), copy=True)
+
+    def synchronize(self, device: int) -> None:
+        if self._on_gpu():
+            self.paddle.device.synchronize()
+
+
+def probe_accessors(device: int, glue=None, rt=None, ops=None, kernels=None) -> dict:
+    """Run every check on ``device``; returns ``{"ok", "device", "reason", "checks": [...],
+    "seconds"}`` where each check is ``{"check", "ok", "detail"}``. Never raises: an exception in a
+    check is that check's failure."""
+    if glue is None:
+        from .glue import paddle_glue
+
+        glue = paddle_glue()
+    if rt is None:
+        from .cudart import runtime
+
+        rt = runtime()
+    ops = ops or PaddleProbeOps()
+    checks = [
+        ("current_device", _check_current_device),
+        ("data_ptr", _check_data_ptr),
+        ("stream_order", _check_stream_order),
+        ("pinned_wrap", _check_pinned_wrap),
+    ]
+    if kernels is not None:
+        checks.append(("kernel_order", _check_kernel_order))
+    start = time.perf_counter()
+    results = []
+    for name, check in checks:
+        try:
+            ok, detail = check(device, glue, rt, ops, kernels)
+        except Exception as exc:
+            ok, detail = False, f"{type(exc).__name__}: {exc}"
+        results.append({"check": name, "ok": bool(ok), "detail": detail})
+    failed = [r for r in results if not r["ok"]]
+    reason = "; ".join(f"{r['check']}: {r['detail']}" for r in failed)
+    return {
+        "ok": not failed,
+        "device": device,
+        "runtime": getattr(rt, "origin", ""),
+        "reason": f"Paddle's accessors disagree with the CUDA layer ({reason})" if failed else "",
+        "checks": results,
+        "seconds": round(time.perf_counter() - start, 6),
+    }
+
+
+class _Pinned:
+    """A probe-local pinned buffer from the layer, freed after the probe's waits."""
+
+    def __init__(self, rt, nbytes: int) -> None:
+        self.rt, self.nbytes = rt, nbytes
+        self.ptr = rt.host_alloc(nbytes)
+
+    def values(self, dtype=np.int64, count=_N) -> np.ndarray:
+        raw = (ctypes.c_byte * self.nbytes).from_address(self.ptr)
+        return np.frombuffer(raw, dtype=dtype, count=count).copy()
+
+    def fill(self, byte: int) -> None:
+        ctypes.memset(self.ptr, byte, self.nbytes)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.rt.host_free(self.ptr)
+
+
+def _copy_and_wait(rt, dst: int, src: int, nbytes: int, stream: int) -> None:
+    event = rt.event_create(True)
+    try:
+        rt.memcpy_d2h_async(dst, src, nbytes, stream)
+        rt.event_record(event, stream)
+        rt.event_synchronize(event)
+    finally:
+        rt.event_destroy(event)
+
+
+def _check_current_device(device, glue, rt, ops, kernels):
+    paddle_device, cuda_device = glue.current_device(), rt.get_device()
+    ok = paddle_device == cuda_device == device
+    return ok, f"framework current device {paddle_device}, CUDA current device {cuda_device}, probed gpu:{device}"
+
+
+def _check_data_ptr(device, glue, rt, ops, kernels):
+    t = ops.tensor(_PATTERN, device)
+    ops.synchronize(device)
+    if glue.gpu_device(t) != device:
+        return False, f"a tensor made on gpu:{device} reports device {glue.gpu_device(t)}"
+    address = glue.address(t)
+    kind, where = rt.pointer_info(address)
+    expected = "device" if rt.name == "cuda" else "host"
+    if kind != expected or (expected == "device" and where != device):
+        return False, f"data_ptr() {address:#x} is {kind} memory on device {where}, expected {expected} memory on gpu:{device}"
+    with _Pinned(rt, _PATTERN.nbytes) as pinned:
+        pinned.fill(0xAB)
+        _copy_and_wait(rt, pinned.ptr, address, _PATTERN.nbytes, glue.stream(device))
+        got = pinned.values()
+    same = bool(np.array_equal(got, _PATTERN))
+    return same, f"data_ptr() {address:#x} ({kind} memory): copying {_PATTERN.nbytes} bytes from it gives the tensor's values: {same}"
+
+
+def _check_stream_order(device, glue, rt, ops, kernels):
+    t = ops.tensor(np.zeros(_N, dtype=np.int64), device)
+    ops.synchronize(device)
+    ops.busy(device)
+    ops.fill(t, 7)  # queued behind the busy work on the framework's current stream
+    with _Pinned(rt, _PATTERN.nbytes) as pinned:
+        pinned.fill(0xAB)
+        _copy_and_wait(rt, pinned.ptr, glue.address(t), _PATTERN.nbytes, glue.stream(device))
+        got = pinned.values()
+    ops.synchronize(device)
+    ok = bool((got == 7).all())
+    return ok, f"a copy on the reported stream after a framework op sees that op's result: {ok} (first values {got[:4].tolist()})"
+
+
+def _check_kernel_order(device, glue, rt, ops, kernels):
+    # update_inputs with one slot: input_ids[0] = next_tokens[0]; a stopped slot gives not_need_stop False.
+    next_tokens = ops.tensor(np.zeros(1, dtype=np.int64), device)
+    input_ids = ops.tensor(np.full(1, -1, dtype=np.int64), device)
+    stop_flags = ops.tensor(np.ones(1, dtype=np.bool_), device)
+    not_need_stop = ops.tensor(np.ones(1, dtype=np.bool_), device)
+    seq = [ops.tensor(np.zeros(1, dtype=np.int32), device) for _ in range(3)]
+    is_block_step = ops.tensor(np.zeros(1, dtype=np.bool_), device)
+    ops.synchronize(device)
+    ops.busy(device)
+    ops.fill(next_tokens, 4242)  # the framework op our kernel must be ordered after
+    stream = glue.stream(device)
+    on_stream = {"stream": stream} if kernels.flavor == "cuda" else {}  # the host library: no stream
+    status = kernels.update_inputs(
+        glue.address(stop_flags), glue.address(not_need_stop), *(glue.address(s) for s in seq),
+        glue.address(input_ids), None, glue.address(next_tokens), glue.address(is_block_step),
+        bsz=1, max_bsz=1, input_ids_stride=1, **on_stream,
+    )
+    if status != 0:
+        return False, f"kernel launch failed: {kernels.message(status)} (status {status})"
+    with _Pinned(rt, 16) as pinned:
+        _copy_and_wait(rt, pinned.ptr, glue.address(input_ids), 8, stream)
+        _copy_and_wait(rt, pinned.ptr + 8, glue.address(not_need_stop), 1, stream)
+        token = int(pinned.values(np.int64, 1)[0])
+        flag = bool(np.frombuffer((ctypes.c_byte * 1).from_address(pinned.ptr + 8), dtype=np.bool_)[0])
+    ops.synchronize(device)
+    ok = token == 4242 and flag is False
+    return ok, f"kernel on the reported stream read the framework op's value: input_ids[0]={token} (expected 4242), not_need_stop={flag} (expected False)"
+
+
+def _check_pinned_wrap(device, glue, rt, ops, kernels):
+    count = 64
+    pinned = _Pinned(rt, count * 8)
+    try:
+        raw = (ctypes.c_byte * pinned.nbytes).from_address(pinned.ptr)
+        array = np.frombuffer(raw, dtype=np.int64, count=count)
+        array[:] = _PATTERN[:count]
+        t = glue.wrap(array)
+        address = glue.address(t)
+        if address != pinned.ptr:
+            return False, f"the wrap is at {address:#x}, the pinned memory at {pinned.ptr:#x}: not zero-copy"
+        if glue.gpu_device(t) is not None:
+            return False, f"the wrap is a GPU tensor (gpu:{glue.gpu_device(t)}), expected a host tensor"
+        array[0] = -5  # written after wrapping: visible only if the wrap is the same memory
+        got = ops.host_values(t)
+        if got[0] != -5 or not np.array_equal(got[1:], _PATTERN[1:count]):
+            return False, f"reading the wrap through the framework gave {got[:4].tolist()}, expected {[-5] + _PATTERN[1:4].tolist()}"
+        glue.set_shape(t, (count // 2, 1))
+        kept = glue.address(t) == pinned.ptr and glue.shape(t) == (count // 2, 1)
+        del t, array
+        return kept, f"wrap at the pinned address, reads back through the framework; reshaped in place: {kept}"
+    finally:
+        pinned.__exit__()
