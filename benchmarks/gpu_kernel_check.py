@@ -50,8 +50,8 @@ def _load(name: str, relative: str):
 
 
 library = _load("fdac_stop_flag_library", "fd_async_copy_plugin/ops/stop_flag_library.py")
-states = _load("fdac_slot_states", "fd_async_copy_plugin/ops/slot_states.py")
-semantics = _load("fdac_update_inputs_semantics", "fd_async_copy_plugin/reference/update_inputs_semantics.py")
+states = _load("fdac_slot_states", "fd_async_copy_plugin/testing/slot_states.py")
+semantics = _load("fdac_update_inputs_semantics", "fd_async_copy_plugin/testing/reference/update_inputs_semantics.py")
 
 
 # --- frameworks: device arrays, pointers, streams, pinned buffers, events ---------------------

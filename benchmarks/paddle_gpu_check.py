@@ -84,7 +84,7 @@ def check_kernels_from_paddle(paddle):
     import numpy as np
 
     from fd_async_copy_plugin.ops import load_ops
-    from fd_async_copy_plugin.ops.slot_states import copy_batch, random_v1_batch
+    from fd_async_copy_plugin.testing.slot_states import copy_batch, random_v1_batch
 
     ops = load_ops()
     if not ops.has_cuda_kernels:

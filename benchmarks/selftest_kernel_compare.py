@@ -3,7 +3,7 @@
 
 ``fd-async-copy selftest`` compares FastDeploy's compiled ``update_inputs_v1`` / ``update_inputs``
 with the plugin's kernels through Paddle tensors, using the framework-neutral core in
-``fd_async_copy_plugin/selftest_fd/kernel_compare.py`` (numpy arrays in, mismatches out). This
+``fd_async_copy_plugin/testing/selftest_fd/kernel_compare.py`` (numpy arrays in, mismatches out). This
 script runs the same core, with the same random slot states (>= 10,000 per op, batch sizes up to
 ``--max-num-seqs``), on a machine without Paddle or FastDeploy: the plugin's CUDA kernels
 (``libfd_async_copy_cuda.so``, launched through CuPy or PyTorch pointers and streams) against the
@@ -30,8 +30,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from fd_async_copy_plugin.ops import slot_states as states  # noqa: E402 - numpy only
-from fd_async_copy_plugin.selftest_fd import kernel_compare  # noqa: E402 - numpy only
+from fd_async_copy_plugin.testing import slot_states as states  # noqa: E402 - numpy only
+from fd_async_copy_plugin.testing.selftest_fd import kernel_compare  # noqa: E402 - numpy only
 
 
 def _load_gpu_kernel_check():

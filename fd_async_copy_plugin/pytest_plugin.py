@@ -97,7 +97,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         dest="fd_async_copy_root",
         metavar="MODULE",
         help="root module of the FastDeploy to patch (default: fastdeploy; e.g. "
-        "fd_async_copy_plugin.reference.fd24 for the replica); this process only",
+        "fd_async_copy_plugin.testing.reference.fd24 for the replica); this process only",
     )
     group.addoption(
         "--fd-async-copy-strict",

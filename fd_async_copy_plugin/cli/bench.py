@@ -5,7 +5,7 @@ noise hits both alike; the ratio is plugin / unpatched of the median per-step ho
 steady-state decode steps. On the CPU build of Paddle every copy is synchronous, so this measures
 the plugin's host overhead (target: ratio <= 1.05), not the GPU overlap it buys; the census shows
 what a GPU host would stop waiting for. On a Paddle GPU build it also compares copy strategies
-(``fd_async_copy_plugin/gpu_copy_strategies.py``).
+(``fd_async_copy_plugin/testing/gpu_copy_strategies.py``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from dataclasses import replace
 
 
 def run(args) -> int:
-    from ..harness import (
+    from ..testing.harness import (
         CENSUS_ORDER,
         CENSUS_VARIANTS,
         VARIANTS,
@@ -73,7 +73,7 @@ def run(args) -> int:
     }
     gpu_ok, _ = cuda_available()
     if gpu_ok:  # pragma: no cover - needs a Paddle GPU build
-        from ..gpu_copy_strategies import compare_copy_strategies
+        from ..testing.gpu_copy_strategies import compare_copy_strategies
 
         report["copy_strategies"] = compare_copy_strategies(batch, top_k, vocab)
     if args.json:
@@ -86,7 +86,7 @@ def run(args) -> int:
 
 def plain_workload(batch: int, vocab: int, steps: int):
     """``batch`` requests without logprobs, all admitted at step 0, decoding ``steps`` tokens."""
-    from ..harness import logprob_workload
+    from ..testing.harness import logprob_workload
 
     config, requests = logprob_workload(batch, 0, vocab, steps)
     config = replace(config, enable_logprob=False)
@@ -110,7 +110,7 @@ def format_report(report: dict, format_census) -> str:
     census_rows = {k: v for k, v in report["census_per_step"].items() if "blocking_d2h" in v}
     lines.append(format_census(census_rows))
     lines.append("")
-    from ..harness import format_host_waits
+    from ..testing.harness import format_host_waits
 
     lines.append("plain decode (no logprobs):")
     lines.append(format_host_waits(report["census_per_step"]))

@@ -2,7 +2,7 @@
 
 Outputs (tokens, stop decisions, logprobs, prompt logprobs, every saved message and ZMQ payload)
 must be bit-identical. Then, when a FastDeploy is installed (detected as ``doctor`` does), its own
-code is checked before and after enabling the plugin (``fd_async_copy_plugin/selftest_fd``). With
+code is checked before and after enabling the plugin (``fd_async_copy_plugin/testing/selftest_fd``). With
 backend ``auto`` it uses ``cuda`` where Paddle can (real pinned memory and events), otherwise
 ``host``; on CPU it also runs the race-detecting simulator (``sim``).
 """
@@ -29,7 +29,7 @@ def _backends(requested: str) -> tuple[list[str], str]:
 
 
 def run(args) -> int:
-    from ..harness import census_row, run_scenario, selftest_scenarios
+    from ..testing.harness import census_row, run_scenario, selftest_scenarios
 
     backends, note = _backends(args.backend)
     report = {"backends": backends, "note": note, "scenarios": [], "ok": True, "skipped": {}}
@@ -62,9 +62,9 @@ def run(args) -> int:
             for name, state in entry["features"].items():
                 if state in REFUSED_IN_STRICT_MODE:  # not tested by this run: say so
                     report["skipped"].setdefault(name, f"{state}: {entry['feature_reasons'][name]}")
-    # The FastDeploy installed here, if any (fd_async_copy_plugin/selftest_fd): its own code before
+    # The FastDeploy installed here, if any (fd_async_copy_plugin/testing/selftest_fd): its own code before
     # and after enabling the plugin. Without one, it says that only the replica was checked.
-    from ..selftest_fd import checks as fd_checks
+    from ..testing.selftest_fd import checks as fd_checks
 
     report["environment"] = fd_checks.environment()
     report["fastdeploy"] = fd_checks.run(backends, root=getattr(args, "root", "fastdeploy"))
@@ -130,7 +130,7 @@ def format_report(report: dict) -> str:
         for diff in entry.get("differences", []):
             lines.append(f"         - {diff}")
     if "fastdeploy" in report:
-        from ..selftest_fd.checks import format_lines
+        from ..testing.selftest_fd.checks import format_lines
 
         lines += format_lines(report["fastdeploy"])
     lines.append(result_line(report))

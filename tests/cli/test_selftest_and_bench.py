@@ -31,7 +31,7 @@ def test_selftest_reports_bit_identical_runs_on_host_and_sim():
 def test_selftest_fails_loudly_when_outputs_differ(monkeypatch):
     """A selftest that cannot fail is worthless: plant a one-token difference."""
     from fd_async_copy_plugin.cli import selftest
-    from fd_async_copy_plugin import harness
+    from fd_async_copy_plugin.testing import harness
 
     real = harness.run_scenario
 
@@ -77,7 +77,7 @@ def test_bench_smoke_json_has_ratio_and_census_side_by_side():
 
 
 def test_bench_tables_fit_100_columns():
-    from fd_async_copy_plugin.harness import census_module, format_census, format_host_waits
+    from fd_async_copy_plugin.testing.harness import census_module, format_census, format_host_waits
 
     long_site = "reference/fd24/model_executor/layers/sample/ops/top_k_top_p_sampling.py:48 top_k_top_p_sampling"
     row = {key: 123.45 for key in census_module.KINDS}

@@ -1,4 +1,4 @@
-"""``fd-async-copy selftest`` against an installed FastDeploy (``fd_async_copy_plugin/selftest_fd``).
+"""``fd-async-copy selftest`` against an installed FastDeploy (``fd_async_copy_plugin/testing/selftest_fd``).
 
 CI has no FastDeploy tree: the reference replica is made importable as ``fastdeploy`` (an alias
 import hook, below) and plays the installed FastDeploy. The same code was run against the real
@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 import fd_async_copy_plugin
-from fd_async_copy_plugin.reference import ROOTS
-from fd_async_copy_plugin.selftest_fd import checks, kernel_compare
+from fd_async_copy_plugin.testing.reference import ROOTS
+from fd_async_copy_plugin.testing.selftest_fd import checks, kernel_compare
 
 VOCAB = 64  # small logits keep the checks fast; widths are still 0, 1, 20 and the whole vocabulary
 

@@ -17,8 +17,8 @@ import pytest
 
 import fd_async_copy_plugin
 from fd_async_copy_plugin import runtime
-from fd_async_copy_plugin.reference import ROOTS
-from fd_async_copy_plugin.reference.driver import DecodeResult, DriverConfig, Request, run_decode
+from fd_async_copy_plugin.testing.reference import ROOTS
+from fd_async_copy_plugin.testing.reference.driver import DecodeResult, DriverConfig, Request, run_decode
 
 FD24 = ROOTS["fd24"]
 FD25 = ROOTS["fd25"]
@@ -203,8 +203,8 @@ import pytest  # noqa: E402,F811
 
 import fd_async_copy_plugin  # noqa: E402,F811
 from fd_async_copy_plugin import runtime  # noqa: E402,F811
-from fd_async_copy_plugin.reference import ROOTS  # noqa: E402,F811
-from fd_async_copy_plugin.reference.driver import DecodeResult, DriverConfig, Request, run_decode  # noqa: E402,F811
+from fd_async_copy_plugin.testing.reference import ROOTS  # noqa: E402,F811
+from fd_async_copy_plugin.testing.reference.driver import DecodeResult, DriverConfig, Request, run_decode  # noqa: E402,F811
 
 SF_FEATURES = ("stop_flag", "sampled_tokens")
 SF_EOS_NEVER = 9999  # an eos id outside every test vocabulary: requests run to max_tokens

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import pytest
 
-from fd_async_copy_plugin.harness import census_row, selftest_scenarios
+from fd_async_copy_plugin.testing.harness import census_row, selftest_scenarios
 from fd_async_copy_plugin.patches import logprobs as logprobs_patch
-from fd_async_copy_plugin.reference import ROOTS
-from fd_async_copy_plugin.reference.driver import DriverConfig
+from fd_async_copy_plugin.testing.reference import ROOTS
+from fd_async_copy_plugin.testing.reference.driver import DriverConfig
 
 FD24, FD25 = ROOTS["fd24"], ROOTS["fd25"]
 VOCAB = 1024

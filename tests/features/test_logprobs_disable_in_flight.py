@@ -11,8 +11,8 @@ import paddle
 import pytest
 
 import fd_async_copy_plugin
-from fd_async_copy_plugin.reference import ROOTS
-from fd_async_copy_plugin.reference.placement import host_view
+from fd_async_copy_plugin.testing.reference import ROOTS
+from fd_async_copy_plugin.testing.reference.placement import host_view
 
 FD24 = ROOTS["fd24"]
 VOCAB = 64
@@ -88,7 +88,7 @@ def test_a_gather_running_while_disable_restores_fd_hands_out_finished_data(samp
 def test_stop_flag_makes_every_flag_current_before_its_save_guards_go(sfkit, monkeypatch):
     """The stop flag's copy issued by the last update is finished (the legacy flag FastDeploy's own
     save reads is current) before disable() re-binds FastDeploy's save ops."""
-    from fd_async_copy_plugin.reference.driver import DriverConfig, run_decode
+    from fd_async_copy_plugin.testing.reference.driver import DriverConfig, run_decode
     from fd_async_copy_plugin.registry import patch as patch_module
 
     fd_async_copy_plugin.disable()

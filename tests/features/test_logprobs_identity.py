@@ -14,7 +14,7 @@ import fd_async_copy_plugin
 from fd_async_copy_plugin import fd_identity
 from fd_async_copy_plugin.patches import logprobs as logprobs_patch
 from fd_async_copy_plugin.profile import root_directory
-from fd_async_copy_plugin.reference import ROOTS
+from fd_async_copy_plugin.testing.reference import ROOTS
 
 SAMPLER = "model_executor.layers.sample.sampler"
 CLIP = "logprobs.clip_(min=paddle.finfo(logprobs.dtype).min)"
@@ -27,13 +27,14 @@ def fd24_copy(tmp_path, monkeypatch):
     # a package that hands it the plugin's one runtime (the copy backend in use must be shared).
     package = f"fdid_{abs(hash(str(tmp_path)))}"
     reference = os.path.dirname(root_directory(ROOTS["fd24"]))
-    shutil.copytree(reference, tmp_path / package / "reference", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(reference, tmp_path / package / "testing" / "reference", ignore=shutil.ignore_patterns("__pycache__"))
+    (tmp_path / package / "testing" / "__init__.py").write_text("")
     (tmp_path / package / "__init__.py").write_text(
         "import sys\nfrom fd_async_copy_plugin import runtime\nsys.modules[__name__ + '.runtime'] = runtime\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     fd_async_copy_plugin.disable()
-    yield f"{package}.reference.fd24", tmp_path / package / "reference" / "fd24" / "model_executor" / "layers" / "sample" / "sampler.py"
+    yield f"{package}.testing.reference.fd24", tmp_path / package / "testing" / "reference" / "fd24" / "model_executor" / "layers" / "sample" / "sampler.py"
     fd_async_copy_plugin.disable()
     for module in [m for m in sys.modules if m == package or m.startswith(package + ".")]:
         del sys.modules[module]

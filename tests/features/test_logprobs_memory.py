@@ -3,9 +3,9 @@ than the cap is pinned (such a step is copied the 2.4 way, with identical result
 
 from __future__ import annotations
 
-from fd_async_copy_plugin.harness import Variant, run_variant
-from fd_async_copy_plugin.reference import ROOTS
-from fd_async_copy_plugin.reference.driver import DriverConfig, Request
+from fd_async_copy_plugin.testing.harness import Variant, run_variant
+from fd_async_copy_plugin.testing.reference import ROOTS
+from fd_async_copy_plugin.testing.reference.driver import DriverConfig, Request
 
 from fd_async_copy_plugin.patches import logprobs as logprobs_patch
 

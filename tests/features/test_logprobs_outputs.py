@@ -20,10 +20,10 @@ import pytest
 
 import fd_async_copy_plugin
 from fd_async_copy_plugin import runtime
-from fd_async_copy_plugin.harness import selftest_scenarios
-from fd_async_copy_plugin.reference import ROOTS
-from fd_async_copy_plugin.reference.driver import DriverConfig, Request
-from fd_async_copy_plugin.reference.sampling_math import log_softmax
+from fd_async_copy_plugin.testing.harness import selftest_scenarios
+from fd_async_copy_plugin.testing.reference import ROOTS
+from fd_async_copy_plugin.testing.reference.driver import DriverConfig, Request
+from fd_async_copy_plugin.testing.reference.sampling_math import log_softmax
 
 FD24, FD25 = ROOTS["fd24"], ROOTS["fd25"]
 VOCAB = 1024

@@ -13,8 +13,8 @@ import pytest
 
 import fd_async_copy_plugin
 from fd_async_copy_plugin import runtime
-from fd_async_copy_plugin.reference import ROOTS
-from fd_async_copy_plugin.reference.sampling_math import log_softmax
+from fd_async_copy_plugin.testing.reference import ROOTS
+from fd_async_copy_plugin.testing.reference.sampling_math import log_softmax
 
 FD24, FD25 = ROOTS["fd24"], ROOTS["fd25"]
 SAMPLER = "model_executor.layers.sample.sampler"

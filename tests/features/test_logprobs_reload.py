@@ -11,8 +11,8 @@ import paddle
 import pytest
 
 import fd_async_copy_plugin
-from fd_async_copy_plugin.reference import ROOTS
-from fd_async_copy_plugin.reference.placement import host_view
+from fd_async_copy_plugin.testing.reference import ROOTS
+from fd_async_copy_plugin.testing.reference.placement import host_view
 
 FD24 = ROOTS["fd24"]
 VOCAB = 64

@@ -12,7 +12,7 @@ import fd_async_copy_plugin
 from fd_async_copy_plugin import runtime
 from fd_async_copy_plugin.config import ENV_RING_MAX_BYTES, AsyncCopyConfig, ConfigError
 from fd_async_copy_plugin.patches import logprobs as logprobs_patch
-from fd_async_copy_plugin.reference import ROOTS
+from fd_async_copy_plugin.testing.reference import ROOTS
 from fd_async_copy_plugin.runtime.ring import IDLE_ACQUIRES
 
 FD24 = ROOTS["fd24"]

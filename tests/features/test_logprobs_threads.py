@@ -12,7 +12,7 @@ import pytest
 
 import fd_async_copy_plugin
 from fd_async_copy_plugin import runtime
-from fd_async_copy_plugin.reference import ROOTS
+from fd_async_copy_plugin.testing.reference import ROOTS
 
 FD24 = ROOTS["fd24"]
 VOCAB = 96

@@ -13,12 +13,12 @@ from __future__ import annotations
 import paddle
 import pytest
 
-from fd_async_copy_plugin.harness import Variant, plugin_host_reads, run_variant, selftest_scenarios
+from fd_async_copy_plugin.testing.harness import Variant, plugin_host_reads, run_variant, selftest_scenarios
 from fd_async_copy_plugin.ops import stop_flag_ops
 from fd_async_copy_plugin.patches import stop_flag as stop_flag_patch
-from fd_async_copy_plugin.reference import ROOTS, device_tracking
-from fd_async_copy_plugin.reference.driver import DriverConfig, Request
-from fd_async_copy_plugin.reference.placement import as_device
+from fd_async_copy_plugin.testing.reference import ROOTS, device_tracking
+from fd_async_copy_plugin.testing.reference.driver import DriverConfig, Request
+from fd_async_copy_plugin.testing.reference.placement import as_device
 from fd_async_copy_plugin.runtime import collecting
 from fd_async_copy_plugin.runtime.backend import host_view
 from fd_async_copy_plugin.runtime.cuda import RuntimeBackend

@@ -22,9 +22,9 @@ import pytest
 import fd_async_copy_plugin
 from fd_async_copy_plugin import runtime
 from fd_async_copy_plugin.patches import logprobs as logprobs_patch
-from fd_async_copy_plugin.reference import ROOTS
-from fd_async_copy_plugin.reference.driver import DriverConfig
-from fd_async_copy_plugin.reference.sampling_math import log_softmax
+from fd_async_copy_plugin.testing.reference import ROOTS
+from fd_async_copy_plugin.testing.reference.driver import DriverConfig
+from fd_async_copy_plugin.testing.reference.sampling_math import log_softmax
 from fd_async_copy_plugin.runtime import AsyncCopyError, BufferInUseError, CopyEvent, PendingCopyError, PinnedRing
 from fd_async_copy_plugin.runtime.backend import CopyBackend
 

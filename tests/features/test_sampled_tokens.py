@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 from fd_async_copy_plugin import runtime
-from fd_async_copy_plugin.reference.driver import Request
+from fd_async_copy_plugin.testing.reference.driver import Request
 
 pytestmark = pytest.mark.usefixtures("plugin_off")
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from fd_async_copy_plugin.harness import on_patched_path
+from fd_async_copy_plugin.testing.harness import on_patched_path
 
 pytestmark = pytest.mark.usefixtures("plugin_off")
 

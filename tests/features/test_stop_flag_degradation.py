@@ -14,7 +14,7 @@ import functools
 import pytest
 
 import fd_async_copy_plugin
-from fd_async_copy_plugin.reference.driver import DriverConfig, Request
+from fd_async_copy_plugin.testing.reference.driver import DriverConfig, Request
 from fd_async_copy_plugin.ops import OpsUnavailable
 from fd_async_copy_plugin.patches import stop_flag as stop_flag_patch
 from fd_async_copy_plugin.registry.manager import StrictModeError

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pytest
 
-from fd_async_copy_plugin.reference.driver import DriverConfig, Request
+from fd_async_copy_plugin.testing.reference.driver import DriverConfig, Request
 
 pytestmark = pytest.mark.usefixtures("plugin_off")
 

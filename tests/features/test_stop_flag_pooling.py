@@ -14,8 +14,8 @@ import pytest
 
 import fd_async_copy_plugin
 from fd_async_copy_plugin import runtime
-from fd_async_copy_plugin.reference import ROOTS
-from fd_async_copy_plugin.reference.driver import DriverConfig, Request, run_decode
+from fd_async_copy_plugin.testing.reference import ROOTS
+from fd_async_copy_plugin.testing.reference.driver import DriverConfig, Request, run_decode
 
 ROOT = ROOTS["fd24"]
 FEATURES = ["stop_flag", "sampled_tokens"]

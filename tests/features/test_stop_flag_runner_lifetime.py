@@ -9,7 +9,7 @@ import weakref
 import pytest
 
 import fd_async_copy_plugin
-from fd_async_copy_plugin.reference.driver import DriverConfig, run_decode
+from fd_async_copy_plugin.testing.reference.driver import DriverConfig, run_decode
 
 pytestmark = pytest.mark.usefixtures("plugin_off")
 

@@ -12,7 +12,7 @@ import pytest
 
 from fd_async_copy_plugin.cli.build_ops import main_build_ops
 from fd_async_copy_plugin.ops import OpsUnavailable, build, cache, load_ops, ops_status
-from fd_async_copy_plugin.ops.slot_states import V1_ARRAYS, random_v1_batch
+from fd_async_copy_plugin.testing.slot_states import V1_ARRAYS, random_v1_batch
 from fd_async_copy_plugin.ops.stop_flag_library import StopFlagLibrary
 
 

@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from fd_async_copy_plugin.ops import cache, load_ops
-from fd_async_copy_plugin.reference import ROOTS
+from fd_async_copy_plugin.testing.reference import ROOTS
 
 FILES = (cache.PYBIND_FILE, cache.CUDA_LIB_FILE)
 REBUILD = "rebuild with `fd-async-copy build-ops`"

@@ -18,7 +18,7 @@ import paddle
 import pytest
 
 from fd_async_copy_plugin.ops import load_ops, stop_flag_ops
-from fd_async_copy_plugin.ops.slot_states import V0_ARRAYS, V1_ARRAYS, copy_batch, random_v0_batch, random_v1_batch
+from fd_async_copy_plugin.testing.slot_states import V0_ARRAYS, V1_ARRAYS, copy_batch, random_v0_batch, random_v1_batch
 from fd_async_copy_plugin.ops.stop_flag_library import StopFlagLibrary
 from fd_async_copy_plugin.ops.stop_flag_ops import StopFlagOps
 

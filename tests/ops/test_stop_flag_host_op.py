@@ -6,10 +6,10 @@ import paddle
 import pytest
 
 from fd_async_copy_plugin.ops import load_ops
-from fd_async_copy_plugin.ops.slot_states import (
+from fd_async_copy_plugin.testing.slot_states import (
     V0_ARRAYS, V1_ARRAYS, V1_BRANCHES, copy_batch, random_v0_batch, random_v1_batch, v1_branch,
 )
-from fd_async_copy_plugin.reference.update_inputs_semantics import update_inputs_np, update_inputs_v1_np
+from fd_async_copy_plugin.testing.reference.update_inputs_semantics import update_inputs_np, update_inputs_v1_np
 
 
 @pytest.fixture(scope="module")

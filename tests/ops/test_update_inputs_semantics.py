@@ -8,7 +8,7 @@ is itself tested.
 import numpy as np
 import pytest
 
-from fd_async_copy_plugin.reference.update_inputs_semantics import update_inputs_np, update_inputs_v1_np
+from fd_async_copy_plugin.testing.reference.update_inputs_semantics import update_inputs_np, update_inputs_v1_np
 
 
 def v1_state(stop, this_time, decoder, prompt, *, max_bsz=None, block_size=4, table_row=(7, 8, -1, 9)):

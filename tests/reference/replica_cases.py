@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from fd_async_copy_plugin.reference import ROOTS
-from fd_async_copy_plugin.reference.driver import Request
+from fd_async_copy_plugin.testing.reference import ROOTS
+from fd_async_copy_plugin.testing.reference.driver import Request
 
 FD24 = ROOTS["fd24"]
 FD25 = ROOTS["fd25"]

@@ -11,8 +11,8 @@ import paddle
 import pytest
 
 from fd_async_copy_plugin import runtime
-from fd_async_copy_plugin.reference import device_tracking as dt
-from fd_async_copy_plugin.reference.placement import as_device
+from fd_async_copy_plugin.testing.reference import device_tracking as dt
+from fd_async_copy_plugin.testing.reference.placement import as_device
 from fd_async_copy_plugin.runtime import collecting
 
 

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from replica_cases import EOS, FD24, mixed_logprob_requests, request
 
-from fd_async_copy_plugin.reference.driver import DriverConfig, Request, run_decode
-from fd_async_copy_plugin.reference.message_queue import MessageOverflowError
+from fd_async_copy_plugin.testing.reference.driver import DriverConfig, Request, run_decode
+from fd_async_copy_plugin.testing.reference.message_queue import MessageOverflowError
 
 
 def _tokens(result):

@@ -12,7 +12,7 @@ import os
 import paddle
 from replica_cases import FD24, mixed_logprob_requests, request
 
-from fd_async_copy_plugin.reference.driver import DriverConfig, run_decode
+from fd_async_copy_plugin.testing.reference.driver import DriverConfig, run_decode
 from fd_async_copy_plugin.runtime import census
 
 
@@ -28,7 +28,7 @@ def test_replica_is_not_importable_as_fastdeploy():
     spec = importlib.util.find_spec("fastdeploy")
     reference_dir = os.path.dirname(mod("envs").__file__)
     assert spec is None or not (spec.origin or "").startswith(os.path.dirname(reference_dir))
-    assert mod("envs").__name__ == "fd_async_copy_plugin.reference.fd24.envs"
+    assert mod("envs").__name__ == "fd_async_copy_plugin.testing.reference.fd24.envs"
     assert importlib.import_module(FD24).__version__ == "2.4.0"
 
 
@@ -184,7 +184,7 @@ def test_a_pinned_not_need_stop_is_an_op_on_pinned_in_save_output_topk(host_back
 def test_update_inputs_v1_refuses_a_device_flag_like_the_2_4_op_would_crash():
     import pytest
 
-    from fd_async_copy_plugin.reference.placement import as_device
+    from fd_async_copy_plugin.testing.reference.placement import as_device
 
     ops = mod("model_executor.ops.gpu")
     z = lambda shape, dtype="int32", v=0: paddle.full(shape, v, dtype=dtype)  # noqa: E731

@@ -12,7 +12,7 @@ import paddle
 import pytest
 from replica_cases import FD24, FD25, mixed_logprob_requests, request
 
-from fd_async_copy_plugin.reference.driver import DriverConfig, run_decode
+from fd_async_copy_plugin.testing.reference.driver import DriverConfig, run_decode
 from fd_async_copy_plugin.runtime import census
 
 
@@ -103,7 +103,7 @@ def test_prompt_logprobs_synchronize_the_whole_device():
 
 def test_slice_rows_copies_whole_fields_per_call(host_backend):
     out = mod("worker.output")
-    dev = importlib.import_module("fd_async_copy_plugin.reference.placement").as_device
+    dev = importlib.import_module("fd_async_copy_plugin.testing.reference.placement").as_device
     t = out.LogprobsTensors(*(dev(x) for x in (paddle.zeros([4, 3], "int64"), paddle.zeros([4, 3]), paddle.zeros([4], "int64"))))
     with census.collecting() as c:
         c.begin_step()

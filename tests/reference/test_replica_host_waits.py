@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from fd_async_copy_plugin.harness import VARIANTS, CENSUS_VARIANTS, run_variant, site_label
-from fd_async_copy_plugin.reference.driver import DriverConfig, Request
+from fd_async_copy_plugin.testing.harness import VARIANTS, CENSUS_VARIANTS, run_variant, site_label
+from fd_async_copy_plugin.testing.reference.driver import DriverConfig, Request
 from fd_async_copy_plugin.runtime import census
 
 pytestmark = pytest.mark.usefixtures("plugin_off")
@@ -75,8 +75,8 @@ def test_fd24_decode_task_steps_read_the_block_step_flag_once_per_task():
 
 def test_t_is_the_host_infer_seed_moving_it_to_the_device_removes_exactly_t(monkeypatch):
     """#6765's fix, applied to the replica's share inputs: the sampling op no longer transforms."""
-    from fd_async_copy_plugin.reference.fd24.worker import gpu_model_runner as runner_module
-    from fd_async_copy_plugin.reference.placement import as_device
+    from fd_async_copy_plugin.testing.reference.fd24.worker import gpu_model_runner as runner_module
+    from fd_async_copy_plugin.testing.reference.placement import as_device
 
     original = runner_module.GPUModelRunner.__init__
 
@@ -106,8 +106,8 @@ def test_every_host_wait_of_every_selftest_scenario_is_a_documented_blocking_poi
     a replica artifact (e.g. a host tensor made without a host place) would show up here."""
     import dataclasses
 
-    from fd_async_copy_plugin.harness import Variant, selftest_scenarios
-    from fd_async_copy_plugin.reference import ROOTS
+    from fd_async_copy_plugin.testing.harness import Variant, selftest_scenarios
+    from fd_async_copy_plugin.testing.reference import ROOTS
 
     scenarios = selftest_scenarios(steps=8)
     ksm = dataclasses.replace(scenarios[0], config=dataclasses.replace(scenarios[0].config, keep_sampling_mask=True))

@@ -105,7 +105,7 @@ def test_enable_rejects_bad_arguments_before_touching_anything():
 
 def test_backend_auto_stands_down_on_cpu_paddle_with_reason():
     try:
-        status = fd_async_copy_plugin.enable(root="fd_async_copy_plugin.reference.fd24")
+        status = fd_async_copy_plugin.enable(root="fd_async_copy_plugin.testing.reference.fd24")
         for name, entry in status["features"].items():
             if entry["state"] == "skipped":
                 assert "CUDA" in entry["reason"] or "custom ops" in entry["reason"] or "not for" in entry["reason"], entry
@@ -124,7 +124,7 @@ def test_strict_mode_turns_skips_into_an_error_and_reverts():
 
 def test_doctor_json_has_the_status_shape():
     out = subprocess.run(
-        [sys.executable, "-m", "fd_async_copy_plugin.cli", "doctor", "--json", "--root", "fd_async_copy_plugin.reference.fd24"],
+        [sys.executable, "-m", "fd_async_copy_plugin.cli", "doctor", "--json", "--root", "fd_async_copy_plugin.testing.reference.fd24"],
         capture_output=True,
         text=True,
         check=True,
@@ -176,11 +176,11 @@ def test_register_survives_an_unexpected_failure_unless_strict(monkeypatch, capl
 
 def test_dependencies_apply_first_whatever_order_is_asked():
     status = fd_async_copy_plugin.enable(features="sampled_tokens,stop_flag", backend="host",
-                                         root="fd_async_copy_plugin.reference.fd24")
+                                         root="fd_async_copy_plugin.testing.reference.fd24")
     try:
         import importlib
 
-        importlib.import_module("fd_async_copy_plugin.reference.fd24.worker.gpu_model_runner")
+        importlib.import_module("fd_async_copy_plugin.testing.reference.fd24.worker.gpu_model_runner")
         states = {n: e["state"] for n, e in fd_async_copy_plugin.status()["features"].items()}
         assert states == {"sampled_tokens": "applied", "stop_flag": "applied"}, (status, states)
     finally:

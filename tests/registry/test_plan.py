@@ -13,7 +13,7 @@ import pytest
 import fd_async_copy_plugin
 from fd_async_copy_plugin.cli.doctor import diagnose
 from fd_async_copy_plugin.profile import ProfileInfo
-from fd_async_copy_plugin.reference import ROOTS
+from fd_async_copy_plugin.testing.reference import ROOTS
 from fd_async_copy_plugin.registry import Decision, Feature, StrictModeError, plan
 from fd_async_copy_plugin.registry import manager as manager_module
 from fd_async_copy_plugin.registry.plan import strict_violations

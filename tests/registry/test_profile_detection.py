@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from fd_async_copy_plugin.profile import detect_profile, root_directory
-from fd_async_copy_plugin.reference import ROOTS
+from fd_async_copy_plugin.testing.reference import ROOTS
 
 
 def test_replicas_are_detected_by_structure():

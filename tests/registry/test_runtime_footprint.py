@@ -12,7 +12,7 @@ import textwrap
 from pathlib import Path
 
 PACKAGE = "fd_async_copy_plugin"
-FD24 = f"{PACKAGE}.reference.fd24"
+FD24 = f"{PACKAGE}.testing.reference.fd24"
 #: Every module of the runtime part (``runtime.cuda`` is loaded on GPU builds only).
 RUNTIME = {
     PACKAGE,
@@ -46,8 +46,8 @@ RUNTIME = {
     f"{PACKAGE}.ops.toolchain",
 }
 #: New runtime modules are fine (add them above); these must never be loaded by register()+enable().
-SCAFFOLDING = ("reference.driver", "harness", "cli", "serving_ab", "runtime.simulated", "ops.build",
-               "pytest_plugin", "gpu_copy_strategies", "testing")
+SCAFFOLDING = ("testing", "cli", "serving_ab", "runtime.simulated", "ops.build",
+               "pytest_plugin")
 #: 4.5k before issue 10 added the framework-neutral CUDA layer (``runtime/cudart.py``, ``glue.py``,
 #: ``probe.py`` and ``PinnedMemory``: ~750 lines) that replaced the Paddle GPU calls.
 MAX_RUNTIME_LINES = 5400
@@ -117,10 +117,10 @@ def test_importing_the_scaffolding_changes_nothing_in_paddle():
         f"""
         import importlib, pkgutil, paddle
         original = paddle.device.synchronize
-        import {PACKAGE}.reference as reference
+        import {PACKAGE}.testing.reference as reference
         for info in pkgutil.walk_packages(reference.__path__, reference.__name__ + "."):
             importlib.import_module(info.name)
-        import {PACKAGE}.harness, {PACKAGE}.reference.driver
+        import {PACKAGE}.testing.harness, {PACKAGE}.testing.reference.driver
         assert paddle.device.synchronize is original, paddle.device.synchronize
         print("ok")
         """

@@ -134,7 +134,7 @@ def test_a_failed_probe_stands_the_backend_down_for_that_device():
 
 def test_a_failed_probe_stands_the_logprobs_feature_down_to_blocking_copies():
     from fd_async_copy_plugin.patches.logprobs import LogprobsCopier
-    from fd_async_copy_plugin.reference.fd24.worker.output import LogprobsTensors
+    from fd_async_copy_plugin.testing.reference.fd24.worker.output import LogprobsTensors
 
     reasons = []
     backend = RuntimeBackend(HostRuntime(), glue=WrongAddress(), probe=True, probe_ops=PaddleProbeOps(paddle.CPUPlace()))
@@ -176,7 +176,7 @@ def test_a_failed_probe_stands_the_stop_flag_runner_down_with_the_reason():
 
 def test_a_failed_probe_in_strict_mode_refuses_the_async_logprobs():
     from fd_async_copy_plugin.patches.logprobs import LogprobsCopier
-    from fd_async_copy_plugin.reference.fd24.worker.output import LogprobsTensors
+    from fd_async_copy_plugin.testing.reference.fd24.worker.output import LogprobsTensors
 
     backend = RuntimeBackend(HostRuntime(), glue=WrongAddress(), probe=True, probe_ops=PaddleProbeOps(paddle.CPUPlace()))
     copier = LogprobsCopier(backend, LogprobsTensors, strict=True)
@@ -192,8 +192,8 @@ def test_through_enable_a_failed_probe_reports_logprobs_passthrough_and_fastdepl
     failed check) and FastDeploy's outputs equal the unpatched run's."""
     import fd_async_copy_plugin as plugin
     from fd_async_copy_plugin import runtime
-    from fd_async_copy_plugin.reference import ROOTS
-    from fd_async_copy_plugin.reference.driver import DriverConfig, Request, run_decode
+    from fd_async_copy_plugin.testing.reference import ROOTS
+    from fd_async_copy_plugin.testing.reference.driver import DriverConfig, Request, run_decode
 
     config = DriverConfig(max_num_seqs=2, vocab_size=64, max_model_len=32, enable_logprob=True)
     requests = [Request(f"r{i}", [3 + i, 4], max_tokens=4, eos_token_ids=[300], logprobs=2) for i in range(2)]

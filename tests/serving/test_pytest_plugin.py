@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-ROOT = "fd_async_copy_plugin.reference.fd24"
+ROOT = "fd_async_copy_plugin.testing.reference.fd24"
 ENV_KEYS = ("FD_PLUGINS", "FD_ASYNC_COPY", "FD_ASYNC_COPY_FEATURES", "FD_ASYNC_COPY_BACKEND", "FD_ASYNC_COPY_STRICT")
 ALL_FEATURES = "logprobs,stop_flag,sampled_tokens,sync_scope"
 USAGE_ERROR = 4  # pytest.ExitCode.USAGE_ERROR
@@ -228,7 +228,7 @@ def test_patched_names_are_visible_to_test_modules_and_restored_after(tmp_path):
     unpatched, patched = off["at_collection"]["fingerprint"], on["at_collection"]["fingerprint"]
     changed = {name for name in unpatched if patched.get(name) != unpatched[name]}
     assert changed, "no FastDeploy name was replaced before the test module imported it"
-    root_dir = str(REPO / "fd_async_copy_plugin" / "reference" / "fd24")
+    root_dir = str(REPO / "fd_async_copy_plugin" / "testing" / "reference" / "fd24")
     assert all(not patched[name].startswith(root_dir) for name in changed)
     assert on["after_session"]["fingerprint"] == unpatched  # every original restored
 

@@ -16,7 +16,7 @@ What it reports:
    source), next to the same markers measured by importing FastDeploy, and the values that
    fastdeploy-surface.md §7 expects for the detected profile.
 2. ``surface``: for each patch point (module relative to the root package + qualified name), the
-   real FastDeploy against our replica (``fd_async_copy_plugin.reference.fd24`` / ``.fd25``):
+   real FastDeploy against our replica (``fd_async_copy_plugin.testing.reference.fd24`` / ``.fd25``):
    existence and ``inspect.signature`` parameter names, kinds and defaults; dataclass and
    NamedTuple fields in order; the op names ``pre_and_post_process`` imports from ``ops.gpu``;
    the names the runners import from ``pre_and_post_process``; the ``share_inputs`` keys created

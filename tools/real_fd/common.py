@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FD_ROOT = "fastdeploy"
-REPLICA_PACKAGE = "fd_async_copy_plugin.reference"
+REPLICA_PACKAGE = "fd_async_copy_plugin.testing.reference"
 
 RUNNER = "worker.gpu_model_runner"
 SAMPLER = "model_executor.layers.sample.sampler"

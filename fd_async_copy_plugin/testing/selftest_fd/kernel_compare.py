@@ -19,7 +19,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..ops import slot_states as states
+from fd_async_copy_plugin.testing import slot_states as states
 from ..reference import update_inputs_semantics as semantics
 
 VARIANTS = {"v1": states.V1_ARRAYS, "v0": states.V0_ARRAYS}

@@ -59,9 +59,9 @@ from typing import Iterator, Optional
 import numpy as np
 import paddle
 
-from ..runtime import census
-from ..runtime.backend import CopyBackend
-from ..runtime.glue import PaddleGlue
+from ...runtime import census
+from ...runtime.backend import CopyBackend
+from ...runtime.glue import PaddleGlue
 
 MARK = "_fd_reference_on_device"
 
@@ -96,9 +96,12 @@ _NUMPY_DIR = os.path.dirname(np.__file__)
 _HERE = os.path.abspath(__file__)
 _PLACEMENT = os.path.join(os.path.dirname(_HERE), "placement.py")
 _SKIPPED_FILES = {_HERE, _PLACEMENT, os.path.abspath(functools.__file__), os.path.abspath(contextlib.__file__)}
-_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(_HERE)))
-_PLUGIN_DIR = os.path.dirname(os.path.dirname(_HERE)) + os.sep
-_RUNTIME_DIR = os.path.join(os.path.dirname(os.path.dirname(_HERE)), "runtime") + os.sep
+# sites are named relative to the scaffolding (``reference/...``), the plugin (``runtime/...``) or
+# the checkout (``patches/...``)
+_TESTING_DIR = os.path.dirname(os.path.dirname(_HERE)) + os.sep
+_PLUGIN_DIR = os.path.dirname(os.path.dirname(os.path.dirname(_HERE))) + os.sep
+_PACKAGE_ROOT = os.path.dirname(os.path.dirname(_PLUGIN_DIR))
+_RUNTIME_DIR = os.path.join(_PLUGIN_DIR, "runtime") + os.sep
 
 
 @dataclass(frozen=True)
@@ -174,7 +177,9 @@ def _site(skip: int = 2, backend_is_mechanism: bool = False) -> tuple[str, int, 
     while frame is not None:
         filename = os.path.abspath(frame.f_code.co_filename)
         if filename not in _SKIPPED_FILES and not filename.startswith(skipped_dirs):
-            if filename.startswith(_PLUGIN_DIR):
+            if filename.startswith(_TESTING_DIR):
+                rel = os.path.relpath(filename, _TESTING_DIR)
+            elif filename.startswith(_PLUGIN_DIR):
                 rel = os.path.relpath(filename, _PLUGIN_DIR)
             elif filename.startswith(_PACKAGE_ROOT):
                 rel = os.path.relpath(filename, _PACKAGE_ROOT)
@@ -301,7 +306,7 @@ def phi_op(name: str, **inputs) -> None:
 
 
 def _is_pinned(t) -> bool:
-    from .. import runtime
+    from ... import runtime
 
     try:
         return runtime.current().is_pinned(t)

@@ -13,11 +13,11 @@ import statistics
 import time
 from dataclasses import dataclass, field
 
-from . import disable, enable
+from .. import disable, enable
 from .reference import ROOTS
 from .reference.driver import DecodeResult, DriverConfig, Request, run_decode
-from . import runtime
-from .runtime import SyncCensus, census as census_module, collecting
+from .. import runtime
+from ..runtime import SyncCensus, census as census_module, collecting
 
 #: Census sites on the paths the plugin patches (gather_logprobs, update op, save ops, ZMQ
 #: payload, prompt logprobs). Other host syncs of FastDeploy 2.4 (get_padding_offset, bad_tokens_len,

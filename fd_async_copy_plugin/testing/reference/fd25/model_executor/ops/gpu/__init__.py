@@ -21,7 +21,7 @@ import paddle
 from ..... import kernels
 from .....message_queue import get_queue, pack_tokens, pack_topk
 from .....placement import as_device, device_ops, host_view, is_pinned, paddle_op_inputs, write_back
-from ...... import runtime
+from ....... import runtime
 from .....fd24.model_executor.ops.gpu import (  # noqa: F401  (unchanged in 2.5)
     _env_flag,
     _not_modelled,

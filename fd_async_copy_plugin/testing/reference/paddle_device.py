@@ -17,7 +17,7 @@ import contextlib
 
 import paddle
 
-from .. import runtime
+from ... import runtime
 
 
 def _device_synchronize(device=None):

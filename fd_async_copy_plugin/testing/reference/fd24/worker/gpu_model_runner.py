@@ -51,8 +51,8 @@ from ..platforms import current_platform  # noqa: F401
 from ..utils import fill_paddle_tensor
 from .model_runner_base import DistributedOut, DistributedStatus, ModelRunnerBase
 from .output import LogprobsTensors, ModelOutputData, ModelRunnerOutput  # noqa: F401
-from .... import runtime
-from ....runtime import census
+from ..... import runtime
+from .....runtime import census
 
 #: share_inputs entries FastDeploy allocates on the host with ``.cpu()``; every other tensor
 #: entry is a GPU buffer.

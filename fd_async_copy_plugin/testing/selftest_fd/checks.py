@@ -63,7 +63,7 @@ def _check(name: str, backend: str, status: str, reason: str = "", **figures) ->
 
 def detect(root: str = "fastdeploy"):
     """What ``doctor`` reports: the profile read from FastDeploy's source (nothing imported)."""
-    from ..profile import detect_profile
+    from ...profile import detect_profile
 
     return detect_profile(root)
 
@@ -125,7 +125,7 @@ def import_fastdeploy(root: str = "fastdeploy") -> dict:
 def _numpy(t) -> np.ndarray:
     """An owned numpy copy of a Paddle tensor wherever it lives, without a Paddle op on pinned
     memory (read through the pointer for host tensors)."""
-    from ..runtime.backend import host_view
+    from ...runtime.backend import host_view
 
     place = t.place
     if place.is_gpu_place():
@@ -284,7 +284,7 @@ def run_logprobs_checks(modules: dict, backend_name: str, device: str, vocab: in
                         cases=None) -> list[dict]:
     """FastDeploy's ``Sampler`` and ``LogprobsTensors`` before and after ``enable()``."""
     import fd_async_copy_plugin
-    from .. import runtime
+    from ... import runtime
 
     if SAMPLER not in modules or OUTPUT not in modules:
         return [_check("logprobs", backend_name, "skipped", "FastDeploy's sampler does not import here")]
@@ -516,7 +516,7 @@ def run_prompt_logprobs_check(modules: dict, backend_name: str, device: str, voc
     """FastDeploy's own ``GPUModelRunner._get_prompt_logprobs_list`` (on a runner holding only what
     that method reads) before and after enabling: chunked prefill, 20 and whole-vocabulary widths."""
     import fd_async_copy_plugin
-    from .. import runtime
+    from ... import runtime
 
     name = "prompt logprobs: GPUModelRunner._get_prompt_logprobs_list"
     if RUNNER not in modules or SAMPLER not in modules:
@@ -629,7 +629,7 @@ def run_stop_flag_kernel_check(imported: dict, profile: str, backend_name: str, 
     if backend_name == "sim":
         return [_check(name, backend_name, "skipped", "compared once, on the host backend")]
     try:
-        from ..ops import load_ops
+        from ...ops import load_ops
 
         ops = load_ops()
     except Exception as exc:  # noqa: BLE001 - not built: stop_flag is untested (named, and a FAIL
@@ -710,7 +710,7 @@ def _probe_present() -> bool:
 def _cuda_stop_flag_library():
     """The plugin's CUDA stop-flag library for the probe's ``kernel_order`` check (None if not built)."""
     try:
-        from ..ops import load_ops
+        from ...ops import load_ops
 
         return load_ops().cuda_library
     except Exception:  # noqa: BLE001 - the probe runs without it
@@ -796,7 +796,7 @@ def environment() -> dict:
 
         info["paddle"] = paddle.__version__
         info["paddle_cuda_build"] = bool(paddle.is_compiled_with_cuda())
-        from ..runtime.cuda import cuda_available
+        from ...runtime.cuda import cuda_available
 
         ok, why = cuda_available()
         info["cuda"] = why
@@ -829,7 +829,7 @@ def run(backends: list[str], root: str = "fastdeploy", vocab: int | None = None,
     report["ops_reason"] = imported["ops_reason"]
     report["import_errors"] = imported["errors"]
     modules = imported["modules"]
-    from ..runtime.cuda import cuda_available
+    from ...runtime.cuda import cuda_available
 
     device = "gpu" if cuda_available()[0] else "cpu"
     vocab = vocab or (DEFAULT_VOCAB if device == "gpu" else CPU_VOCAB)

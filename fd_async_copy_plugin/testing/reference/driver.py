@@ -10,7 +10,7 @@ API
 ---
 ``run_decode(root, config, requests=(), arrivals=None, max_steps=256, on_step=None) -> DecodeResult``
 
-- ``root``: module root of a replica, ``"fd_async_copy_plugin.reference.fd24"`` or ``...fd25``
+- ``root``: module root of a replica, ``"fd_async_copy_plugin.testing.reference.fd24"`` or ``...fd25``
   (``ROOTS`` in ``reference/__init__.py``); patches applied to that root are in effect.
 - ``config``: ``DriverConfig``.
 - ``requests``: ``Request``s that arrive at step 0; ``arrivals``: ``{step: [Request, ...]}`` for
@@ -58,7 +58,7 @@ from typing import Callable, Iterable, Optional
 
 import numpy as np
 
-from ..runtime import census
+from ...runtime import census
 from . import paddle_device
 from .message_queue import K as TOPK_COLUMNS
 from .message_queue import SavedMessage, get_queue

@@ -16,8 +16,8 @@ import time
 def compare_copy_strategies(batch: int, top_k: int, vocab: int, steps: int = 200) -> dict:  # pragma: no cover
     import paddle
 
-    from .runtime import PinnedRing
-    from .runtime.cuda import CudaBackend
+    from ..runtime import PinnedRing
+    from ..runtime.cuda import CudaBackend
 
     paddle.set_device("gpu")
     ids = paddle.randint(0, vocab, [batch, top_k + 1], dtype="int64")

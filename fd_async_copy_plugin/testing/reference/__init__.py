@@ -5,10 +5,10 @@ sources by reading them; no FastDeploy code is copied. Two replica roots mirror 
 paths relative to ``fastdeploy`` so that the plugin's patches, written against a configurable root
 module, apply to them unchanged:
 
-- ``fd_async_copy_plugin.reference.fd24`` - FastDeploy 2.4 (branch ``r3_fix_int32_bug_2.4``):
+- ``fd_async_copy_plugin.testing.reference.fd24`` - FastDeploy 2.4 (branch ``r3_fix_int32_bug_2.4``):
   blocking ``.cpu()`` logprob copies, a 13-tensor ``update_inputs_v1`` that blocks on the
   host ``not_need_stop``, saving inside ``post_process``.
-- ``fd_async_copy_plugin.reference.fd25`` - FastDeploy 2.5 after #6176/#6259/#6362: pinned
+- ``fd_async_copy_plugin.testing.reference.fd25`` - FastDeploy 2.5 after #6176/#6259/#6362: pinned
   ``not_need_stop``/``sampled_token_ids``, an event per step, ``_save_model_output``, per-step
   pinned logprob buffers.
 
@@ -20,6 +20,6 @@ The replica is never importable as ``fastdeploy``.
 """
 
 ROOTS = {
-    "fd24": "fd_async_copy_plugin.reference.fd24",
-    "fd25": "fd_async_copy_plugin.reference.fd25",
+    "fd24": "fd_async_copy_plugin.testing.reference.fd24",
+    "fd25": "fd_async_copy_plugin.testing.reference.fd25",
 }

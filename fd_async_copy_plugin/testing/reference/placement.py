@@ -15,8 +15,8 @@ from __future__ import annotations
 import numpy as np
 import paddle
 
-from .. import runtime
-from ..runtime import census
+from ... import runtime
+from ...runtime import census
 from . import device_tracking
 from .device_tracking import device_code, device_op, heavy, phi_op  # noqa: F401  (tracking hooks)
 
