@@ -14,3 +14,24 @@ def plugin_off():
     yield
     fd_async_copy_plugin.disable()
     runtime.use(previous)
+
+
+@pytest.fixture(scope="session")
+def host_stop_flag_library(tmp_path_factory):
+    """The stop-flag host library compiled with plain g++ from ``custom_ops/`` (no Paddle build)."""
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    from fd_async_copy_plugin.ops.stop_flag_library import StopFlagLibrary
+
+    compiler = shutil.which("g++")
+    if compiler is None:
+        pytest.skip("g++ not found")
+    sources = Path(__file__).resolve().parents[1] / "custom_ops"
+    out = tmp_path_factory.mktemp("hostlib") / "libfd_async_copy_host.so"
+    subprocess.run(
+        [compiler, "-O2", "-std=c++17", "-shared", "-fPIC", f"-I{sources}", "-o", str(out), str(sources / "stop_flag_host.cc")],
+        check=True,
+    )
+    return StopFlagLibrary(out, flavor="host")

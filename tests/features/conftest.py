@@ -478,3 +478,19 @@ def replace_build(monkeypatch):
 
 
 # ==== end of engine helpers ======================================================================
+
+
+@pytest.fixture
+def logprob_inputs():
+    """``make(seed, rows=3, vocab=64)``: seeded log-softmax logprobs ``[rows, vocab]`` and sampled
+    ids ``[rows, 1]`` for ``gather_logprobs``."""
+    return _random_logprob_inputs
+
+
+def _random_logprob_inputs(seed: int, rows: int = 3, vocab: int = 64):
+    import numpy as np
+    import paddle
+
+    rng = np.random.default_rng(seed)
+    logprobs = paddle.nn.functional.log_softmax(paddle.to_tensor(rng.standard_normal((rows, vocab)).astype("float32")), -1)
+    return logprobs, paddle.to_tensor(rng.integers(0, vocab, size=(rows, 1)), dtype="int64")

@@ -7,7 +7,6 @@ from __future__ import annotations
 import threading
 
 import numpy as np
-import paddle
 import pytest
 
 import fd_async_copy_plugin
@@ -15,13 +14,6 @@ from fd_async_copy_plugin.testing.reference import ROOTS
 from fd_async_copy_plugin.testing.reference.placement import host_view
 
 FD24 = ROOTS["fd24"]
-VOCAB = 64
-
-
-def _inputs(seed: int):
-    rng = np.random.default_rng(seed)
-    logprobs = paddle.nn.functional.log_softmax(paddle.to_tensor(rng.standard_normal((3, VOCAB)).astype("float32")), -1)
-    return logprobs, paddle.to_tensor(rng.integers(0, VOCAB, size=(3, 1)), dtype="int64")
 
 
 def _saved(result) -> list:
@@ -38,11 +30,11 @@ def sampler_module(lpkit):
     fd_async_copy_plugin.disable()
 
 
-def test_results_handed_out_before_disable_read_correctly_after_it(sampler_module):
+def test_results_handed_out_before_disable_read_correctly_after_it(logprob_inputs, sampler_module):
     original = sampler_module.Sampler.gather_logprobs
     fd_async_copy_plugin.enable(features=["logprobs"], backend="sim", root=FD24)
     sampler = sampler_module.Sampler(fd_config=None)
-    cases = [_inputs(seed) for seed in range(2)]
+    cases = [logprob_inputs(seed) for seed in range(2)]
     expected = [[np.array(f.numpy()) for f in original(sampler, lp.clone(), 4, tok)] for lp, tok in cases]
     held = [sampler.gather_logprobs(lp.clone(), 4, tok) for lp, tok in cases]  # a deferred save holds them
     assert all(type(r).__name__ != "LogprobsTensors" for r in held)  # the plugin's async results
@@ -55,7 +47,7 @@ def test_results_handed_out_before_disable_read_correctly_after_it(sampler_modul
             assert np.array_equal(got, w), (got, w)
 
 
-def test_a_gather_running_while_disable_restores_fd_hands_out_finished_data(sampler_module, monkeypatch):
+def test_a_gather_running_while_disable_restores_fd_hands_out_finished_data(logprob_inputs, sampler_module, monkeypatch):
     """The model loop is inside the plugin's gather_logprobs when another thread calls disable()."""
     inside, release = threading.Event(), threading.Event()
     real_count = sampler_module.batched_count_greater_than
@@ -69,7 +61,7 @@ def test_a_gather_running_while_disable_restores_fd_hands_out_finished_data(samp
     original = sampler_module.Sampler.gather_logprobs
     fd_async_copy_plugin.enable(features=["logprobs"], backend="sim", root=FD24)
     sampler = sampler_module.Sampler(fd_config=None)
-    logprobs, tokens = _inputs(7)
+    logprobs, tokens = logprob_inputs(7)
     release.set()
     expected = [np.array(f.numpy()) for f in original(sampler, logprobs.clone(), 4, tokens)]
     release.clear()

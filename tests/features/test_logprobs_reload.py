@@ -7,7 +7,6 @@ from __future__ import annotations
 import importlib
 
 import numpy as np
-import paddle
 import pytest
 
 import fd_async_copy_plugin
@@ -15,13 +14,6 @@ from fd_async_copy_plugin.testing.reference import ROOTS
 from fd_async_copy_plugin.testing.reference.placement import host_view
 
 FD24 = ROOTS["fd24"]
-VOCAB = 64
-
-
-def _inputs(seed: int):
-    rng = np.random.default_rng(seed)
-    logprobs = paddle.nn.functional.log_softmax(paddle.to_tensor(rng.standard_normal((3, VOCAB)).astype("float32")), -1)
-    return logprobs, paddle.to_tensor(rng.integers(0, VOCAB, size=(3, 1)), dtype="int64")
 
 
 @pytest.fixture
@@ -42,12 +34,12 @@ def _state() -> dict:
     return fd_async_copy_plugin.status()["features"]["logprobs"]
 
 
-def test_reloading_the_consumer_module_stands_the_feature_down(modules):
+def test_reloading_the_consumer_module_stands_the_feature_down(logprob_inputs, modules):
     sampler_mod, postproc = modules
     original = sampler_mod.Sampler.gather_logprobs
     fd_async_copy_plugin.enable(features=["logprobs"], backend="sim", root=FD24)
     sampler = sampler_mod.Sampler(fd_config=None)
-    logprobs, tokens = _inputs(1)
+    logprobs, tokens = logprob_inputs(1)
     expected = [np.array(f.numpy()) for f in original(sampler, logprobs.clone(), 4, tokens)]
     in_flight = sampler.gather_logprobs(logprobs.clone(), 4, tokens)
     assert _state()["state"] == "applied"

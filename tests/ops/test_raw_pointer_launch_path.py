@@ -9,9 +9,6 @@ must agree with the pybind host op on random slot states. A swapped pointer or s
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-from pathlib import Path
 
 import numpy as np
 import paddle
@@ -19,23 +16,13 @@ import pytest
 
 from fd_async_copy_plugin.ops import load_ops, stop_flag_ops
 from fd_async_copy_plugin.testing.slot_states import V0_ARRAYS, V1_ARRAYS, copy_batch, random_v0_batch, random_v1_batch
-from fd_async_copy_plugin.ops.stop_flag_library import StopFlagLibrary
 from fd_async_copy_plugin.ops.stop_flag_ops import StopFlagOps
 
-SOURCES = Path(__file__).resolve().parents[2] / "custom_ops"
 
 
 @pytest.fixture(scope="module")
-def host_library(tmp_path_factory):
-    compiler = shutil.which("g++")
-    if compiler is None:
-        pytest.skip("g++ not found")
-    out = tmp_path_factory.mktemp("hostlib") / "libfd_async_copy_host.so"
-    subprocess.run(
-        [compiler, "-O2", "-std=c++17", "-shared", "-fPIC", f"-I{SOURCES}", "-o", str(out), str(SOURCES / "stop_flag_host.cc")],
-        check=True,
-    )
-    return StopFlagLibrary(out, flavor="host")
+def host_library(host_stop_flag_library):
+    return host_stop_flag_library
 
 
 @pytest.fixture

@@ -3,20 +3,15 @@ fails its check and stands the feature down (the backend refuses, the reason is 
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-from pathlib import Path
 
 import paddle
 import pytest
 
-from fd_async_copy_plugin.ops.stop_flag_library import StopFlagLibrary
 from fd_async_copy_plugin.runtime.cuda import AccessorProbeError, RuntimeBackend
 from fd_async_copy_plugin.runtime.cudart import HostRuntime
 from fd_async_copy_plugin.runtime.glue import PaddleGlue
 from fd_async_copy_plugin.runtime.probe import PaddleProbeOps, probe_accessors
 
-SOURCES = Path(__file__).resolve().parents[2] / "custom_ops"
 
 
 class CpuAsGpuGlue(PaddleGlue):
@@ -72,16 +67,8 @@ class LateFillOps(PaddleProbeOps):
 
 
 @pytest.fixture(scope="module")
-def host_kernels(tmp_path_factory):
-    compiler = shutil.which("g++")
-    if compiler is None:
-        pytest.skip("g++ not found")
-    out = tmp_path_factory.mktemp("hostlib") / "libfd_async_copy_host.so"
-    subprocess.run(
-        [compiler, "-O2", "-std=c++17", "-shared", "-fPIC", f"-I{SOURCES}", "-o", str(out), str(SOURCES / "stop_flag_host.cc")],
-        check=True,
-    )
-    return StopFlagLibrary(out, flavor="host")
+def host_kernels(host_stop_flag_library):
+    return host_stop_flag_library
 
 
 def run(glue, ops=None, kernels=None):
