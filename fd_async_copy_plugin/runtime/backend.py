@@ -137,6 +137,7 @@ class CopyBackend:
         self._copy_seq: dict[int, tuple[int, str, weakref.ref]] = {}  # id(dst) -> last copy
         self._recent_events: deque[CopyEvent] = deque(maxlen=64)
         self._memory: dict[int, weakref.ref] = {}  # id(buf) -> its PinnedMemory (weakly)
+        self._h2d_seq: dict[int, tuple[int, str, weakref.ref]] = {}  # id(src) -> last H2D reading it
 
     # -- allocation ---------------------------------------------------------------------------
     def new_pinned(self, shape: Iterable[int], dtype: str, label: str):
@@ -153,6 +154,7 @@ class CopyBackend:
         census.record("pinned_free", label)
         self._pinned.pop(id(t), None)
         self._copy_seq.pop(id(t), None)
+        self._h2d_seq.pop(id(t), None)
         self._memory.pop(id(t), None)
 
     def _alloc(self, shape: list[int], dtype: str):
@@ -225,6 +227,44 @@ class CopyBackend:
             self._copy_seq[id(dst)] = (seq, label, weakref.ref(dst))
             self._copy(dst, src, seq, label)
 
+    def copy_h2d(self, dst_ptr: int, device: int | None, src, offset: int, nbytes: int, label: str) -> None:
+        """Issue a non-blocking H2D copy of ``nbytes`` at byte ``offset`` of the pinned buffer ``src``
+        to the device address ``dst_ptr`` (on ``device``'s current stream; ``None``: host memory, the
+        ``host``/``sim`` "device"). The host must not write those bytes of ``src`` again before an
+        event recorded after this copy completed: ``before_host_write`` enforces it."""
+        memory = self.memory_of(src)
+        if memory is None:
+            raise ValueError("copy_h2d: the source is not a pinned buffer of this backend (new_pinned)")
+        if offset < 0 or nbytes < 0 or offset + nbytes > memory.nbytes:
+            raise ValueError(f"copy_h2d: bytes [{offset}, {offset + nbytes}) outside the buffer's {memory.nbytes}")
+        census.record("async_h2d", label)
+        with self._lock:
+            self._seq += 1
+            seq = self._seq
+            self._h2d_seq[id(src)] = (seq, label, weakref.ref(src))
+            self._copy_h2d(dst_ptr, device, memory, offset, nbytes, seq, label)
+
+    def before_host_write(self, buf, writer: str) -> None:
+        """The host is about to write the pinned buffer ``buf``: every H2D copy reading it must have
+        completed. Waits for the event covering the last one (free when already waited on); the
+        simulator raises ``BufferInUseError`` instead when none was waited on."""
+        entry = self._h2d_seq.get(id(buf))
+        if entry is None or entry[2]() is not buf or entry[0] <= self._completed:
+            return
+        event = None
+        with self._lock:
+            for candidate in self._recent_events:
+                if candidate.seq >= entry[0]:
+                    event = candidate
+                    break
+        self._h2d_still_read(buf, writer, entry[1], event)
+
+    def _h2d_still_read(self, buf, writer: str, copy_label: str, event: CopyEvent | None) -> None:
+        if event is None:
+            self.stream_synchronize(f"{writer}<-{copy_label}")
+        else:
+            self.wait(event, writer)
+
     def blocking_d2h(self, src, label: str):
         """FastDeploy 2.4's ``.cpu()``: a copy the host waits for."""
         census.record("blocking_d2h", label)
@@ -292,7 +332,8 @@ class CopyBackend:
         """
         census.record("host_read", reader)
         self._check_readable(buf, reader)
-        return np.array(host_view(buf, self.glue)[start:end], copy=True)
+        view = host_view(buf, self.glue)
+        return np.array(view if start is None and end is None else view[start:end], copy=True)
 
     def to_host(self, t, reader: str, start: int | None = None, end: int | None = None):
         """``t`` as a tensor the host may read now, without running a Paddle op on pinned memory.
@@ -318,6 +359,10 @@ class CopyBackend:
 
     # -- subclass hooks ------------------------------------------------------------------------
     def _copy(self, dst, src, seq: int, label: str) -> None:
+        raise NotImplementedError
+
+    def _copy_h2d(self, dst_ptr: int, device, memory: PinnedMemory, offset: int, nbytes: int, seq: int,
+                  label: str) -> None:
         raise NotImplementedError
 
     def _record_native(self, seq: int, label: str):

@@ -16,6 +16,7 @@ from typing import Callable, Iterator
 KINDS: dict[str, str] = {
     "blocking_d2h": "blocking D2H copies",
     "async_d2h": "non-blocking D2H copies",
+    "async_h2d": "non-blocking H2D copies from pinned memory",
     "device_sync": "device-wide synchronizes",
     "stream_sync": "stream synchronizes",
     "event_wait": "event waits",

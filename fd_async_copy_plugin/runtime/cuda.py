@@ -128,6 +128,16 @@ class RuntimeBackend(CopyBackend):
             memory.fence(stream, seq, -1 if device is None else device)
         self._streams.setdefault(stream, -1 if device is None else device)
 
+    def _copy_h2d(self, dst_ptr, device, memory, offset, nbytes, seq, label):
+        # Backend lock held (``CopyBackend.copy_h2d``). ``device`` None: host memory (``host``).
+        if device is None and self.device_sources:
+            raise ValueError("copy_h2d: the destination must be GPU memory for the cuda backend")
+        stream = self.glue.stream(device) if device is not None else 0
+        if nbytes:
+            self.rt.memcpy_h2d_async(dst_ptr, memory.ptr + offset, nbytes, stream)
+            memory.fence(stream, seq, -1 if device is None else device)
+        self._streams.setdefault(stream, -1 if device is None else device)
+
     # -- events ----------------------------------------------------------------------------------
     def _event(self, stream: int, device: int) -> int:
         pool = self._events.get(stream)

@@ -19,9 +19,11 @@ backend makes such bugs deterministic and loud:
 
 from __future__ import annotations
 
+import ctypes
+
 import numpy as np
 
-from .backend import AsyncCopyError, CopyBackend, CopyEvent, PendingCopyError, host_view
+from .backend import AsyncCopyError, BufferInUseError, CopyBackend, CopyEvent, PendingCopyError, host_view
 
 POISON_INT = -7777
 
@@ -71,6 +73,18 @@ class SimulatedBackend(CopyBackend):
         self._fit(dst, src)
         host_view(dst, self.glue)[...] = poison_like(data)
         self._pending[id(dst)] = (dst, data, seq, label)
+
+    def _copy_h2d(self, dst_ptr, device, memory, offset, nbytes, seq, label):
+        # Stream order: every later device op sees the data, so it lands at once (the replica's
+        # device ops run when called). What the simulator checks is the source: the host must not
+        # write it again before a wait covers this copy (``before_host_write``).
+        ctypes.memmove(dst_ptr, memory.ptr + offset, int(nbytes))
+
+    def _h2d_still_read(self, buf, writer, copy_label, event):
+        raise BufferInUseError(
+            f"host write of pinned buffer {self.label_of(buf)!r} by {writer!r} while the copy "
+            f"{copy_label!r} may still read it: wait on an event recorded after that copy first"
+        )
 
     def _land(self, upto: int) -> None:
         with self._lock:  # never called with the lock held (waits and drains release it)
