@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.util
 import inspect
 import os
 import sys
@@ -95,7 +96,12 @@ _PADDLE_DIR = os.path.dirname(paddle.__file__)
 _NUMPY_DIR = os.path.dirname(np.__file__)
 _HERE = os.path.abspath(__file__)
 _PLACEMENT = os.path.join(os.path.dirname(_HERE), "placement.py")
+#: the step_syncs tensor watch is a dispatch layer in front of Paddle's Tensor methods: a read that
+#: passes through it belongs to its caller (its handlers' own reads are in ``patches/step_syncs.py``)
+_WATCH = importlib.util.find_spec("fd_async_copy_plugin.patches._tensor_watch")
 _SKIPPED_FILES = {_HERE, _PLACEMENT, os.path.abspath(functools.__file__), os.path.abspath(contextlib.__file__)}
+if _WATCH is not None and _WATCH.origin:
+    _SKIPPED_FILES.add(os.path.abspath(_WATCH.origin))
 # sites are named relative to the scaffolding (``reference/...``), the plugin (``runtime/...``) or
 # the checkout (``patches/...``)
 _TESTING_DIR = os.path.dirname(os.path.dirname(_HERE)) + os.sep

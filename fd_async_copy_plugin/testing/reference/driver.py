@@ -53,6 +53,7 @@ import importlib
 import itertools
 import os
 import pickle
+import zlib
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Optional
 
@@ -82,6 +83,10 @@ class Request:
     temperature: float = 1.0
     temp_scaled_logprobs: bool = False
     top_p_normalized_logprobs: bool = False
+    #: sampling seed (``top_p < 1`` rows draw with the slot's ``infer_seed``); None: ``default_seed``
+    seed: Optional[int] = None
+    #: ``bad_words_token_ids``: ids banned for this request
+    bad_words: Optional[list] = None
 
 
 @dataclass
@@ -412,6 +417,13 @@ def _validate_request(user: Request, config: DriverConfig) -> None:
         raise ValueError(f"{user.request_id}: logprobs need DriverConfig(enable_logprob=True)")
 
 
+def default_seed(request_id: str) -> int:
+    """FastDeploy gives every request a random seed up to 922337203685477580
+    (``SamplingParams.__post_init__``): here a deterministic one of the same size, so the seed
+    write at insert always runs (through Paddle's setitem, which rounds it as FastDeploy does)."""
+    return (zlib.crc32(request_id.encode()) * 214748364751) % 922337203685477580
+
+
 def _fd_request(mod, user: Request):
     params = mod.sampling_params.SamplingParams(
         max_tokens=user.max_tokens,
@@ -423,6 +435,8 @@ def _fd_request(mod, user: Request):
         prompt_logprobs=user.prompt_logprobs,
         temp_scaled_logprobs=user.temp_scaled_logprobs,
         top_p_normalized_logprobs=user.top_p_normalized_logprobs,
+        seed=default_seed(user.request_id) if user.seed is None else user.seed,
+        bad_words_token_ids=user.bad_words,
     )
     if user.stop_seqs:
         width = max(len(s) for s in user.stop_seqs)

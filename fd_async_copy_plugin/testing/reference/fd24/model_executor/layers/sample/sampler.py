@@ -18,7 +18,7 @@ import paddle
 from paddle import nn
 
 from .....placement import as_device, blocking_d2h
-from .....sampling_math import keep_sampling_mask, log_softmax, top_p_renormalized_logprobs
+from .....sampling_math import ban_bad_words, keep_sampling_mask, log_softmax, top_p_renormalized_logprobs
 from ....platforms import current_platform
 from ....worker.output import LogprobsTensors, SamplerOutput
 from .logprobs import batched_count_greater_than
@@ -182,7 +182,9 @@ class Sampler(nn.Layer):
 
         for proc in sampling_metadata.logits_processors or []:
             logits = proc.apply(logits)
-        # apply_penalty_multi_scores: penalties are not modelled (identity).
+        # apply_penalty_multi_scores: only its bad-words part is modelled (the other penalties are
+        # an identity here); it reads the bad_words_token_ids slice _prepare_inputs made (S2's width).
+        logits = ban_bad_words(logits, sampling_metadata.bad_words_token_ids)
 
         if num_logprobs is not None:
             if self.logprobs_mode == "processed_logprobs":

@@ -64,8 +64,14 @@ def _column0(input_ids: paddle.Tensor) -> np.ndarray:
 def get_padding_offset(input_ids, token_num, seq_len):
     """Pack the running tokens. The op copies ``token_num`` to pageable host memory to size its
     outputs: a blocking D2H every step."""
-    blocking_d2h(token_num, "get_padding_offset.token_num")
+    # ``token_num.copy_to(CPUPlace, false)``: blocking for a device count, a memcpy for a host one.
+    count = int((blocking_d2h(token_num, "get_padding_offset.token_num") if is_device(token_num) else token_num)
+                .numpy().reshape(-1)[0])
     ids, batch_ids, cu_q, cu_k = kernels.get_padding_offset(input_ids.numpy(), seq_len.numpy())
+    if count != ids.shape[0]:
+        # The op sizes its outputs by token_num (paddle::empty): a wrong count is memory corruption
+        # on the GPU. The replica refuses it loudly.
+        raise RuntimeError(f"get_padding_offset: token_num={count} but the running slots hold {ids.shape[0]} tokens")
     return (
         as_device(paddle.to_tensor(ids, dtype="int64")),
         as_device(paddle.to_tensor(batch_ids, dtype="int32")),

@@ -21,14 +21,14 @@ from typing import Optional
 import paddle
 
 from ......placement import heavy, phi_op
-from ......sampling_math import greedy_sample
+from ......sampling_math import seeded_sample
 
 
 def top_p_sampling(x, ps, threshold=None, topp_seed=None, seed=-1, k=0, mode="truncated", return_top=False, name=None):
     """Stand-in for ``paddle.tensor.top_p_sampling``: returns ``(scores, ids)``, ids [N, 1] int64."""
     phi_op("top_p_sampling", x=x, ps=ps, threshold=threshold, topp_seed=topp_seed)
     heavy("top_p_sampling")
-    ids = greedy_sample(x)
+    ids = seeded_sample(x, ps, topp_seed)
     return paddle.take_along_axis(x, ids, axis=-1), ids
 
 
