@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Mapping
 
-FEATURES = ("logprobs", "stop_flag", "sampled_tokens", "sync_scope")
+FEATURES = ("logprobs", "stop_flag", "sampled_tokens", "sync_scope", "step_syncs")
 BACKENDS = ("auto", "cuda", "host")
 #: Backends accepted from Python (``enable(backend=...)``): ``sim`` is for tests only.
 API_BACKENDS = BACKENDS + ("sim",)

@@ -63,6 +63,9 @@ class StopFlagState:
         self.max_num_seqs = max_num_seqs
         self.flag_pending = False  # a flag copy was issued and not applied to the legacy flag yet
         self.token_source = None  # this step's device sampled_token_ids, mirrored in self.tokens
+        #: called right after the update op, before the event is recorded: copies issued there are
+        #: covered by the event the save waits on (``step_syncs``' snapshot of the step state)
+        self.snapshot_hooks: list = []
         self._reset_host_buffers()
         share_inputs["not_need_stop_device"] = self.device
         share_inputs["not_need_stop_gpu"] = self.device  # name used by #6176's first version
@@ -101,6 +104,8 @@ class StopFlagState:
         if self.tokens is not None and topk_ids is not None:
             self.backend.copy_d2h(self.tokens, topk_ids, "sampled_token_ids")
             self.token_source = topk_ids
+        for hook in self.snapshot_hooks:
+            hook()
         self.backend.record("post_process")
         self.flag_pending = True
 

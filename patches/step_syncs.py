@@ -1,0 +1,546 @@
+"""Feature ``step_syncs``: one host wait per FastDeploy 2.4 decode step (the save event).
+
+Why:    With the stop-flag and logprob backports, a plain FastDeploy 2.4 decode step still blocks the
+        host at five points (fd24-step-syncs.md): **T** ``top_p_sampling`` gets the CPU tensor
+        ``infer_seed`` as ``topp_seed``, so Paddle synchronizes the stream (forward, logits,
+        penalties) before copying it; **S1** ``get_padding_offset`` copies the token count to the
+        host; **S2** ``np.max(bad_tokens_len.numpy())``; **S3/S7** ``exist_prefill()`` reads
+        ``seq_lens_encoder``; **I1** ``insert_tasks_v1`` reads ``is_block_step[idx]`` for a DECODE
+        task, and every insert writes block-table rows with a synchronous pageable H2D. As long as
+        T drains the stream the host stays serialized with the GPU.
+How:    A host shadow of the step state the host needs (``seq_lens_this_time`` buffer,
+        ``seq_lens_encoder``, ``is_block_step``, ``step_seq_lens_decoder``, ``bad_tokens_len``,
+        ``block_tables``), kept exact without reproducing FastDeploy's insert code:
+        - the host's own writes are observed where FastDeploy makes them (``_tensor_watch``: inside
+          the insert functions every ``__setitem__`` on a watched tensor is applied to the shadow
+          too, with the same key and value);
+        - what the device changes in a step is copied into pinned buffers right after the update op,
+          under the stop flag's event (the one the save waits on), and read at the next insert;
+        - ``recover_decode_task`` (run at the start of ``_prepare_inputs``) is replayed on the
+          shadow (recover_decode_task.cu: a block-step slot whose next block exists resumes).
+        With it: T - ``infer_seed`` and its increment live on the device (as develop's #6765), so
+        ``top_p_sampling`` gets a device input and insert-time seed writes are device fills;
+        S1 - ``get_padding_offset`` gets the count as a host tensor (the 2.4 op then copies host to
+        host), and the device count is copied under the step's event and compared at the next
+        step (a mismatch stands S1 down for the runner, logged); S2 - ``bad_tokens_len.numpy()``
+        inside ``_prepare_inputs`` answers from the shadow (as #5548); S3/S7 - ``exist_prefill()``
+        answers ``any(seq_lens_encoder > 0)`` from the shadow (as #6172's host flag); I1 - the
+        block-step flag read answers from the shadow, and block-table rows are written into a
+        pinned mirror and copied to the device asynchronously on the stream (as #6356).
+        Whenever the host cannot know (the shadow lost track, dummy/profile runs, non-V1 scheduler,
+        speculative decoding, a block column outside the table), FastDeploy's own synchronous path
+        runs; every such step is counted by cause (``status()``: the runner's ``fallbacks``).
+Mirrors: FastDeploy #6765/#6668 (T), #5440/#6170 (S1), #5548 (S2), #6172 (S3/S7), #6356 (I1).
+FD:     2.4 only, with ``stop_flag`` active on the runner (its event covers the snapshot). 2.5 has
+        S1/S2/S3 fixed itself (its T and I1 are not patched here); develop has all of them.
+Delete: when FastDeploy 2.4 is no longer served.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import weakref
+
+import numpy as np
+import paddle
+
+from fd_async_copy_plugin.registry.patch import Feature, IncompatibleError, Patch, Target, wraps
+
+from ._tensor_watch import Watched, basic_key, host_value, rows_of, watching, _UNKNOWN
+
+log = logging.getLogger("fd_async_copy")
+
+RUNNER = "worker.gpu_model_runner"
+POSTPROC = "model_executor.pre_and_post_process"
+
+#: shadow name -> share_inputs key (None: the runner's ``seq_lens_this_time_buffer``)
+SHADOWED = {
+    "this_time": None,
+    "enc": "seq_lens_encoder",
+    "block_step": "is_block_step",
+    "step_dec": "step_seq_lens_decoder",
+    "bad_len": "bad_tokens_len",
+    "tables": "block_tables",
+}
+#: what the device changes during a step: copied to pinned after the update op, every step
+SNAPSHOT = ("this_time", "enc", "block_step", "step_dec")
+
+_armed = threading.local()  # the count _prepare_inputs computed, for get_padding_offset
+
+
+class _Mirror(Watched):
+    """A watched tensor whose host writes are applied to a host array too."""
+
+    def __init__(self, shadow: "StepShadow", name: str, tensor) -> None:
+        super().__init__(tensor)
+        self.shadow, self.name = shadow, name
+
+    def setitem(self, original, key, value) -> bool:
+        original(self.tensor, key, value)
+        v = host_value(value, self.tensor)
+        if v is _UNKNOWN or not basic_key(key):
+            self.shadow.lose(self.name, f"a write FastDeploy made to {self.name} with a device value or mask")
+        else:
+            self.shadow.arrays[self.name][key] = v
+        return True
+
+    def getitem(self, original, key):
+        # I1: ``if share_inputs["is_block_step"][idx]:`` - answered on the host when known.
+        if self.name == "block_step" and basic_key(key) and self.shadow.known(self.name):
+            self.shadow.served["I1 is_block_step read"] += 1
+            return paddle.to_tensor(np.array(self.shadow.arrays[self.name][key]), place=paddle.CPUPlace())
+        if self.name == "block_step":
+            self.shadow.fallback("I1: shadow of is_block_step not known")
+        return NotImplemented
+
+    def numpy(self, original):
+        # S2: ``np.max(share_inputs["bad_tokens_len"].numpy())`` in _prepare_inputs.
+        if self.name == "bad_len" and self.shadow.known(self.name):
+            self.shadow.served["S2 bad_tokens_len"] += 1
+            return self.shadow.arrays[self.name].copy()
+        if self.name == "bad_len":
+            self.shadow.fallback("S2: shadow of bad_tokens_len not known")
+        return NotImplemented
+
+
+class _StagedTable(Watched):
+    """``block_tables``: host writes go into a pinned mirror; the rows written are copied to the
+    device asynchronously when the FastDeploy call returns (``StepShadow.flush``)."""
+
+    name = "tables"
+
+    def __init__(self, shadow: "StepShadow", tensor) -> None:
+        super().__init__(tensor)
+        self.shadow = shadow
+
+    def setitem(self, original, key, value) -> bool:
+        shadow = self.shadow
+        v = host_value(value, self.tensor)
+        if v is _UNKNOWN or not basic_key(key) or not shadow.known("tables"):
+            shadow.flush()  # staged rows land first, in stream order, then FastDeploy's own write
+            shadow.lose("tables", "a block-table write with a device value or mask")
+            return False
+        if not shadow.dirty:
+            shadow.backend.before_host_write(shadow.tables, "insert.block_tables")
+        shadow.arrays["tables"][key] = v
+        shadow.dirty.update(rows_of(key, shadow.arrays["tables"].shape[0]))
+        return True
+
+
+class StepShadow:
+    """The host's exact copy of the step state it needs, for one runner."""
+
+    def __init__(self, runner, backend, block_size: int) -> None:
+        self.backend = backend
+        self.glue = backend.glue
+        self.block_size = int(block_size)
+        si = runner.share_inputs
+        self.tensors = {
+            name: (runner.seq_lens_this_time_buffer if key is None else si[key]) for name, key in SHADOWED.items()
+        }
+        self.arrays: dict[str, np.ndarray] = {}
+        self._known: dict[str, bool] = {}
+        self.fallbacks: collections.Counter = collections.Counter()
+        self.served: collections.Counter = collections.Counter()
+        self.s1_off = ""  # why S1 stood down for good (a count mismatch), "" while it runs
+        self.snap = {  # pinned copies of the device state; the step snapshot uses SNAPSHOT's
+            name: backend.new_pinned(self.glue.shape(self.tensors[name]), self.glue.dtype(self.tensors[name]),
+                                     f"step_syncs.{name}")
+            for name in SHADOWED if name != "tables"
+        }
+        tables = self.tensors["tables"]
+        self.tables = backend.new_pinned(self.glue.shape(tables), self.glue.dtype(tables), "step_syncs.block_tables")
+        self.snap_count = None  # pinned copy of the device token count, made at the first armed step
+        self.count_src = None  # this step's device token count (get_padding_offset's input)
+        self.count_used: int | None = None
+        self.snap_pending = False
+        self.snap_expect: int | None = None
+        self.dirty: set[int] = set()
+        self.load("construction")
+
+    # -- state --------------------------------------------------------------------------------
+    def known(self, name: str) -> bool:
+        return self._known.get(name, False)
+
+    def lose(self, name: str, why: str) -> None:
+        if self._known.get(name):
+            log.info("fd_async_copy step_syncs: lost track of %s (%s); FastDeploy's own path until reloaded", name, why)
+        self._known[name] = False
+
+    def fallback(self, cause: str) -> None:
+        self.fallbacks[cause] += 1
+
+    def load(self, why: str) -> None:
+        """Every shadow from the device (copies, one event, one wait): at construction and after a
+        reset, never in a decode step."""
+        from fd_async_copy_plugin.runtime.backend import host_view
+
+        backend = self.backend
+        backend.before_host_write(self.tables, "step_syncs.load")
+        for name, t in self.tensors.items():
+            backend.copy_d2h(self.tables if name == "tables" else self.snap[name], t, f"step_syncs.load.{name}")
+        backend.wait(backend.record("step_syncs.load"), f"step_syncs.load({why})")
+        for name in self.tensors:
+            if name == "tables":
+                self.arrays[name] = host_view(self.tables, self.glue)  # written in place, copied from
+            else:
+                self.arrays[name] = backend.read(self.snap[name], f"step_syncs.load.{name}")
+            self._known[name] = True
+        self.snap_pending = False
+        self.dirty.clear()
+        self.fallbacks[f"shadow loaded ({why})"] += 1
+
+    def ensure_loaded(self) -> None:
+        """After a dummy run (or a write the host could not follow) the shadow of a host-written
+        tensor is unknown: reload everything before the next real step."""
+        if not (self.known("tables") and self.known("bad_len")):
+            self.load("after a dummy run or an untracked write")
+
+    # -- the step's device changes --------------------------------------------------------------
+    def issue_snapshot(self) -> None:
+        """Right after the update op, before the stop flag's event is recorded."""
+        for name in SNAPSHOT:
+            self.backend.copy_d2h(self.snap[name], self.tensors[name], f"step_syncs.{name}")
+        self.snap_expect = None
+        if self.count_src is not None and self.count_used is not None:
+            if self.snap_count is None:
+                self.snap_count = self.backend.new_pinned(
+                    self.glue.shape(self.count_src), self.glue.dtype(self.count_src), "step_syncs.token_num")
+            self.backend.copy_d2h(self.snap_count, self.count_src, "step_syncs.token_num")
+            self.snap_expect = self.count_used
+        self.count_src = self.count_used = None
+        self.snap_pending = True
+
+    def refresh(self, reader: str) -> None:
+        """Take the last step's snapshot (its event was waited on by the save: no wait here)."""
+        if not self.snap_pending:
+            return
+        self.snap_pending = False
+        for name in SNAPSHOT:
+            values = self.backend.to_host(self.snap[name], f"{reader}.{name}").numpy()
+            self.arrays[name] = np.array(values).reshape(self.arrays[name].shape)
+            self._known[name] = True
+        if self.snap_expect is not None and self.snap_count is not None:
+            device_count = int(self.backend.to_host(self.snap_count, f"{reader}.token_num").numpy().reshape(-1)[0])
+            if device_count != self.snap_expect and not self.s1_off:
+                self.s1_off = (f"the host token count {self.snap_expect} differed from the device's "
+                               f"{device_count}; S1 uses FastDeploy's synchronous count from now on")
+                log.error("fd_async_copy step_syncs: %s", self.s1_off)
+        self.snap_expect = None
+
+    def flush(self) -> None:
+        """Copy the block-table rows written on the host to the device, on the stream."""
+        if not self.dirty:
+            return
+        rows = sorted(self.dirty)
+        self.dirty.clear()
+        table = self.tensors["tables"]
+        row_bytes = self.arrays["tables"].strides[0]
+        base, device = self.glue.address(table), self.glue.gpu_device(table)
+        start = prev = rows[0]
+        for row in rows[1:] + [None]:
+            if row is not None and row == prev + 1:
+                prev = row
+                continue
+            n = (prev - start + 1) * row_bytes
+            self.backend.copy_h2d(base + start * row_bytes, device, self.tables, start * row_bytes, n,
+                                  "step_syncs.block_tables")
+            if row is not None:
+                start = prev = row
+        self.served["I1 block-table rows staged"] += len(rows)
+
+    def handlers(self) -> list:
+        out = [_Mirror(self, name, self.tensors[name]) for name in SHADOWED if name != "tables"]
+        out.append(_StagedTable(self, self.tensors["tables"]))
+        return out
+
+    # -- answers --------------------------------------------------------------------------------
+    def recover_and_count(self, num_running: int) -> int | None:
+        """Replay ``recover_decode_task`` on the shadow and return the step's token count, or None
+        when the host cannot know it."""
+        if not all(self.known(n) for n in ("this_time", "block_step", "step_dec", "tables", "enc")):
+            return None
+        this_time = self.arrays["this_time"].reshape(-1)
+        block_step = self.arrays["block_step"].reshape(-1)
+        step_dec = self.arrays["step_dec"].reshape(-1)
+        enc = self.arrays["enc"].reshape(-1)
+        tables = self.arrays["tables"]
+        for i in np.flatnonzero(block_step[:num_running]):
+            col = int(step_dec[i]) // self.block_size
+            if col < 0 or col >= tables.shape[1]:
+                return None
+            if tables[i, col] != -1:
+                block_step[i] = False
+                this_time[i] = 1
+                enc[i] = 0
+        return int(this_time[:num_running].astype(np.int64).sum())
+
+    def exist_prefill(self) -> bool | None:
+        return bool(np.any(self.arrays["enc"] > 0)) if self.known("enc") else None
+
+
+class RunnerSyncs:
+    """One runner's step_syncs state: the shadow and the device seed."""
+
+    def __init__(self, runner, backend, block_size: int) -> None:
+        self.shadow = StepShadow(runner, backend, block_size)
+        self.increment = None  # the device copy of runner.infer_seed_increment
+
+
+def _device_copy(t, like):
+    """``t`` as a tensor on FastDeploy's device (made as FastDeploy makes its buffers: no place)."""
+    out = paddle.to_tensor(np.array(t.numpy()))
+    if str(out.place) != str(like.place):
+        raise ValueError(f"a new tensor lands on {out.place}, FastDeploy's buffers on {like.place}")
+    return out
+
+
+class StepSyncsRunners:
+    """The feature's state (``ctx.state``): each patched runner's ``RunnerSyncs`` (weakly)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._runners: dict[int, weakref.ref] = {}
+        self._stood_down: dict[int, tuple[weakref.ref, str]] = {}
+
+    def add(self, runner, state: RunnerSyncs) -> None:
+        runner._fdac_syncs = state
+        with self._lock:
+            self._runners[id(runner)] = weakref.ref(runner)
+        weakref.finalize(runner, self._runners.pop, id(runner), None)
+
+    def stand_down(self, runner, reason: str) -> None:
+        log.error("fd_async_copy step_syncs: %s; this runner keeps FastDeploy's own path", reason)
+        with self._lock:
+            self._stood_down[id(runner)] = (weakref.ref(runner), reason)
+        weakref.finalize(runner, self._stood_down.pop, id(runner), None)
+
+    def report(self) -> dict | None:
+        with self._lock:
+            patched = [r for r in (ref() for ref in self._runners.values()) if r is not None]
+            standing = [(ref(), why) for ref, why in self._stood_down.values() if ref() is not None]
+        runners = []
+        for r in patched:
+            shadow = r._fdac_syncs.shadow
+            runners.append({
+                "runner": f"{type(r).__name__}@{id(r):#x}",
+                "state": "applied",
+                "reason": shadow.s1_off,
+                "fallbacks": dict(shadow.fallbacks),
+                "served": dict(shadow.served),
+            })
+        runners += [{"runner": f"{type(r).__name__}@{id(r):#x}", "state": "passthrough", "reason": why}
+                    for r, why in standing]
+        if not runners:
+            return None
+        if not standing:
+            return {"state": "applied", "reason": "", "runners": runners}
+        reasons = "; ".join(sorted({why for _, why in standing}))
+        state = "partial" if patched else "passthrough"
+        return {"state": state, "reason": reasons, "runners": runners}
+
+    def detach_all(self) -> None:
+        with self._lock:
+            refs = list(self._runners.values())
+            self._runners.clear()
+            self._stood_down.clear()
+        for ref in refs:
+            runner = ref()
+            if runner is not None:
+                runner.__dict__.pop("_fdac_syncs", None)
+                stop = getattr(runner, "_fdac_stop", None)
+                if stop is not None:
+                    stop.snapshot_hooks.clear()
+
+
+def _syncs(runner) -> RunnerSyncs | None:
+    return runner.__dict__.get("_fdac_syncs")
+
+
+def _on_own_path(runner, runner_module) -> str:
+    """Why this runner's step cannot use the shadow ("" when it can)."""
+    envs = getattr(runner_module, "envs", None)
+    if envs is not None and not getattr(envs, "ENABLE_V1_KVCACHE_SCHEDULER", True):
+        return "non-V1 scheduler (step_cuda rewrites the step state on the device)"
+    if getattr(runner, "speculative_decoding", False):
+        return "speculative decoding"
+    if getattr(getattr(runner, "parallel_config", None), "use_ep", False):
+        return "expert parallelism (an idle step returns before the update op: no snapshot)"
+    return ""
+
+
+# --- runner patches ------------------------------------------------------------------------------
+
+
+def build_init_share_inputs(original, ctx):
+    registry: StepSyncsRunners = ctx.state
+
+    @wraps(original)
+    def _init_share_inputs(self, max_num_seqs: int):
+        original(self, max_num_seqs)
+        stop = self.__dict__.get("_fdac_stop")
+        if stop is None:
+            registry.stand_down(self, "needs stop_flag on this runner (its event covers the step snapshot), "
+                                      "which does not run here")
+            return
+        si = self.share_inputs
+        try:
+            si["infer_seed"] = _device_copy(si["infer_seed"], si["stop_flags"])  # T
+            state = RunnerSyncs(self, ctx.backend, self.cache_config.block_size)
+        except Exception as exc:  # never stop FastDeploy: this runner keeps its own path
+            registry.stand_down(self, f"cannot set up ({type(exc).__name__}: {exc})")
+            return
+        stop.snapshot_hooks.append(state.shadow.issue_snapshot)
+        registry.add(self, state)
+
+    return _init_share_inputs
+
+
+def build_reset_share_inputs(original, ctx):
+    @wraps(original)
+    def reset_share_inputs(self, *args, **kwargs):
+        result = original(self, *args, **kwargs)
+        state = _syncs(self)
+        if state is not None:
+            state.shadow.load("reset_share_inputs")
+        return result
+
+    return reset_share_inputs
+
+
+def build_insert(original, ctx):
+    @wraps(original)
+    def insert(self, *args, **kwargs):
+        state = _syncs(self)
+        if state is None:
+            return original(self, *args, **kwargs)
+        shadow = state.shadow
+        if original.__name__ != "_dummy_prefill_inputs":
+            shadow.ensure_loaded()
+        shadow.refresh(original.__name__)
+        with watching(shadow.handlers()):
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                shadow.flush()
+
+    return insert
+
+
+def build_prepare_inputs(original, ctx):
+    runner_module = ctx.module(RUNNER)
+
+    @wraps(original)
+    def _prepare_inputs(self, *args, **kwargs):
+        state = _syncs(self)
+        if state is None:
+            return original(self, *args, **kwargs)
+        shadow = state.shadow
+        si = self.share_inputs
+        # T: the increment FastDeploy made with .cpu() in __init__ (after _init_share_inputs).
+        if self.infer_seed_increment is not state.increment:
+            state.increment = _device_copy(self.infer_seed_increment, si["stop_flags"])
+            self.infer_seed_increment = state.increment
+        dummy = bool(kwargs.get("is_dummy_or_profile_run", args[0] if args else False))
+        if not dummy:
+            shadow.ensure_loaded()
+        shadow.refresh("_prepare_inputs")
+        why = "dummy/profile run" if dummy else (_on_own_path(self, runner_module) or shadow.s1_off and "S1 stood down")
+        count = None
+        if not why:
+            num_running = int(si["seq_lens_this_time"].shape[0])
+            count = shadow.recover_and_count(num_running)
+            if count is None:
+                why = "S1: the shadow cannot tell the count"
+        if why:
+            shadow.fallback(why)
+            # recover_decode_task runs on the device: the shadow no longer matches until the snapshot.
+            # A dummy run's step_cuda (also under V1) rewrites block tables and slots on the device:
+            # everything is reloaded before the next real step.
+            for name in (SHADOWED if dummy else ("this_time", "block_step", "enc")):
+                shadow.lose(name, why)
+        _armed.shadow, _armed.count = (shadow, count) if count is not None else (None, None)
+        try:
+            with watching([_Mirror(shadow, "bad_len", shadow.tensors["bad_len"])]):
+                return original(self, *args, **kwargs)
+        finally:
+            _armed.shadow = _armed.count = None
+
+    return _prepare_inputs
+
+
+def build_exist_prefill(original, ctx):
+    @wraps(original)
+    def exist_prefill(self):
+        state = _syncs(self)
+        if state is None:
+            return original(self)
+        state.shadow.refresh("exist_prefill")
+        answer = state.shadow.exist_prefill()
+        if answer is None:
+            state.shadow.fallback("S3/S7: shadow of seq_lens_encoder not known")
+            return original(self)
+        state.shadow.served["S3/S7 exist_prefill"] += 1
+        return answer
+
+    return exist_prefill
+
+
+def check_get_padding_offset(original, ctx) -> None:
+    if original is None:
+        raise IncompatibleError("get_padding_offset is not available (FastDeploy's ops are not compiled)")
+
+
+def build_get_padding_offset(original, ctx):
+    @wraps(original)
+    def get_padding_offset(input_ids, token_num, *args, **kwargs):
+        shadow, count = getattr(_armed, "shadow", None), getattr(_armed, "count", None)
+        if shadow is None:
+            return original(input_ids, token_num, *args, **kwargs)
+        # S1: the 2.4 op copies token_num to the host to size its outputs; a host tensor makes that
+        # a host-to-host memcpy. The device count is copied under the step's event and compared.
+        host = paddle.to_tensor(np.array(count).reshape(tuple(token_num.shape)).astype(
+            np.dtype(str(token_num.dtype).replace("paddle.", ""))), place=paddle.CPUPlace())
+        shadow.count_src, shadow.count_used = token_num, count
+        shadow.served["S1 token count"] += 1
+        return original(input_ids, host, *args, **kwargs)
+
+    return get_padding_offset
+
+
+class StepSyncsFeature(Feature):
+    name = "step_syncs"
+    mirrors = ("FastDeploy #6765/#6668 (device sampling seed), #5440/#6170 (host token count), #5548 "
+               "(bad_tokens_len), #6172 (exist_prefill flag), #6356 (block-step flag, async block tables)")
+    profiles = {
+        "fastdeploy-2.4": "apply",
+        "fastdeploy-2.5": "native: FastDeploy 2.5 removed S1 (#5440/#6170), S2 (#5548) and S3/S7 (#6172) "
+                          "itself; its T and I1 syncs are not patched on 2.5",
+        "fastdeploy-2.6+": "native: FastDeploy develop removed T (#6668/#6765), S1, S2, S3/S7 and I1 (#6356)",
+    }
+    patches = (
+        Patch(Target(RUNNER, "GPUModelRunner._init_share_inputs"), build_init_share_inputs),
+        Patch(Target(RUNNER, "GPUModelRunner.reset_share_inputs"), build_reset_share_inputs),
+        Patch(Target(RUNNER, "GPUModelRunner.insert_tasks_v1"), build_insert),
+        Patch(Target(RUNNER, "GPUModelRunner.insert_prefill_inputs"), build_insert),
+        Patch(Target(RUNNER, "GPUModelRunner._dummy_prefill_inputs"), build_insert),
+        Patch(Target(RUNNER, "GPUModelRunner._prepare_inputs"), build_prepare_inputs),
+        Patch(Target(RUNNER, "GPUModelRunner.exist_prefill"), build_exist_prefill),
+        Patch(Target(POSTPROC, "get_padding_offset"), build_get_padding_offset, check_get_padding_offset),
+    )
+
+    def prepare(self, ctx) -> StepSyncsRunners:
+        return StepSyncsRunners()
+
+    def report(self, ctx) -> dict | None:
+        return ctx.state.report() if isinstance(ctx.state, StepSyncsRunners) else None
+
+    def teardown(self, ctx) -> None:
+        registry, ctx.state = ctx.state, None
+        if registry is not None:
+            registry.detach_all()
+
+
+FEATURES = [StepSyncsFeature()]

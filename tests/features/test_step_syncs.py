@@ -1,0 +1,301 @@
+"""Feature ``step_syncs``: one host wait per FastDeploy 2.4 decode step, outputs bit-identical.
+
+Real CPU Paddle, the fd24 replica, ``host`` and ``sim`` backends. Every comparison asserts that the
+plugin's path ran (the shadow served S1/S2/S3/I1, the seed lives on the device), so a run that
+quietly handed the step back to FastDeploy cannot pass as identical.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import pytest
+
+import fd_async_copy_plugin
+from fd_async_copy_plugin.patches import step_syncs
+from fd_async_copy_plugin.runtime import collecting
+from fd_async_copy_plugin.runtime.backend import BufferInUseError
+from fd_async_copy_plugin.testing.harness import Variant, device_for, host_waits, plugin_state, run_variant
+from fd_async_copy_plugin.testing.reference import ROOTS
+from fd_async_copy_plugin.testing.reference.driver import DriverConfig, Request, run_decode
+
+pytestmark = pytest.mark.usefixtures("plugin_off")
+
+FD24 = ROOTS["fd24"]
+BACKPORT = ("logprobs", "stop_flag", "sampled_tokens")
+WITH_SYNCS = BACKPORT + ("step_syncs",)
+EOS = [2]
+
+
+def _req(i, n_prompt, max_tokens, **kw):
+    prompt = [(13 * i + 7 * j) % 200 + 3 for j in range(n_prompt)]
+    return Request(f"q{i}", prompt, max_tokens=max_tokens, eos_token_ids=EOS, **kw)
+
+
+def workload(batch: int, *, logprobs=(None,), steps: int = 16, arrive_every_step: bool = True):
+    """Mixed requests: seeds with top-p sampling, bad-word lists, stop sequences, max_tokens=1,
+    long prompts (chunked prefill), and arrivals on every step."""
+    def make(i):
+        kw = dict(logprobs=logprobs[i % len(logprobs)])
+        if i % 3 == 0:
+            kw.update(top_p=0.8, seed=1000 + i)  # seeded sampling: the device seed decides the token
+        elif i % 3 == 1:
+            kw.update(top_p=0.6)  # FastDeploy's default seed, incremented every step
+        if i % 4 == 0:
+            kw.update(bad_words=[(i * 5 + k) % 200 + 3 for k in range(1 + i % 5)])
+        if i % 5 == 2:
+            kw.update(stop_seqs=[[(13 * i) % 200 + 3, 7]])
+        max_tokens = 1 if i % 7 == 3 else steps - i % 5
+        return _req(i, 3 + (i * 7) % 23, max_tokens, **kw)
+
+    first = min(batch, 6)
+    requests = [make(i) for i in range(first)]
+    arrivals = {}
+    if arrive_every_step:
+        n = first
+        for step in range(1, steps):
+            arrivals[step] = [make(n)]
+            n += 1
+    return requests, arrivals
+
+
+def config(batch, **kw):
+    kw.setdefault("vocab_size", 256)
+    kw.setdefault("max_model_len", 64)
+    kw.setdefault("chunk_size", 8)
+    return DriverConfig(max_num_seqs=batch, **kw)
+
+
+def run_pair(cfg, requests, arrivals, backend, features=WITH_SYNCS, max_steps=120):
+    base = run_variant(Variant("fd24-unpatched", FD24, False), cfg, requests, backend=backend,
+                       arrivals=arrivals, max_steps=max_steps)
+    served = collections.Counter()
+    fallbacks = collections.Counter()
+
+    def on_step(step, runner):
+        state = runner.__dict__.get("_fdac_syncs")
+        if state is not None:
+            served.clear()
+            served.update(state.shadow.served)
+            fallbacks.clear()
+            fallbacks.update(state.shadow.fallbacks)
+            assert state.increment is runner.infer_seed_increment  # T: the device increment is in use
+
+    with device_for(backend), plugin_state(Variant("p", FD24, True, features), backend) as status, collecting():
+        assert status["features"]["step_syncs"]["state"] == "pending" or "applied"
+        plugin = run_decode(FD24, cfg, requests, arrivals=arrivals, max_steps=max_steps, on_step=on_step)
+    base.result.assert_same(plugin)
+    return plugin, served, fallbacks
+
+
+@pytest.mark.parametrize("backend", ["host", "sim"])
+@pytest.mark.parametrize("batch", [1, 7, 128, 1024])
+def test_bit_identical_over_mixed_workloads(backend, batch):
+    requests, arrivals = workload(batch, steps=14 if batch > 100 else 18)
+    cfg = config(batch)
+    result, served, fallbacks = run_pair(cfg, requests, arrivals, backend)
+    assert result.executed_steps > 5
+    # the patched path ran: every point was answered on the host
+    assert served["S1 token count"] >= result.executed_steps - 1, served
+    assert served["S2 bad_tokens_len"] >= result.executed_steps - 1, served
+    assert served["S3/S7 exist_prefill"] >= result.executed_steps, served
+    assert set(fallbacks) == {"shadow loaded (construction)"}, fallbacks
+
+
+#: the selftest's block-step set-up: 14 KV blocks of 16 tokens for 7+ requests of up to 128 tokens
+BLOCKY = config(8, max_model_len=128, vocab_size=1024, num_gpu_blocks=14)
+
+
+def block_step_workload(steps=48):
+    def req(i, n_prompt, max_tokens, **kw):
+        return _req(i, n_prompt, max_tokens, top_p=0.7, seed=i, **kw)
+
+    requests = [req(0, 5, steps), req(1, 9, steps // 2), req(2, 20, 1), req(3, 13, steps, stop_seqs=[[17, 23]]),
+                req(4, 3, steps - 5), req(5, 30, steps // 3), req(6, 7, steps)]
+    return requests, {3: [req(7, 11, steps // 2)], 9: [req(8, 4, 3)]}
+
+
+@pytest.mark.parametrize("backend", ["host", "sim"])
+def test_block_steps_and_recovery_are_served_from_the_shadow(backend):
+    # Few KV blocks: requests block (is_block_step), get DECODE tasks and are recovered.
+    requests, arrivals = block_step_workload()
+    result, served, fallbacks = run_pair(BLOCKY, requests, arrivals, backend, max_steps=300)
+    assert served["I1 is_block_step read"] > 0, served  # DECODE tasks happened and were answered
+    assert served["I1 block-table rows staged"] > 0, served
+    assert set(fallbacks) == {"shadow loaded (construction)"}, fallbacks
+
+
+@pytest.mark.parametrize("logprobs", [(0,), (1,), (20,), (-1,), (None, 5, 20, 0)])
+def test_every_logprob_width(logprobs):
+    requests, arrivals = workload(7, logprobs=logprobs, steps=12)
+    cfg = config(7, enable_logprob=True, save_output_v1=-1 in logprobs, max_logprobs=20)
+    _, served, _ = run_pair(cfg, requests, arrivals, "sim")
+    assert served["S1 token count"] > 0
+
+
+def _census(features, logprobs=None, backend="sim"):
+    cfg = config(8, chunk_size=None, enable_logprob=logprobs is not None)
+    requests = [_req(i, 4 + i, 20, logprobs=logprobs, top_p=0.9, seed=i) for i in range(6)]
+    run = run_variant(Variant("p", FD24, features is not None, features), cfg, requests, backend=backend,
+                      max_steps=40, track=True)
+    # plain decode steps: after every prompt went in, before the first request finishes
+    return host_waits(run.census.steps[3:15], skip=0)
+
+
+@pytest.mark.parametrize("logprobs", [None, 5])
+def test_census_one_host_wait_per_plain_decode_step(logprobs):
+    with_syncs = _census(WITH_SYNCS, logprobs)
+    assert (with_syncs["total"], with_syncs["mean"]) == (1, 1.0), with_syncs
+    (only,) = with_syncs["sites"]
+    assert only["label"] == "save event", only
+    backport = _census(BACKPORT, logprobs)
+    labels = {s["label"] for s in backport["sites"]}
+    assert {"S1", "S2", "S3/S7", "T"} <= labels, backport
+    assert backport["total"] == 6 and backport["long"] == 2, backport  # T waits for the forward
+    unpatched = _census(None, logprobs)
+    assert unpatched["total"] == (7 if logprobs is None else 10), unpatched
+
+
+def test_non_v1_scheduler_falls_back_by_cause_with_identical_outputs():
+    requests = [_req(i, 4 + i, 10, top_p=0.8, seed=i, bad_words=[5, 6]) for i in range(4)]
+    cfg = config(8, use_v1_scheduler=False, chunk_size=None)
+    result, served, fallbacks = run_pair(cfg, requests, {}, "sim")
+    assert fallbacks["non-V1 scheduler (step_cuda rewrites the step state on the device)"] >= result.executed_steps - 1
+    assert served["S2 bad_tokens_len"] > 0 and served["S1 token count"] == 0
+
+
+def test_dummy_run_takes_fastdeploys_path_then_the_shadow_resumes():
+    requests, arrivals = workload(7, steps=10)
+    cfg = config(7, warmup=True)
+    _, served, fallbacks = run_pair(cfg, requests, arrivals, "sim")
+    assert fallbacks["dummy/profile run"] > 0, fallbacks
+    assert served["S1 token count"] > 0, served
+
+
+def test_without_stop_flag_the_runner_keeps_fastdeploys_path():
+    requests, arrivals = workload(7, steps=8)
+    cfg = config(7)
+    base = run_variant(Variant("u", FD24, False), cfg, requests, arrivals=arrivals, backend="host")
+    with device_for("host"), plugin_state(Variant("p", FD24, True, ("step_syncs",)), "host"), collecting():
+        reports = []
+        plugin = run_decode(FD24, cfg, requests, arrivals=arrivals,
+                            on_step=lambda s, r: reports.append(fd_async_copy_plugin.status()["features"]["step_syncs"]))
+    base.result.assert_same(plugin)
+    assert reports[-1]["state"] == "passthrough" and "needs stop_flag" in reports[-1]["reason"], reports[-1]
+
+
+# -- planted bugs: each must be caught ------------------------------------------------------------
+
+
+def test_planted_lost_insert_write_is_caught(monkeypatch):
+    """A shadow that misses FastDeploy's insert writes computes a wrong token count: the replica's
+    get_padding_offset (sized by the count, like the 2.4 op) refuses it."""
+    monkeypatch.setattr(step_syncs._Mirror, "setitem", lambda self, original, key, value: False)
+    requests, arrivals = workload(7, steps=8)
+    with pytest.raises(RuntimeError, match="token_num"):
+        run_pair(config(7), requests, arrivals, "sim")
+
+
+def test_planted_missing_recover_replay_is_caught(monkeypatch):
+    original = step_syncs.StepShadow.recover_and_count
+
+    def no_recover(self, n):
+        blocked = self.arrays["block_step"].copy()
+        count = original(self, n)
+        if (blocked != self.arrays["block_step"]).any():
+            return count - int((blocked != self.arrays["block_step"]).sum())  # recovered slots not counted
+        return count
+
+    monkeypatch.setattr(step_syncs.StepShadow, "recover_and_count", no_recover)
+    requests, arrivals = block_step_workload()
+    with pytest.raises(RuntimeError, match="token_num"):
+        run_pair(BLOCKY, requests, arrivals, "sim", max_steps=300)
+
+
+def test_planted_unflushed_block_table_rows_change_outputs(monkeypatch):
+    """Block-table rows written into the pinned mirror but never copied to the device: the device
+    keeps stale rows, block steps resolve differently, and the runs differ."""
+    monkeypatch.setattr(step_syncs.StepShadow, "flush", lambda self: self.dirty.clear())
+    requests, arrivals = block_step_workload()
+    with pytest.raises((AssertionError, RuntimeError)):
+        run_pair(BLOCKY, requests, arrivals, "sim", max_steps=300)
+
+
+def test_planted_stale_snapshot_is_caught(monkeypatch):
+    """Skipping the per-step snapshot leaves the shadow at the previous step: caught."""
+    monkeypatch.setattr(step_syncs.StepShadow, "refresh", lambda self, reader: None)
+    requests, arrivals = workload(7, steps=8)
+    with pytest.raises(RuntimeError, match="token_num"):
+        run_pair(config(7), requests, arrivals, "sim")
+
+
+def test_count_mismatch_stands_s1_down_for_the_runner():
+    """The device count copied under the step's event disagrees with the host's: S1 is disabled
+    for that runner (logged, reported) and FastDeploy's synchronous count is used from then on."""
+    requests, arrivals = workload(7, steps=10)
+    cfg = config(7)
+    base = run_variant(Variant("u", FD24, False), cfg, requests, arrivals=arrivals, backend="sim")
+    seen, reports = {}, []
+
+    def on_step(step, runner):
+        shadow = runner._fdac_syncs.shadow
+        if step == 3:
+            original = shadow.refresh
+
+            def tampered(reader):  # the next check sees a host count one off the device's
+                if shadow.snap_pending and shadow.snap_expect is not None:
+                    shadow.snap_expect += 1
+                    shadow.refresh = original
+                original(reader)
+
+            shadow.refresh = tampered
+        seen[step] = (shadow.s1_off, shadow.served["S1 token count"], shadow.fallbacks["S1 stood down"])
+        reports.append(fd_async_copy_plugin.status()["features"]["step_syncs"])
+
+    with device_for("sim"), plugin_state(Variant("p", FD24, True, WITH_SYNCS), "sim"), collecting():
+        plugin = run_decode(FD24, cfg, requests, arrivals=arrivals, on_step=on_step)
+    base.result.assert_same(plugin)
+    report = reports[-1]
+    last = max(seen)
+    assert "differed" in seen[last][0], seen
+    assert seen[last][1] <= seen[5][1] and seen[last][2] >= last - 5, seen  # no host count after it
+    (runner,) = report["runners"]
+    assert "differed" in runner["reason"] and runner["fallbacks"]["S1 stood down"] > 0, report
+
+
+# -- the H2D staging contract ---------------------------------------------------------------------
+
+
+def test_sim_refuses_a_host_write_into_a_staging_buffer_still_being_copied():
+    from fd_async_copy_plugin.runtime.backend import host_view
+    from fd_async_copy_plugin.runtime.simulated import SimulatedBackend
+
+    backend = SimulatedBackend()
+    src = backend.new_pinned([4], "int32", "staging")
+    host_view(src, backend.glue)[...] = [1, 2, 3, 4]
+    dst = np.zeros([4], dtype=np.int32)
+    backend.copy_h2d(dst.ctypes.data, None, src, 0, 16, "rows")
+    assert dst.tolist() == [1, 2, 3, 4]  # stream order: later device work sees the data
+    with pytest.raises(BufferInUseError, match="staging"):
+        backend.before_host_write(src, "next insert")
+    backend.wait(backend.record("save"), "save")
+    backend.before_host_write(src, "next insert")  # covered: the write may go ahead
+
+
+def test_host_backend_waits_before_rewriting_a_staging_buffer():
+    from fd_async_copy_plugin.runtime.backend import host_view
+    from fd_async_copy_plugin.runtime.host import HostBackend
+
+    backend = HostBackend()
+    src = backend.new_pinned([2], "int64", "staging")
+    host_view(src, backend.glue)[...] = [7, 8]
+    dst = np.zeros([2], dtype=np.int64)
+    backend.copy_h2d(dst.ctypes.data, None, src, 8, 8, "row")
+    assert dst.tolist() == [8, 0]
+    with collecting() as census:
+        census.begin_step()
+        backend.before_host_write(src, "next insert")  # nothing recorded after it: a stream sync
+    assert census.steps[-1].count("stream_sync") == 1
+    with pytest.raises(ValueError, match="outside"):
+        backend.copy_h2d(dst.ctypes.data, None, src, 8, 16, "too long")
