@@ -56,9 +56,13 @@ class Variant:
     overlap: bool = False
 
 
+#: FastDeploy 2.4 with the backport only (#6176 + #6362), without step_syncs
+BACKPORT_FEATURES = ("logprobs", "stop_flag", "sampled_tokens")
+
 VARIANTS = {
     "fd24-unpatched": Variant("fd24-unpatched", ROOTS["fd24"], False),
     "fd25-native": Variant("fd25-native", ROOTS["fd25"], False),
+    "fd24-backport": Variant("fd24-backport", ROOTS["fd24"], True, BACKPORT_FEATURES),
     "fd24-plugin": Variant("fd24-plugin", ROOTS["fd24"], True),
     "fd25-plugin": Variant("fd25-plugin", ROOTS["fd25"], True),
 }
@@ -67,7 +71,8 @@ CENSUS_VARIANTS = {
     **VARIANTS,
     "fd25-native-overlap": Variant("fd25-native-overlap", ROOTS["fd25"], False, overlap=True),
 }
-CENSUS_ORDER = ("fd24-unpatched", "fd24-plugin", "fd25-native", "fd25-native-overlap", "fd25-plugin")
+CENSUS_ORDER = ("fd24-unpatched", "fd24-backport", "fd24-plugin", "fd25-native", "fd25-native-overlap",
+                "fd25-plugin")
 
 
 @contextlib.contextmanager

@@ -53,21 +53,24 @@ def test_bench_smoke_json_has_ratio_and_census_side_by_side():
     proc = cli("bench", "--smoke", "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout)
-    assert set(report["host_time_per_step"]) == {"fd24-unpatched", "fd24-plugin"}
-    assert report["ratio_plugin_over_unpatched"] > 0
+    assert set(report["host_time_per_step"]) == {"fd24-unpatched", "fd24-backport", "fd24-plugin"}
+    assert report["ratio_plugin_over_unpatched"] > 0 and report["ratio_backport_over_unpatched"] > 0
     census = report["census_per_step"]
-    assert set(census) == {"fd24-unpatched", "fd24-plugin", "fd25-native", "fd25-native-overlap", "fd25-plugin"}
+    assert set(census) == {"fd24-unpatched", "fd24-backport", "fd24-plugin", "fd25-native", "fd25-native-overlap",
+                           "fd25-plugin"}
     # The whole-step census (device tracking): fd24-step-syncs.md's counts per plain decode step.
     waits = {name: (row["host_waits"]["total"], row["host_waits_with_logprobs"]["total"]) for name, row in census.items()}
     assert waits == {
         "fd24-unpatched": (7, 10),
-        "fd24-plugin": (6, 6),
+        "fd24-backport": (6, 6),
+        "fd24-plugin": (1, 1),  # step_syncs: the save event only
         "fd25-native": (4, 4),
         "fd25-native-overlap": (3, 3),
         "fd25-plugin": (4, 4),
     }
     assert census["fd24-unpatched"]["host_waits"]["long"] == 2  # T and S5
-    for site in census["fd24-plugin"]["host_waits"]["sites"]:
+    assert [s["label"] for s in census["fd24-plugin"]["host_waits"]["sites"]] == ["save event"]
+    for site in census["fd24-backport"]["host_waits"]["sites"]:
         assert re.fullmatch(r"\S+\.py:\d+ \w+", site["site"]), site
     assert census["fd24-unpatched"]["blocking_d2h"] >= 5
     plugin = census["fd24-plugin"]

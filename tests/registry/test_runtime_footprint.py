@@ -5,6 +5,9 @@ Importing the scaffolding changes nothing in Paddle."""
 
 from __future__ import annotations
 
+import ast
+import io
+import tokenize
 import json
 import subprocess
 import sys
@@ -30,6 +33,8 @@ RUNTIME = {
     f"{PACKAGE}.patches.logprobs",
     f"{PACKAGE}.patches.stop_flag",
     f"{PACKAGE}.patches.sync_scope",
+    f"{PACKAGE}.patches.step_syncs",
+    f"{PACKAGE}.patches._tensor_watch",
     f"{PACKAGE}.runtime",
     f"{PACKAGE}.runtime.backend",
     f"{PACKAGE}.runtime.census",
@@ -48,9 +53,11 @@ RUNTIME = {
 #: New runtime modules are fine (add them above); these must never be loaded by register()+enable().
 SCAFFOLDING = ("testing", "cli", "serving_ab", "runtime.simulated", "ops.build",
                "pytest_plugin")
-#: 4.5k before issue 10 added the framework-neutral CUDA layer (``runtime/cudart.py``, ``glue.py``,
-#: ``probe.py`` and ``PinnedMemory``: ~750 lines) that replaced the Paddle GPU calls.
-MAX_RUNTIME_LINES = 5400
+#: Issue 14's budget: code lines (blank lines, comments and docstrings not counted - every patch
+#: module carries its why/how/mirrors/delete header, and the CUDA layer documents each call).
+MAX_RUNTIME_CODE_LINES = 4500
+#: and a ceiling on the physical lines, docs included
+MAX_RUNTIME_LINES = 6500
 
 
 def loaded_by_register(prelude: str = "") -> tuple[set[str], dict]:
@@ -98,9 +105,31 @@ def test_register_and_enable_with_fastdeploy_imported_load_the_runtime_only():
     _assert_runtime_only(modules)
 
 
+def code_lines(source: str) -> int:
+    """Lines holding code: not blank, not only a comment, not part of a docstring."""
+    docstrings = set()
+    for node in ast.walk(ast.parse(source)):
+        body = getattr(node, "body", None)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body:
+            first = body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+                docstrings.update(range(first.lineno, first.end_lineno + 1))
+    lines = set()
+    skip = (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER)
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type not in skip:
+            lines.update(range(token.start[0], token.end[0] + 1))
+    return len(lines - docstrings)
+
+
+def test_code_lines_counts_only_code():
+    source = '"""Doc\n\nmore."""\n\n# comment\nx = 1  # trailing\n\n\ndef f():\n    """doc"""\n    return (1,\n            2)\n'
+    assert code_lines(source) == 4  # x = 1, def, and the two lines of the return
+
+
 def test_the_runtime_part_stays_small():
     root = Path(__file__).resolve().parents[2]
-    total = 0
+    total = code = 0
     for module in RUNTIME:
         relative = module.removeprefix(PACKAGE).strip(".").replace(".", "/")
         if relative.startswith("patches"):
@@ -108,7 +137,10 @@ def test_the_runtime_part_stays_small():
         else:
             path = root / PACKAGE / relative
         path = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
-        total += len(path.read_text().splitlines())
+        source = path.read_text()
+        total += len(source.splitlines())
+        code += code_lines(source)
+    assert code <= MAX_RUNTIME_CODE_LINES, f"the runtime part has {code} code lines"
     assert total <= MAX_RUNTIME_LINES, f"the runtime part has {total} lines"
 
 
