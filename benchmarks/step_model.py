@@ -1,0 +1,954 @@
+#!/usr/bin/env python3
+"""Decode-step model on the H200: FD 2.4's host waits at their sites, the plugin's fixes, overlap.
+
+Issue 12's "decode-loop model, extended to a whole step". Without Paddle: PyTorch provides the GPU
+work (calibrated spin kernels ``torch.cuda._sleep`` plus small real ops) and the current stream;
+pinned buffers, asynchronous D2H copies, events and stream syncs go through the plugin's own CUDA
+layer (``runtime.cudart``), ``runtime.cuda.CudaBackend`` and ``runtime.ring.PinnedRing``, as
+``benchmarks/cuda_layer_check.py`` does. It is a model of FastDeploy's step, not FastDeploy.
+
+One decode step (docs: ../shared/docs/fd24-step-syncs.md for the sites):
+
+    host "prepare" (busy-wait)  -> prepare kernels (token count) -> GPU forward (F ms, queued)
+    -> host "between forward and sampler" -> GPU sampler (Fs ms) -> post-process kernels
+    -> output copies -> host "save" (busy-wait)
+
+Variants (each places its host waits at the real sites):
+
+- ``fd24``: FD 2.4 unpatched. S7 (exist_prefill_task_signal ``.cpu()``) at the top of the step;
+  S1 (token count: kernel + blocking D2H) after prepare; S2 (bad_tokens_len), S3 (exist_prefill);
+  T before the sampler (a stream sync through the CUDA layer - it waits for the forward - plus the
+  pageable H2D of the CPU ``infer_seed``); S5 (update_inputs_v1: pageable H2D of not_need_stop
+  before the kernel, waits for the sampler; D2H after it); S6 (save_output: blocking D2H of ids).
+- ``fd24+backport``: S5/S6 replaced by async copies into a PinnedRing slot and one event wait at
+  save; S1, S2, S3, T, S7 remain.
+- ``fd24+one-wait``: only the save event wait: token count from the host (the pinned
+  seq_lens_this_time snapshot copied under the previous save event), seed on the device, the
+  prefill flags on the host.
+- ``fd24+overlap``: one-wait plus #6259's schedule: prepare + launch forward N+1 (token count:
+  upper bound from the last pinned snapshot, no sync), save N (wait on N's event), host "between",
+  launch sampler/post/copies of N+1 and record its event.
+- ``overlap, T kept`` (information, not a target): the same schedule with T still draining the
+  stream before the sampler, as FD 2.5 has it (input_batch.py ``.cpu()`` seed).
+- ``gpu-only``: the same GPU work and copies back to back, the host two steps ahead (lower bound).
+
+Wall time per step = median of the differences between consecutive saves (the host's timestamp
+after each step's save), over ``--steps`` steps after ``--warmup``, in ``--rounds`` interleaved
+rounds. Every saved step's ids are checked against the expected values (each event wait really
+covered its copy), and the token count each variant used is checked.
+
+Targets (RESULT): overlap <= 0.92x fd24 in ``tpot11`` and <= 0.70x in ``hostheavy``; and no
+mismatched output, no wrong token count.
+
+    python3 benchmarks/step_model.py [--quick] [--output FILE] [--dry-run] [--config NAME:F:FS:P:B:S]
+
+``--dry-run`` runs the same schedules on a fake clock (no GPU, no torch; the plugin's HostBackend
+and PinnedRing over host memory): a logic check, and the modelled numbers printed next to the
+measured ones on the GPU. Its costs per operation are assumptions (``FakeEngine``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import gc
+import io
+import logging
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from fd_async_copy_plugin.runtime.host import HostBackend  # noqa: E402
+from fd_async_copy_plugin.runtime.ring import PinnedRing  # noqa: E402
+
+assert "paddle" not in sys.modules, "the layer, backend and ring must import without Paddle"
+
+VOCAB = 150_000
+SEED_MOD = 1 << 40
+SEED_INC = 4
+STOP_LIMIT = 1 << 30  # seq_lens_decoder never reaches it: every slot keeps decoding
+OUT = io.StringIO()
+
+
+def say(line: str = "") -> None:
+    print(line, flush=True)
+    OUT.write(line + "\n")
+
+
+@dataclass
+class StepConfig:
+    name: str
+    forward_ms: float
+    sampler_ms: float
+    prepare_ms: float
+    between_ms: float
+    save_ms: float
+
+    @property
+    def host_ms(self) -> float:
+        return self.prepare_ms + self.between_ms + self.save_ms
+
+    def describe(self) -> str:
+        return (f"forward {self.forward_ms:.2f} ms, sampler {self.sampler_ms:.2f} ms of GPU work; host prepare "
+                f"{self.prepare_ms:.2f} / between {self.between_ms:.2f} / save {self.save_ms:.2f} ms "
+                f"({self.host_ms:.2f} ms host per step)")
+
+
+CONFIGS = {
+    # TPOT ~11 ms (GLM-4.5-Air-like in #6259's table): 9 ms forward, 0.5 ms sampler, ~2 ms host
+    "tpot11": StepConfig("tpot11", 9.0, 0.5, 1.0, 0.3, 0.7),
+    # small model, host-heavy: 3 ms forward, ~2.8 ms host
+    "hostheavy": StepConfig("hostheavy", 3.0, 0.5, 1.4, 0.4, 1.0),
+}
+TARGETS = {"tpot11": 0.92, "hostheavy": 0.70}
+
+
+def busy_wait(ms: float) -> None:
+    """Host work: the thread spins (holds the CPU and the GIL, like FD's Python)."""
+    end = time.perf_counter() + ms * 1e-3
+    while time.perf_counter() < end:
+        pass
+
+
+def expected_ids(step: int, rows: int) -> np.ndarray:
+    return (np.arange(rows, dtype=np.int64) * 31 + step * 7) % VOCAB
+
+
+class Pending:
+    """A step's outputs in a ring slot, copied but not yet waited for. Holding the buffers is what
+    keeps the ring from handing the slot out again (PinnedRing counts references)."""
+
+    __slots__ = ("step", "ids", "nns", "seq", "event", "done_at")
+
+    def __init__(self, step, ids, nns, seq, event, done_at=None) -> None:
+        self.step, self.ids, self.nns, self.seq, self.event, self.done_at = step, ids, nns, seq, event, done_at
+
+
+class EngineBase:
+    """What the schedules call. ``site(name)`` times a host wait (recorded once ``measuring``)."""
+
+    forward_kernels = 4
+
+    def __init__(self, cfg: StepConfig, rows: int, max_seqs: int) -> None:
+        self.cfg, self.B, self.M = cfg, rows, max_seqs
+        self.measuring = False
+        self.sites: dict[str, list[float]] = collections.defaultdict(list)
+        self.marks: list[float] = []
+        self.ring: PinnedRing | None = None
+
+    def _shapes(self):
+        return {"ids": [self.B], "not_need_stop": [1], "seq_lens": [self.B]}
+
+    class _Site:
+        __slots__ = ("engine", "name", "t0")
+
+        def __init__(self, engine, name) -> None:
+            self.engine, self.name = engine, name
+
+        def __enter__(self):
+            self.t0 = self.engine.now()
+
+        def __exit__(self, *exc):
+            if self.engine.measuring:
+                self.engine.sites[self.name].append(self.engine.now() - self.t0)
+            return False
+
+    def site(self, name: str):
+        return self._Site(self, name)
+
+    def mark(self) -> None:
+        self.marks.append(self.now())
+
+    def begin_variant(self) -> None:
+        self.drain()
+        self.reset_state()
+        self.sites = collections.defaultdict(list)
+        self.marks = []
+        self.measuring = False
+
+
+# --- the real engine: PyTorch work on the current stream, copies/events through the plugin ----------
+
+
+class TorchEngine(EngineBase):
+    def __init__(self, cfg, rows, max_seqs, backend, torch, cycles_for) -> None:
+        super().__init__(cfg, rows, max_seqs)
+        self.torch, self.backend, self.rt = torch, backend, backend.rt
+        dev = torch.device("cuda:0")
+        self.stream = int(torch.cuda.current_stream(dev).cuda_stream)
+        z = lambda n, dt: torch.zeros(n, dtype=dt, device=dev)  # noqa: E731
+        B, M = rows, max_seqs
+        self.seq_lens_this_time = torch.ones(B, dtype=torch.int32, device=dev)
+        self.seq_lens_decoder = z(B, torch.int32)
+        self.stop_flags = z(B, torch.bool)
+        self.not_need_stop_dev = torch.ones(1, dtype=torch.bool, device=dev)
+        self.nns_cpu = torch.ones(1, dtype=torch.bool)  # FD 2.4's CPU not_need_stop (pageable)
+        self.bad_tokens_len = torch.full((M,), 1, dtype=torch.int64, device=dev)
+        self.is_prefill = z(M, torch.int32)
+        self.task_signal = z(M, torch.int32)
+        self.input_ids = z(B, torch.int64)
+        self.ids_remove_padding = z(2 * B, torch.int64)
+        self.cu_seqlens = z(B, torch.int64)
+        self.base = torch.arange(B, dtype=torch.int64, device=dev)
+        self.sampled = z(B, torch.int64)
+        self.seed_dev = z(M, torch.int64)
+        self.seed_cpu = torch.zeros(M, dtype=torch.int64)  # FD 2.4's CPU infer_seed (pageable)
+        self.c_fwd = cycles_for(cfg.forward_ms / self.forward_kernels)
+        self.c_samp = cycles_for(cfg.sampler_ms)
+        self.ring = PinnedRing(backend, f"step.{cfg.name}", {"ids": "int64", "not_need_stop": "bool", "seq_lens": "int32"},
+                               {"ids": B, "not_need_stop": 1, "seq_lens": B}, slots=3)
+
+    def now(self) -> float:
+        return time.perf_counter()
+
+    def host(self, ms: float) -> None:
+        busy_wait(ms)
+
+    def drain(self) -> None:
+        self.rt.device_synchronize()
+
+    def reset_state(self) -> None:
+        self.seq_lens_decoder.zero_()
+        self.not_need_stop_dev.fill_(True)
+        self.drain()
+
+    # blocking reads (S2, S3, S7): the backend's blocking path, i.e. torch ``.cpu()``
+    def short_read(self, name: str, tensor_name: str) -> np.ndarray:
+        with self.site(name):
+            return self.backend.blocking_d2h(getattr(self, tensor_name), name).numpy()
+
+    def token_count_sync(self) -> int:  # S1: get_padding_offset's token_num.copy_to(CPU, false)
+        tn = self.seq_lens_this_time.sum()
+        with self.site("S1"):
+            return int(self.backend.blocking_d2h(tn, "S1").item())
+
+    def prepare_kernels(self, tok: int) -> None:  # the rest of get_padding_offset, sized by a host int
+        torch = self.torch
+        torch.cumsum(self.seq_lens_this_time, 0, dtype=torch.int64, out=self.cu_seqlens)
+        self.ids_remove_padding[:tok].copy_(self.input_ids[:tok])
+
+    def forward(self, step: int) -> None:
+        for _ in range(self.forward_kernels):
+            self.torch.cuda._sleep(self.c_fwd)
+
+    def sync_stream(self, name: str) -> None:  # T: PrepareData's pool.Get(dst_place)->Wait()
+        with self.site(name):
+            self.rt.stream_synchronize(self.stream)
+
+    def seed_h2d(self) -> None:  # T's copy of the CPU infer_seed (pageable H2D, blocking)
+        self.seed_cpu.add_(SEED_INC).remainder_(SEED_MOD)
+        with self.site("T.h2d"):
+            self.seed_dev.copy_(self.seed_cpu)
+
+    def seed_on_device(self) -> None:  # #6765: infer_seed on the GPU
+        self.seed_dev.add_(SEED_INC).remainder_(SEED_MOD)
+
+    def sampler(self, step: int) -> None:
+        torch = self.torch
+        torch.cuda._sleep(self.c_samp)
+        torch.mul(self.base, 31, out=self.sampled)
+        self.sampled.add_(step * 7).remainder_(VOCAB)
+
+    def _update_kernels(self) -> None:  # update_inputs_v1 (stop flags, not_need_stop, next input ids)
+        torch = self.torch
+        self.seq_lens_decoder.add_(self.seq_lens_this_time)
+        torch.ge(self.seq_lens_decoder, STOP_LIMIT, out=self.stop_flags)
+        torch.any(torch.logical_not(self.stop_flags), 0, keepdim=True, out=self.not_need_stop_dev)
+        self.input_ids.copy_(self.sampled)
+
+    def post(self, step: int) -> None:
+        self._update_kernels()
+
+    def post_legacy(self, step: int) -> bool:  # FD 2.4: S5 around the update kernel
+        with self.site("S5.h2d"):  # update_inputs_v1.cu:142, pageable H2D: waits for the sampler
+            self.not_need_stop_dev.copy_(self.nns_cpu)
+        self._update_kernels()
+        with self.site("S5.d2h"):  # :163-166
+            nns = bool(self.backend.blocking_d2h(self.not_need_stop_dev, "S5").item())
+        self.nns_cpu.fill_(nns)
+        return nns
+
+    def blocking_ids(self) -> np.ndarray:  # S6: save_with_output_msg.cc:121
+        with self.site("S6"):
+            return self.backend.blocking_d2h(self.sampled, "S6").numpy()
+
+    def outputs_async(self, step: int, snapshot: bool) -> Pending:
+        backend = self.backend
+        bufs = self.ring.acquire("save_output", self._shapes()).buffers
+        ids, nns, seq = bufs["ids"], bufs["not_need_stop"], bufs["seq_lens"]
+        backend.copy_d2h(nns, self.not_need_stop_dev, "not_need_stop")
+        backend.copy_d2h(ids, self.sampled, "sampled_token_ids")
+        if snapshot:
+            backend.copy_d2h(seq, self.seq_lens_this_time, "seq_lens_this_time")
+        return Pending(step, ids, nns, seq if snapshot else None, backend.record("post_process"))
+
+    def outputs_wait(self, p: Pending):
+        backend = self.backend
+        with self.site("event"):
+            backend.wait(p.event, "save")
+        ids = backend.read(p.ids, "save")
+        nns = bool(backend.read(p.nns, "save")[0])
+        seq = backend.read(p.seq, "save") if p.seq is not None else None
+        p.ids = p.nns = p.seq = None  # release the slot
+        return ids, nns, seq
+
+
+# --- the fake engine: same schedules on a fake clock, plugin HostBackend + PinnedRing -------------
+
+
+class NumpyGlue:
+    """Accessors for numpy arrays (the dry run's "device" arrays are host arrays)."""
+
+    name = "numpy"
+
+    def address(self, t):
+        return int(t.ctypes.data)
+
+    def shape(self, t):
+        return tuple(int(s) for s in t.shape)
+
+    def dtype(self, t):
+        return str(t.dtype)
+
+    def is_contiguous(self, t):
+        return bool(t.flags.c_contiguous)
+
+    def gpu_device(self, t):
+        return None
+
+    def current_device(self):
+        return 0
+
+    def stream(self, device):
+        return 0
+
+    def wrap(self, array):
+        return array
+
+    def set_shape(self, t, shape):
+        if tuple(t.shape) != tuple(shape):
+            if int(np.prod(shape)) != t.size:
+                raise ValueError("NumpyGlue.set_shape: only same-size reshapes")
+            t.shape = tuple(shape)
+
+    def from_numpy(self, array):
+        return array
+
+    def blocking_d2h(self, t):
+        return np.array(t, copy=True)
+
+    def snapshot(self, t):
+        return np.array(t, copy=True)
+
+
+class FakeEngine(EngineBase):
+    """A discrete clock: ``t`` is the host's time, ``tail`` when the GPU's queue drains (ms).
+    The costs below are assumptions (rough H200/PyTorch magnitudes), not measurements."""
+
+    LAUNCH = 0.008  # host cost of one kernel launch / small op
+    ROUND_TRIP = 0.025  # blocking copy once the GPU is idle
+    SYNC = 0.010  # stream sync return
+    WAKE = 0.030  # blocking-sync event wake-up
+    COPY = 0.006  # host cost of one cudaMemcpyAsync (+ ring bookkeeping)
+    GPU_SMALL = 0.004  # GPU time of a small kernel or copy
+
+    def __init__(self, cfg, rows, max_seqs) -> None:
+        super().__init__(cfg, rows, max_seqs)
+        self.backend = HostBackend(glue=NumpyGlue())
+        self.t = self.tail = 0.0
+        B, M = rows, max_seqs
+        self.seq_lens_this_time = np.ones(B, dtype=np.int32)
+        self.seq_lens_decoder = np.zeros(B, dtype=np.int32)
+        self.not_need_stop_dev = np.ones(1, dtype=np.bool_)
+        self.sampled = np.zeros(B, dtype=np.int64)
+        self.bad_tokens_len = np.ones(M, dtype=np.int64)
+        self.is_prefill = np.zeros(M, dtype=np.int32)
+        self.task_signal = np.zeros(M, dtype=np.int32)
+        self.stale_reads = 0
+        self.ring = PinnedRing(self.backend, f"fake.{cfg.name}", {"ids": "int64", "not_need_stop": "bool", "seq_lens": "int32"},
+                               {"ids": B, "not_need_stop": 1, "seq_lens": B}, slots=3)
+
+    def now(self) -> float:
+        return self.t * 1e-3
+
+    def host(self, ms: float) -> None:
+        self.t += ms
+
+    def _launch(self, gpu_ms: float) -> None:
+        self.t += self.LAUNCH
+        self.tail = max(self.tail, self.t) + gpu_ms
+
+    def _sync(self) -> None:
+        self.t = max(self.t, self.tail)
+
+    def drain(self) -> None:
+        self._sync()
+
+    def reset_state(self) -> None:
+        self.seq_lens_decoder[:] = 0
+        self.not_need_stop_dev[:] = True
+
+    def _blocking(self) -> None:
+        self._launch(self.GPU_SMALL)
+        self._sync()
+        self.t += self.ROUND_TRIP
+
+    def short_read(self, name, tensor_name):
+        with self.site(name):
+            self._blocking()
+            return np.array(getattr(self, tensor_name), copy=True)
+
+    def token_count_sync(self) -> int:
+        self._launch(self.GPU_SMALL)
+        with self.site("S1"):
+            self._blocking()
+            return int(self.seq_lens_this_time.sum())
+
+    def prepare_kernels(self, tok):
+        self._launch(self.GPU_SMALL)
+        self._launch(self.GPU_SMALL)
+
+    def forward(self, step):
+        for _ in range(self.forward_kernels):
+            self._launch(self.cfg.forward_ms / self.forward_kernels)
+
+    def sync_stream(self, name):
+        with self.site(name):
+            self._sync()
+            self.t += self.SYNC
+
+    def seed_h2d(self):
+        self.t += 0.004
+        with self.site("T.h2d"):
+            self._blocking()
+
+    def seed_on_device(self):
+        self._launch(self.GPU_SMALL)
+        self._launch(self.GPU_SMALL)
+
+    def sampler(self, step):
+        self._launch(self.cfg.sampler_ms)
+        for _ in range(3):
+            self._launch(self.GPU_SMALL)
+        self.sampled[:] = expected_ids(step, self.B)
+
+    def _update_kernels(self):
+        for _ in range(5):
+            self._launch(self.GPU_SMALL)
+        self.seq_lens_decoder += self.seq_lens_this_time
+        self.not_need_stop_dev[0] = bool((self.seq_lens_decoder < STOP_LIMIT).any())
+
+    def post(self, step):
+        self._update_kernels()
+
+    def post_legacy(self, step) -> bool:
+        with self.site("S5.h2d"):
+            self._blocking()
+        self._update_kernels()
+        with self.site("S5.d2h"):
+            self._blocking()
+        return bool(self.not_need_stop_dev[0])
+
+    def blocking_ids(self):
+        with self.site("S6"):
+            self._blocking()
+            return np.array(self.sampled, copy=True)
+
+    def outputs_async(self, step, snapshot) -> Pending:
+        backend = self.backend
+        bufs = self.ring.acquire("save_output", self._shapes()).buffers
+        ids, nns, seq = bufs["ids"], bufs["not_need_stop"], bufs["seq_lens"]
+        copies = [(nns, self.not_need_stop_dev), (ids, self.sampled)] + ([(seq, self.seq_lens_this_time)] if snapshot else [])
+        for dst, src in copies:
+            self.t += self.COPY
+            self.tail = max(self.tail, self.t) + self.GPU_SMALL
+            backend.copy_d2h(dst, src, "fake")
+        self.t += self.COPY
+        return Pending(step, ids, nns, seq if snapshot else None, backend.record("post_process"), done_at=self.tail)
+
+    def outputs_wait(self, p: Pending):
+        with self.site("event"):
+            if p.done_at > self.t:
+                self.t = p.done_at + self.WAKE
+            else:
+                self.t += 0.002
+            self.backend.wait(p.event, "save")
+        if self.t < p.done_at:
+            self.stale_reads += 1
+        backend = self.backend
+        ids = backend.read(p.ids, "save")
+        nns = bool(backend.read(p.nns, "save")[0])
+        seq = backend.read(p.seq, "save") if p.seq is not None else None
+        p.ids = p.nns = p.seq = None
+        return ids, nns, seq
+
+
+# --- the schedules ------------------------------------------------------------------------------
+
+
+class Ctx:
+    """Per-variant bookkeeping: output checks and the token counts used."""
+
+    def __init__(self, e: EngineBase, warmup: int) -> None:
+        self.e, self.warmup = e, warmup
+        self.mismatches = 0
+        self.bad_token_counts = 0
+        self.sync_fallbacks = 0
+        self.saved: list[int] = []
+
+    def begin(self, n: int) -> None:
+        self.e.measuring = n >= self.warmup
+
+    def save(self, n: int, ids: np.ndarray, nns: bool, host_ms: float) -> None:
+        self.e.host(host_ms)
+        if not (np.array_equal(ids, expected_ids(n, self.e.B)) and nns):
+            self.mismatches += 1
+        self.saved.append(n)
+        self.e.mark()
+
+    def token_count(self, tok: int) -> int:
+        if tok != self.e.B:
+            self.bad_token_counts += 1
+        return tok
+
+
+def run_fd24(c: Ctx, cfg: StepConfig, total: int) -> None:
+    e = c.e
+    for n in range(total):
+        c.begin(n)
+        e.short_read("S7", "task_signal")  # worker loop: exist_prefill_task_signal
+        e.host(cfg.prepare_ms)
+        tok = c.token_count(e.token_count_sync())  # S1
+        int(np.max(e.short_read("S2", "bad_tokens_len")))  # S2
+        e.prepare_kernels(tok)
+        e.short_read("S3", "is_prefill")  # S3: exist_prefill -> CUDA graph?
+        e.forward(n)
+        e.host(cfg.between_ms)
+        e.sync_stream("T")  # top_p_sampling's CPU seed: waits for the forward
+        e.seed_h2d()
+        e.sampler(n)
+        nns = e.post_legacy(n)  # S5
+        ids = e.blocking_ids()  # S6
+        c.save(n, ids, nns, cfg.save_ms)
+
+
+def run_backport(c: Ctx, cfg: StepConfig, total: int) -> None:
+    e = c.e
+    for n in range(total):
+        c.begin(n)
+        e.short_read("S7", "task_signal")
+        e.host(cfg.prepare_ms)
+        tok = c.token_count(e.token_count_sync())
+        int(np.max(e.short_read("S2", "bad_tokens_len")))
+        e.prepare_kernels(tok)
+        e.short_read("S3", "is_prefill")
+        e.forward(n)
+        e.host(cfg.between_ms)
+        e.sync_stream("T")
+        e.seed_h2d()
+        e.sampler(n)
+        e.post(n)
+        p = e.outputs_async(n, snapshot=False)
+        ids, nns, _ = e.outputs_wait(p)  # the one event wait at save
+        del p
+        c.save(n, ids, nns, cfg.save_ms)
+
+
+def _host_count(c: Ctx, bound: int | None) -> int:
+    if bound is None:  # no snapshot yet (first steps): the synchronous count, as #6259 falls back
+        c.sync_fallbacks += 1
+        return c.token_count(c.e.token_count_sync())
+    return c.token_count(bound)
+
+
+def run_one_wait(c: Ctx, cfg: StepConfig, total: int) -> None:
+    e = c.e
+    bound = None
+    for n in range(total):
+        c.begin(n)
+        e.host(cfg.prepare_ms)
+        e.prepare_kernels(_host_count(c, bound))
+        e.forward(n)
+        e.host(cfg.between_ms)
+        e.seed_on_device()
+        e.sampler(n)
+        e.post(n)
+        p = e.outputs_async(n, snapshot=True)
+        ids, nns, seq = e.outputs_wait(p)
+        del p
+        bound = int(seq.sum())  # upper bound for the next step's count (no decode task inserted here)
+        c.save(n, ids, nns, cfg.save_ms)
+
+
+def _run_overlap(c: Ctx, cfg: StepConfig, total: int, keep_t: bool) -> None:
+    e = c.e
+    bound = None
+    pending = None
+    for n in range(total):
+        c.begin(n)
+        e.host(cfg.prepare_ms)  # prepare N (the pinned snapshot of N-2 at most is known here)
+        e.prepare_kernels(_host_count(c, bound))
+        e.forward(n)
+        if pending is not None:  # save N-1: the one wait, on N-1's event (recorded before forward N)
+            ids, nns, seq = e.outputs_wait(pending)
+            step, pending = pending.step, None
+            bound = int(seq.sum())
+            c.save(step, ids, nns, cfg.save_ms)
+        e.host(cfg.between_ms)
+        if keep_t:
+            e.sync_stream("T")
+            e.seed_h2d()
+        else:
+            e.seed_on_device()
+        e.sampler(n)
+        e.post(n)
+        pending = e.outputs_async(n, snapshot=True)
+    e.measuring = False  # the flush waits for the whole queue: not a step's wait
+    if pending is not None:  # flush the last step
+        ids, nns, _ = e.outputs_wait(pending)
+        step, pending = pending.step, None
+        c.save(step, ids, nns, cfg.save_ms)
+
+
+def run_overlap(c, cfg, total):
+    _run_overlap(c, cfg, total, keep_t=False)
+
+
+def run_overlap_t(c, cfg, total):
+    _run_overlap(c, cfg, total, keep_t=True)
+
+
+def run_gpu_only(c: Ctx, cfg: StepConfig, total: int) -> None:
+    e = c.e
+    queue: collections.deque = collections.deque()
+    for n in range(total):
+        c.begin(n)
+        e.prepare_kernels(e.B)
+        e.forward(n)
+        e.seed_on_device()
+        e.sampler(n)
+        e.post(n)
+        queue.append(e.outputs_async(n, snapshot=True))
+        if len(queue) > 2:  # the host stays two steps ahead: the GPU never waits for it
+            p = queue.popleft()
+            ids, nns, _ = e.outputs_wait(p)
+            step = p.step
+            del p
+            c.save(step, ids, nns, 0.0)
+    e.measuring = False  # the flush waits for the whole queue: not a step's wait
+    while queue:
+        p = queue.popleft()
+        ids, nns, _ = e.outputs_wait(p)
+        step = p.step
+        del p
+        c.save(step, ids, nns, 0.0)
+
+
+VARIANTS = {
+    "fd24": run_fd24,
+    "fd24+backport": run_backport,
+    "fd24+one-wait": run_one_wait,
+    "fd24+overlap": run_overlap,
+    "overlap, T kept": run_overlap_t,
+    "gpu-only": run_gpu_only,
+}
+SITE_ORDER = ["S7", "S1", "S2", "S3", "T", "T.h2d", "S5.h2d", "S5.d2h", "S6", "event"]
+
+
+def run_variant(e: EngineBase, name: str, warmup: int, steps: int) -> dict:
+    e.begin_variant()
+    c = Ctx(e, warmup)
+    gc.collect()
+    gc.disable()  # no collector pauses inside a measured loop (FD's loop has them; they are noise here)
+    try:
+        VARIANTS[name](c, e.cfg, warmup + steps)
+    finally:
+        gc.enable()
+    e.drain()
+    marks = np.array(e.marks)
+    diffs = np.diff(marks[warmup:]) * 1e3  # ms between consecutive saves, after warm-up
+    in_order = c.saved == list(range(warmup + steps))
+    measured_steps = max(1, steps)
+    wait_ms = {s: (1e3 * sum(v) / measured_steps, 1e3 * statistics.median(v), len(v) / measured_steps)
+               for s, v in e.sites.items() if v}
+    return {"diffs": diffs, "mismatches": c.mismatches, "bad_tok": c.bad_token_counts,
+            "fallbacks": c.sync_fallbacks, "in_order": in_order, "waits": wait_ms, "ring": e.ring.size,
+            "grown": e.ring.grow_events}
+
+
+def measure(e: EngineBase, warmup: int, steps: int, rounds: int) -> dict:
+    names = list(VARIANTS)
+    per = {n: {"diffs": [], "round_medians": [], "mismatches": 0, "bad_tok": 0, "fallbacks": 0, "in_order": True,
+               "waits": collections.defaultdict(list), "ring": 0, "grown": 0} for n in names}
+    for r in range(rounds):
+        order = names[r % len(names):] + names[:r % len(names)]  # rotate: no variant always first
+        for name in order:
+            res = run_variant(e, name, warmup, steps)
+            agg = per[name]
+            agg["diffs"].extend(res["diffs"].tolist())
+            agg["round_medians"].append(float(np.median(res["diffs"])))
+            for key in ("mismatches", "bad_tok", "fallbacks"):
+                agg[key] += res[key]
+            agg["in_order"] &= res["in_order"]
+            agg["ring"] = max(agg["ring"], res["ring"])
+            agg["grown"] = res["grown"]
+            for site, v in res["waits"].items():
+                agg["waits"][site].append(v)
+    out = {}
+    for name, agg in per.items():
+        d = np.array(agg["diffs"])
+        waits = {s: tuple(float(np.median([x[i] for x in v])) for i in range(3)) for s, v in agg["waits"].items()}
+        out[name] = {"median": float(np.median(d)), "p10": float(np.percentile(d, 10)), "p90": float(np.percentile(d, 90)),
+                     "mean": float(d.mean()), "round_medians": agg["round_medians"], "mismatches": agg["mismatches"],
+                     "bad_tok": agg["bad_tok"], "fallbacks": agg["fallbacks"], "in_order": agg["in_order"],
+                     "waits": waits, "wait_total": sum(w[0] for w in waits.values()), "ring": agg["ring"],
+                     "grown": agg["grown"]}
+    return out
+
+
+def report(cfg: StepConfig, res: dict, model: dict | None, label: str) -> list[str]:
+    """Prints the table; returns failure strings of the correctness checks."""
+    failures = []
+    base = res["fd24"]["median"]
+    say(f"config {cfg.name}: {cfg.describe()}")
+    head = f"  {'variant':18s} {'ms/step':>8s} {'p10':>7s} {'p90':>7s} {'vs fd24':>8s}"
+    if model is not None:
+        head += f" {'model':>7s} {'m.ratio':>7s}"
+    head += f" {'waited':>7s} {'host':>6s}  waits per step: site count x median us"
+    say(head + f"   [{label}]")
+    for name, r in res.items():
+        line = (f"  {name:18s} {r['median']:8.3f} {r['p10']:7.3f} {r['p90']:7.3f} {r['median'] / base:7.3f}x")
+        if model is not None:
+            m = model[name]["median"]
+            line += f" {m:7.3f} {m / model['fd24']['median']:6.3f}x"
+        sites = ", ".join(f"{s} {r['waits'][s][2]:.0f}x{r['waits'][s][1] * 1e3:.0f}" for s in SITE_ORDER if s in r["waits"])
+        line += f" {r['wait_total']:7.3f} {r['median'] - r['wait_total']:6.3f}  {sites}"
+        say(line)
+        if r["mismatches"] or not r["in_order"] or r["bad_tok"]:
+            failures.append(f"{cfg.name}/{name}: {r['mismatches']} mismatched saves, in order {r['in_order']}, "
+                            f"{r['bad_tok']} wrong token counts")
+    rounds = ", ".join(f"{n} " + "/".join(f"{x:.2f}" for x in r["round_medians"]) for n, r in res.items())
+    say(f"  per-round medians (ms): {rounds}")
+    checks = sum(r["mismatches"] for r in res.values())
+    say(f"  outputs: every saved step's ids and not_need_stop checked against the expected values: "
+        f"{checks} mismatches; saves in step order: {all(r['in_order'] for r in res.values())}; token counts: "
+        f"{sum(r['bad_tok'] for r in res.values())} wrong, synchronous fallbacks (first step, no snapshot yet): "
+        + ", ".join(f"{n} {r['fallbacks']}" for n, r in res.items() if r["fallbacks"]) + f"; pinned ring: {max(r['ring'] for r in res.values())} slots (3 preallocated), "
+        f"{max(r['grown'] for r in res.values())} grown (no pinned allocation in the loop when 0)")
+    ov, gpu, ovt, ow = res["fd24+overlap"], res["gpu-only"], res["overlap, T kept"], res["fd24+one-wait"]
+    host_active = ov["median"] - ov["wait_total"]
+    gap = ov["median"] - gpu["median"]
+    say(f"  overlap vs gpu-only: {ov['median']:.3f} vs {gpu['median']:.3f} ms/step, gap {gap:+.3f} ms "
+        f"({100 * gap / gpu['median']:+.1f}%). In overlap the host is active {host_active:.3f} ms/step "
+        f"(host phases {cfg.host_ms:.2f} ms + {host_active - cfg.host_ms:.3f} ms of launches, copies, ring and checks) "
+        f"and waits {ov['wait_total']:.3f} ms/step, all on the previous step's event.")
+    if host_active < 0.97 * gpu["median"]:
+        say(f"  -> GPU-bound: the host phases (prepare, between, save) are hidden under the forward; what remains "
+            f"({gap:+.3f} ms) is per-step overhead: the event wake-up and the gap before the sampler/forward "
+            f"launches land, not host work. The overlap ceiling here is gpu-only ({gpu['median']:.3f} ms).")
+    else:
+        say(f"  -> host-bound: the host's own time per step ({host_active:.3f} ms) exceeds the GPU's; what remains "
+            f"is host work, mostly the next step's prepare ({cfg.prepare_ms:.2f} ms) and save ({cfg.save_ms:.2f} ms).")
+    exposed = ovt["median"] - gpu["median"]
+    say(f"  with T kept (FD 2.5's overlap, T not removed): {ovt['median']:.3f} ms/step ({ovt['median'] / base:.3f}x fd24), "
+        f"{exposed:+.3f} ms over gpu-only: T makes the sampler launch wait for the forward, so the next step's "
+        f"prepare ({cfg.prepare_ms:.2f} ms) runs while only the sampler ({cfg.sampler_ms:.2f} ms) is queued "
+        f"(expected exposure ~{max(0.0, cfg.prepare_ms - cfg.sampler_ms):.2f} ms + overhead). "
+        f"one-wait without overlap: {ow['median']:.3f} ms ({ow['median'] / base:.3f}x): prepare and save are serial "
+        f"with the GPU there.")
+    return failures
+
+
+# --- PyTorch set-up (GPU only) ------------------------------------------------------------------
+
+
+def torch_setup():
+    from fd_async_copy_plugin.runtime.cuda import CudaBackend
+    from fd_async_copy_plugin.runtime.cudart import CudaRuntime
+
+    import torch
+
+    class TorchGlue:
+        name = "torch"
+
+        def address(self, t):
+            return int(t.data_ptr())
+
+        def shape(self, t):
+            return tuple(int(s) for s in t.shape)
+
+        def dtype(self, t):
+            return str(t.dtype).rsplit(".", 1)[-1]
+
+        def is_contiguous(self, t):
+            return t.is_contiguous()
+
+        def gpu_device(self, t):
+            return t.device.index if t.is_cuda else None
+
+        def current_device(self):
+            return torch.cuda.current_device()
+
+        def stream(self, device):
+            return int(torch.cuda.current_stream(device).cuda_stream)
+
+        def wrap(self, array):
+            return torch.from_numpy(array)
+
+        def set_shape(self, t, shape):
+            if tuple(t.shape) != tuple(shape):
+                t.set_(t.untyped_storage(), 0, tuple(shape))
+
+        def from_numpy(self, array):
+            return torch.from_numpy(array)
+
+        def blocking_d2h(self, t):
+            return t.cpu()
+
+        def snapshot(self, t):
+            return t.cpu().numpy().copy()
+
+    class TorchProbeOps:
+        def __init__(self, cycles):
+            self.cycles = cycles
+
+        def tensor(self, values, device):
+            return torch.from_numpy(np.ascontiguousarray(values)).to(f"cuda:{device}")
+
+        def fill(self, t, value):
+            t.fill_(value)
+
+        def busy(self, device):
+            torch.cuda._sleep(self.cycles)
+
+        def host_values(self, t):
+            return t.numpy().copy()
+
+        def synchronize(self, device):
+            torch.cuda.synchronize(device)
+
+    torch.cuda.init()
+    stream = torch.cuda.Stream()  # a non-default current stream: every copy must follow it
+    torch.cuda.set_stream(stream)
+    rt = CudaRuntime()
+
+    def time_sleep(cycles, reps=3):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        out = []
+        for _ in range(reps):
+            start.record()
+            torch.cuda._sleep(int(cycles))
+            end.record()
+            end.synchronize()
+            out.append(start.elapsed_time(end))
+        return statistics.median(out)
+
+    torch.cuda._sleep(1000)
+    time_sleep(50_000_000, reps=2)  # ~25 ms warm-up: clocks up
+    per_ms = 20_000_000 / time_sleep(20_000_000)
+    cache: dict[float, int] = {}
+
+    def cycles_for(ms: float) -> int:
+        if ms not in cache:
+            c = ms * per_ms
+            for _ in range(2):  # refine at the target length
+                c *= ms / time_sleep(c)
+            cache[ms] = int(c)
+        return cache[ms]
+
+    backend = CudaBackend(glue=TorchGlue(), rt=rt, probe_ops=TorchProbeOps(int(per_ms)))
+    probe = backend.ensure_probed(0)
+    return torch, backend, rt, per_ms, cycles_for, time_sleep, probe
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer steps, one round")
+    parser.add_argument("--output", help="also write the report here")
+    parser.add_argument("--dry-run", action="store_true", help="fake clock, no GPU and no torch (logic check + model)")
+    parser.add_argument("--config", action="append", default=[],
+                        help="extra NAME:forward:sampler:prepare:between:save (ms); repeatable")
+    parser.add_argument("--only", help="comma list of configs to run (default: tpot11,hostheavy and --config ones)")
+    parser.add_argument("--steps", type=int, help="measured steps per variant and round (default 200, quick 60)")
+    parser.add_argument("--warmup", type=int, help="warm-up steps (default 30, quick 10)")
+    parser.add_argument("--rounds", type=int, help="interleaved rounds (default 3, quick 1)")
+    parser.add_argument("--batch", type=int, default=64, help="running slots B (default 64)")
+    parser.add_argument("--max-seqs", type=int, default=256, help="max_num_seqs M (default 256)")
+    args = parser.parse_args(argv)
+    steps = args.steps or (60 if args.quick else 200)
+    warmup = args.warmup or (10 if args.quick else 30)
+    rounds = args.rounds or (1 if args.quick else 3)
+    configs = dict(CONFIGS)
+    for spec in args.config:
+        name, *vals = spec.split(":")
+        configs[name] = StepConfig(name, *(float(v) for v in vals))
+    if args.only:
+        configs = {k: configs[k] for k in args.only.split(",")}
+    logging.getLogger("fd_async_copy").setLevel(logging.ERROR)
+    say(f"$ python3 benchmarks/step_model.py {' '.join(argv if argv is not None else sys.argv[1:])}")
+    say(f"B={args.batch} running slots, M={args.max_seqs}; {warmup} warm-up + {steps} measured steps per variant, "
+        f"{rounds} interleaved round(s); ms/step = median time between consecutive saves; 'waited' = host time "
+        f"in the listed waits per step, 'host' = ms/step minus that")
+    failures: list[str] = []
+    models = {}
+    for name, cfg in configs.items():
+        fake = FakeEngine(cfg, args.batch, args.max_seqs)
+        models[name] = measure(fake, min(warmup, 10), min(steps, 60), 1)
+        if fake.stale_reads:
+            failures.append(f"{name}: dry run read {fake.stale_reads} outputs before their event")
+    ratios = {}
+    if args.dry_run:
+        say(f"DRY RUN: fake clock (assumed costs: launch {FakeEngine.LAUNCH * 1e3:.0f} us, blocking round trip "
+            f"{FakeEngine.ROUND_TRIP * 1e3:.0f} us, event wake-up {FakeEngine.WAKE * 1e3:.0f} us); plugin HostBackend + "
+            "PinnedRing over host memory; no torch, no GPU")
+        for name, cfg in configs.items():
+            say()
+            failures += report(cfg, models[name], None, "model")
+            ratios[name] = models[name]["fd24+overlap"]["median"] / models[name]["fd24"]["median"]
+    else:
+        torch, backend, rt, per_ms, cycles_for, time_sleep, probe = torch_setup()
+        say(f"framework (GPU work and the stream only): PyTorch {torch.__version__}, {torch.cuda.get_device_name(0)}; "
+            f"Paddle imported: {'paddle' in sys.modules}")
+        say(f"CUDA layer: {rt.versions()}; accessor probe: {'ok' if probe['ok'] else 'FAILED ' + probe['reason']}")
+        say(f"spin kernel: {per_ms / 1e3:.0f} cycles/us; copies/events/stream syncs through runtime.cudart + CudaBackend + "
+            "PinnedRing (blocking-sync events, GIL released); blocking copies = backend.blocking_d2h (torch .cpu()); "
+            "pageable H2D = torch copy_ from CPU")
+        for name, cfg in configs.items():
+            say()
+            t0 = time.perf_counter()
+            engine = TorchEngine(cfg, args.batch, args.max_seqs, backend, torch, cycles_for)
+            fwd = time_sleep(engine.c_fwd) * engine.forward_kernels
+            samp = time_sleep(engine.c_samp)
+            say(f"calibrated: forward {engine.forward_kernels} x {fwd / engine.forward_kernels:.3f} = {fwd:.3f} ms, "
+                f"sampler {samp:.3f} ms (CUDA events)")
+            res = measure(engine, warmup, steps, rounds)
+            failures += report(cfg, res, models[name], "measured on the GPU; model = fake clock")
+            ratios[name] = res["fd24+overlap"]["median"] / res["fd24"]["median"]
+            say(f"  ({time.perf_counter() - t0:.1f} s)")
+            engine = None
+    say()
+    for name, target in TARGETS.items():
+        if name in ratios:
+            ok = ratios[name] <= target
+            say(f"target {name}: overlap / fd24 = {ratios[name]:.3f} (<= {target:.2f}): {'met' if ok else 'NOT met'}")
+            if not ok:
+                failures.append(f"{name}: overlap/fd24 {ratios[name]:.3f} > {target:.2f}")
+        else:
+            failures.append(f"{name}: not run")
+    say("The numbers are modelled (spin kernels and busy-waits placed at FD 2.4's sites), not FastDeploy measurements.")
+    say(f"RESULT: {'PASS' if not failures else 'FAIL'}" + (f" ({'; '.join(failures)})" if failures else "")
+        + (" [dry run: fake clock, not a measurement]" if args.dry_run else ""))
+    if args.output:
+        Path(args.output).write_text(OUT.getvalue())
+    return 0 if not failures else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
