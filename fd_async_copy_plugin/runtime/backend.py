@@ -286,6 +286,12 @@ class CopyBackend:
         last = self._last_copy(buf)
         return last is not None and last[0] > self._completed
 
+    def copy_waited(self, buf) -> bool:
+        """Every copy into ``buf`` is covered by an event the host already waited on (backend-neutral:
+        on ``host`` copies land at once, but the wait that would make them visible on a GPU counts)."""
+        last = self._last_copy(buf)
+        return last is None or last[0] <= self._completed
+
     def covering_event(self, buf) -> CopyEvent | None:
         """The earliest recorded event that covers the last copy into ``buf`` (None: no copy
         pending or nothing recorded after it)."""

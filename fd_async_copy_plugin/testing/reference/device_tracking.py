@@ -38,7 +38,9 @@ On CPU Paddle every tensor is a CPU tensor. Inside ``tracking()``:
 
 Each wait is **long** when device work that is still running in FastDeploy's GPU build - the
 forward or the sampler, launched since the host last waited (``heavy()``) - must finish first,
-else **short** (the GPU is already idle; the cost is a copy round trip).
+else **short** (the GPU is already idle; the cost is a copy round trip). An event wait is long only
+when the event covers such work launched in the current step: waiting on the previous step's event
+after this step's forward was launched (the overlap schedule) leaves the GPU busy.
 
 Records go to the active sync census as kind ``host_wait`` (``census.encode_host_wait``) and to
 ``Tracker.waits``. Wrapping costs Python overhead on every Paddle call while a tracker is
@@ -205,10 +207,16 @@ class Tracker:
         self._heavy = 0  # heavy device work launched so far
         self._heavy_done = 0  # heavy work the host has waited for
         self._event_heavy: dict[int, tuple[object, int]] = {}
+        self._step = None  # the census step of the last heavy launch
+        self._step_heavy_start = 0  # heavy work launched before the current step
 
     # -- device work --------------------------------------------------------------------------
     def heavy(self, label: str) -> None:
+        active = census.active()
+        step = active.steps[-1].index if active is not None and active.steps else None
         with self._lock:
+            if step != self._step:
+                self._step, self._step_heavy_start = step, self._heavy
             self._heavy += 1
 
     def _stream_wait(self) -> bool:
@@ -243,7 +251,9 @@ class Tracker:
         with self._lock:
             entry = self._event_heavy.get(id(event))
             heavy = entry[1] if entry is not None and entry[0] is event else self._heavy
-            long = heavy > self._heavy_done
+            # long: the event covers device work not waited for yet that this step launched (an
+            # event of an earlier step - the overlap schedule's - lets this step's forward run on)
+            long = heavy > self._heavy_done and heavy > self._step_heavy_start
             self._heavy_done = max(self._heavy_done, heavy)
         self.record("event", f"event wait {reason}", long, skip=4)
 

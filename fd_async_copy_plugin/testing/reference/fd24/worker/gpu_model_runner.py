@@ -591,6 +591,10 @@ class GPUModelRunner(AsyncOutputThread, ModelRunnerBase):
             this_time = self.share_inputs["seq_lens_this_time"].numpy().reshape(-1)
         positions = [dec[b] + np.arange(n) for b, n in enumerate(this_time) if n > 0]
         flat = np.concatenate(positions) if positions else np.zeros([0], dtype=np.int64)
+        # padded tokens past the real count (an upper-bound token count) belong to no slot: position 0
+        padded = int(self.share_inputs["ids_remove_padding"].shape[0]) - flat.shape[0]
+        if padded > 0:
+            flat = np.concatenate([flat, np.zeros([padded], dtype=flat.dtype)])
         return as_device(paddle.to_tensor(flat.astype(np.int64)))
 
     def initialize_forward_meta(self, is_dummy_or_profile_run=False):

@@ -61,6 +61,11 @@ def _column0(input_ids: paddle.Tensor) -> np.ndarray:
 # --- pre-process ------------------------------------------------------------------------------
 
 
+#: what the uninitialised tail of get_padding_offset's outputs holds in the replica
+POISON_TOKEN_ID = 0x3FFFFFFF
+POISON_BATCH_ID = 0x3FFFFFFF
+
+
 def get_padding_offset(input_ids, token_num, seq_len):
     """Pack the running tokens. The op copies ``token_num`` to pageable host memory to size its
     outputs: a blocking D2H every step."""
@@ -68,10 +73,16 @@ def get_padding_offset(input_ids, token_num, seq_len):
     count = int((blocking_d2h(token_num, "get_padding_offset.token_num") if is_device(token_num) else token_num)
                 .numpy().reshape(-1)[0])
     ids, batch_ids, cu_q, cu_k = kernels.get_padding_offset(input_ids.numpy(), seq_len.numpy())
-    if count != ids.shape[0]:
-        # The op sizes its outputs by token_num (paddle::empty): a wrong count is memory corruption
-        # on the GPU. The replica refuses it loudly.
+    if count < ids.shape[0]:
+        # The op sizes its outputs by token_num (paddle::empty): too small a count writes out of
+        # bounds on the GPU. The replica refuses it loudly.
         raise RuntimeError(f"get_padding_offset: token_num={count} but the running slots hold {ids.shape[0]} tokens")
+    if count > ids.shape[0]:
+        # Too large a count: the outputs' tail is uninitialised memory (paddle::empty). Poison it so
+        # that a consumer of the tail fails (an id past any vocabulary, a batch id past any slot).
+        pad = count - ids.shape[0]
+        ids = np.concatenate([ids, np.full([pad], POISON_TOKEN_ID, dtype=ids.dtype)])
+        batch_ids = np.concatenate([batch_ids, np.full([pad], POISON_BATCH_ID, dtype=batch_ids.dtype)])
     return (
         as_device(paddle.to_tensor(ids, dtype="int64")),
         as_device(paddle.to_tensor(batch_ids, dtype="int32")),
