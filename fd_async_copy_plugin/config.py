@@ -11,7 +11,10 @@ import os
 from dataclasses import dataclass, field
 from typing import Mapping
 
-FEATURES = ("logprobs", "stop_flag", "sampled_tokens", "sync_scope", "step_syncs")
+FEATURES = ("logprobs", "stop_flag", "sampled_tokens", "sync_scope", "step_syncs", "flag_race")
+#: features only applied when named (``all,overlap``): they change the step schedule
+OPT_IN_FEATURES = ("overlap",)
+KNOWN_FEATURES = FEATURES + OPT_IN_FEATURES
 BACKENDS = ("auto", "cuda", "host")
 #: Backends accepted from Python (``enable(backend=...)``): ``sim`` is for tests only.
 API_BACKENDS = BACKENDS + ("sim",)
@@ -50,17 +53,19 @@ def _bool(name: str, raw: str | None) -> bool:
 
 
 def parse_features(raw: str | None, source: str = ENV_FEATURES) -> tuple[str, ...]:
-    """``all`` (or unset) -> every feature; otherwise a comma list of known feature names."""
+    """``all`` (or unset) -> every feature but the opt-in ones; otherwise a comma list of known
+    feature names, where ``all`` stands for those (``all,overlap``)."""
     if raw is None or raw.strip() in ("", "all"):
         return FEATURES
     names = [part.strip() for part in raw.split(",") if part.strip()]
-    unknown = [n for n in names if n not in FEATURES]
+    unknown = [n for n in names if n not in KNOWN_FEATURES and n != "all"]
     if unknown or not names:
         raise ConfigError(
             f"{source}={raw!r} is not valid: unknown feature(s) {unknown or [raw]}; allowed: 'all' or a "
-            f"comma list of {', '.join(FEATURES)}"
+            f"comma list of {', '.join(KNOWN_FEATURES)} (opt-in, not in 'all': {', '.join(OPT_IN_FEATURES)})"
         )
-    return tuple(dict.fromkeys(names))  # de-duplicated, in the order given
+    expanded = [f for n in names for f in (FEATURES if n == "all" else (n,))]
+    return tuple(dict.fromkeys(expanded))  # de-duplicated, in the order given
 
 
 def parse_backend(raw: str | None, source: str = ENV_BACKEND, allowed=BACKENDS) -> str:

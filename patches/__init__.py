@@ -9,6 +9,8 @@ entry-point group (``builtin``), the same way a third-party patch set registers.
 | ``sync_scope.py`` | ``sync_scope`` | fixes #6362's device-wide sync and ``slice_rows`` copies | 2.5+ |
 | ``stop_flag.py`` | ``stop_flag`` (option ``sampled_tokens``) | FD PR #6176 | 2.4 only (native on 2.5+) |
 | ``step_syncs.py`` | ``step_syncs`` (needs ``stop_flag``) | FD #6765/#6668, #5440/#6170, #5548, #6172, #6356 | 2.4 only (native on 2.5+) |
+| ``flag_race.py`` | ``flag_race`` | hardening of #6259 (insert-time ``set_stop`` after the flag copy) | 2.5 (native elsewhere) |
+| ``overlap.py`` | ``overlap`` (opt-in; needs ``stop_flag`` and ``step_syncs``) | FD PR #6259 | 2.4 only (native on 2.5+) |
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ from fd_async_copy_plugin.registry.hookspecs import hookimpl
 
 @hookimpl
 def fd_async_copy_features():
-    from . import logprobs, step_syncs, stop_flag, sync_scope
+    from . import flag_race, logprobs, overlap, step_syncs, stop_flag, sync_scope
 
-    # step_syncs after stop_flag: its runner wrappers run outside stop_flag's and find its state.
-    return [*logprobs.FEATURES, *sync_scope.FEATURES, *stop_flag.FEATURES, *step_syncs.FEATURES]
+    # step_syncs after stop_flag, overlap after both: their runner wrappers run outside the earlier
+    # ones' and find their state.
+    return [*logprobs.FEATURES, *sync_scope.FEATURES, *stop_flag.FEATURES, *step_syncs.FEATURES,
+            *overlap.FEATURES, *flag_race.FEATURES]

@@ -281,6 +281,11 @@ def build_gather_logprobs(original, ctx):
         """FastDeploy's own save op is bound again (what ``importlib.reload`` does)."""
         if consumer is None or consumer is fd_consumer:
             return consumer is not None
+        wrapped = consumer
+        for _ in range(16):  # another feature may wrap the guard (overlap defers the save op)
+            if wrapped is None or getattr(wrapped, GUARD_MARK, False):
+                return False
+            wrapped = getattr(wrapped, "__wrapped__", None)
         return not getattr(consumer, GUARD_MARK, False) and (
             getattr(consumer, "__module__", None), getattr(consumer, "__qualname__", None)
         ) == (getattr(fd_consumer, "__module__", 0), getattr(fd_consumer, "__qualname__", 0))

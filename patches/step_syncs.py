@@ -137,6 +137,7 @@ class StepShadow:
         self.glue = backend.glue
         self.block_size = int(block_size)
         si = runner.share_inputs
+        self.share_inputs = si
         self.tensors = {
             name: (runner.seq_lens_this_time_buffer if key is None else si[key]) for name, key in SHADOWED.items()
         }
@@ -155,8 +156,10 @@ class StepShadow:
         self.snap_count = None  # pinned copy of the device token count, made at the first armed step
         self.count_src = None  # this step's device token count (get_padding_offset's input)
         self.count_used: int | None = None
+        self.count_is_bound = False  # this step's count is an upper bound (overlap), not exact
         self.snap_pending = False
-        self.snap_expect: int | None = None
+        self.snap_expect: tuple[int, bool] | None = None  # (count used, it was an upper bound)
+        self.snap_nr = 0  # the running slots when the snapshot was issued
         self.dirty: set[int] = set()
         self.load("construction")
 
@@ -209,9 +212,16 @@ class StepShadow:
                 self.snap_count = self.backend.new_pinned(
                     self.glue.shape(self.count_src), self.glue.dtype(self.count_src), "step_syncs.token_num")
             self.backend.copy_d2h(self.snap_count, self.count_src, "step_syncs.token_num")
-            self.snap_expect = self.count_used
+            self.snap_expect = (self.count_used, self.count_is_bound)
         self.count_src = self.count_used = None
+        self.count_is_bound = False
+        self.snap_nr = int(self.glue.shape(self.share_inputs["seq_lens_this_time"])[0])
         self.snap_pending = True
+
+    def snapshot_in_flight(self) -> bool:
+        """The last step's snapshot is issued and no wait has covered it yet (overlap: the save of
+        that step comes after the next forward)."""
+        return self.snap_pending and not self.backend.copy_waited(self.snap["this_time"])
 
     def refresh(self, reader: str) -> None:
         """Take the last step's snapshot (its event was waited on by the save: no wait here)."""
@@ -224,9 +234,12 @@ class StepShadow:
             self._known[name] = True
         if self.snap_expect is not None and self.snap_count is not None:
             device_count = int(self.backend.to_host(self.snap_count, f"{reader}.token_num").numpy().reshape(-1)[0])
-            if device_count != self.snap_expect and not self.s1_off:
-                self.s1_off = (f"the host token count {self.snap_expect} differed from the device's "
-                               f"{device_count}; S1 uses FastDeploy's synchronous count from now on")
+            used, bound = self.snap_expect
+            wrong = device_count > used if bound else device_count != used
+            if wrong and not self.s1_off:
+                what = "upper bound" if bound else "token count"
+                self.s1_off = (f"the host {what} {used} did not hold for the device's count {device_count}; "
+                               "S1 uses FastDeploy's synchronous count from now on")
                 log.error("fd_async_copy step_syncs: %s", self.s1_off)
         self.snap_expect = None
 
@@ -277,8 +290,23 @@ class StepShadow:
                 enc[i] = 0
         return int(this_time[:num_running].astype(np.int64).sum())
 
+    def upper_bound(self, num_running: int) -> int | None:
+        """Overlap, no insert since the last step: the snapshot of that step is still in flight.
+        Its update op leaves every running slot at 0 or 1 token and recovers nothing without a new
+        block (no insert gave one), so the slots that ran bound the next step's count."""
+        if not (self.known("this_time") and self.snap_nr == num_running):
+            return None
+        return int((self.arrays["this_time"].reshape(-1)[:num_running] > 0).sum())
+
     def exist_prefill(self) -> bool | None:
-        return bool(np.any(self.arrays["enc"] > 0)) if self.known("enc") else None
+        if not self.known("enc"):
+            return None
+        enc = self.arrays["enc"].reshape(-1)
+        if self.snapshot_in_flight():
+            # right after a step whose snapshot has not landed: its update op zeroed
+            # seq_lens_encoder of every running slot (update_inputs_v1.cu), the others are as known
+            return bool(np.any(enc[self.snap_nr:] > 0))
+        return bool(np.any(enc > 0))
 
 
 class RunnerSyncs:
@@ -357,6 +385,18 @@ class StepSyncsRunners:
 
 def _syncs(runner) -> RunnerSyncs | None:
     return runner.__dict__.get("_fdac_syncs")
+
+
+def _overlap_step(runner) -> bool:
+    """The overlap feature is running this step (its save comes after the next forward)."""
+    state = runner.__dict__.get("_fdac_overlap")
+    return state is not None and state.in_step
+
+
+def _overlap_pending(runner) -> bool:
+    """The overlap feature holds a step whose save (and event wait) comes with the next step."""
+    state = runner.__dict__.get("_fdac_overlap")
+    return state is not None and bool(state.pending or state.in_step)
 
 
 def _on_own_path(runner, runner_module) -> str:
@@ -446,14 +486,21 @@ def build_prepare_inputs(original, ctx):
         dummy = bool(kwargs.get("is_dummy_or_profile_run", args[0] if args else False))
         if not dummy:
             shadow.ensure_loaded()
-        shadow.refresh("_prepare_inputs")
+        bound = not dummy and _overlap_step(self) and shadow.snapshot_in_flight()
+        if not bound:
+            shadow.refresh("_prepare_inputs")
         why = "dummy/profile run" if dummy else (_on_own_path(self, runner_module) or shadow.s1_off and "S1 stood down")
         count = None
         if not why:
             num_running = int(si["seq_lens_this_time"].shape[0])
-            count = shadow.recover_and_count(num_running)
+            count = shadow.upper_bound(num_running) if bound else shadow.recover_and_count(num_running)
             if count is None:
-                why = "S1: the shadow cannot tell the count"
+                if bound:  # FastDeploy's synchronous count needs the last step: wait for it
+                    shadow.refresh("_prepare_inputs")
+                    count = shadow.recover_and_count(num_running)
+                    shadow.fallback("overlap: no upper bound, the last step's snapshot was waited for")
+                if count is None:
+                    why = "S1: the shadow cannot tell the count"
         if why:
             shadow.fallback(why)
             # recover_decode_task runs on the device: the shadow no longer matches until the snapshot.
@@ -461,6 +508,7 @@ def build_prepare_inputs(original, ctx):
             # everything is reloaded before the next real step.
             for name in (SHADOWED if dummy else ("this_time", "block_step", "enc")):
                 shadow.lose(name, why)
+        shadow.count_is_bound = bool(bound and count is not None and not why and shadow.snapshot_in_flight())
         _armed.shadow, _armed.count = (shadow, count) if count is not None else (None, None)
         try:
             with watching([_Mirror(shadow, "bad_len", shadow.tensors["bad_len"])]):
@@ -477,7 +525,8 @@ def build_exist_prefill(original, ctx):
         state = _syncs(self)
         if state is None:
             return original(self)
-        state.shadow.refresh("exist_prefill")
+        if not (_overlap_pending(self) and state.shadow.snapshot_in_flight()):
+            state.shadow.refresh("exist_prefill")
         answer = state.shadow.exist_prefill()
         if answer is None:
             state.shadow.fallback("S3/S7: shadow of seq_lens_encoder not known")
@@ -505,7 +554,18 @@ def build_get_padding_offset(original, ctx):
             np.dtype(str(token_num.dtype).replace("paddle.", ""))), place=paddle.CPUPlace())
         shadow.count_src, shadow.count_used = token_num, count
         shadow.served["S1 token count"] += 1
-        return original(input_ids, host, *args, **kwargs)
+        outputs = original(input_ids, host, *args, **kwargs)
+        if not shadow.count_is_bound:
+            return outputs
+        # Overlap: the count is an upper bound. FastDeploy 2.4's op leaves the outputs' tail past the
+        # real count uninitialised; fill it as 2.5's op does (ids 2, batch id -1), on the device.
+        shadow.served["S1 upper bound (tail filled)"] += 1
+        ids, batch_ids, cu_q = outputs[0], outputs[1], outputs[2]
+        real = cu_q.reshape([-1])[-1:].astype("int64")
+        tail = paddle.arange(count, dtype="int64") >= real
+        ids = paddle.where(tail, paddle.full_like(ids, 2), ids)
+        batch_ids = paddle.where(tail.reshape(batch_ids.shape), paddle.full_like(batch_ids, -1), batch_ids)
+        return (ids, batch_ids, *outputs[2:])
 
     return get_padding_offset
 

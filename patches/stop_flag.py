@@ -66,6 +66,8 @@ class StopFlagState:
         #: called right after the update op, before the event is recorded: copies issued there are
         #: covered by the event the save waits on (``step_syncs``' snapshot of the step state)
         self.snapshot_hooks: list = []
+        #: ``overlap``: the step's save runs one step later; post_process leaves the flag pending
+        self.defer_sync = False
         self._reset_host_buffers()
         share_inputs["not_need_stop_device"] = self.device
         share_inputs["not_need_stop_gpu"] = self.device  # name used by #6176's first version
@@ -465,7 +467,8 @@ def build_post_process(original, ctx):
             # Dummy runs and pooling skip the save: the flag is still made current before any code
             # outside post_process can read share_inputs["not_need_stop"].
             for state in registry.all():
-                state.sync("post_process")
+                if not state.defer_sync:
+                    state.sync("post_process")
 
     return post_process
 

@@ -186,8 +186,8 @@ def site_label(wait: dict) -> str:
     where = wait["where"]
     function = where.rsplit(" ", 1)[-1]
     if wait["mechanism"] == "event":
-        if where.startswith("patches/stop_flag.py"):
-            return "save event"
+        if where.startswith(("patches/stop_flag.py", "patches/overlap.py")):
+            return "save event"  # overlap: the previous step's, waited after this step's forward
         if where.startswith("patches/logprobs.py"):
             return "lp event"
         return _EVENT_LABELS.get(function, "")

@@ -1,0 +1,322 @@
+"""Feature ``overlap`` (opt-in): FastDeploy 2.5's overlap schedule (#6259) backported to FastDeploy 2.4.
+
+Why:    With ``step_syncs`` an FD 2.4 decode step has one host wait, the save event - but the host
+        still waits for step N's save before it prepares step N+1, so the GPU idles while the host
+        prepares, saves and inserts. #6259 hides that in 2.5 (about 10% end to end upstream); FD 2.4
+        users can have it only by upgrading.
+How:    ``execute_model`` keeps FastDeploy's own body; the plugin moves the save one step later:
+        - the save ops FastDeploy calls inside ``post_process`` (``save_output``/``save_output_topk``)
+          are captured, not run, during an overlap step (with the stop flag of that step copied into
+          a pinned slot of its own under the step's event);
+        - the next step runs them right after its forward is launched (FastDeploy's
+          ``not_need_stop()`` check after the forward is the hook): the wait on the previous step's
+          event is the step's only host wait, and it no longer blocks the preparation of the next
+          step;
+        - ``step_syncs`` prepares the next step with an upper bound of its token count (the slots
+          that ran) while the last snapshot is in flight, and fills the padded tail of
+          ``get_padding_offset``'s outputs as 2.5's op does;
+        - ``not_need_stop()`` reports True while a step's output is still to be saved, so the worker
+          loop flushes it when the batch drains; with nothing pending it is FastDeploy's flag (the
+          loop sleeps when idle, no spinning). The flush step's forward runs on padding only and
+          FastDeploy returns before sampling (its own idle-step return).
+        - **The stop-flag race is closed by construction**: every insert first finishes the pending
+          save (its event waited, which is the wait the insert's synchronous H2D makes anyway), so
+          no older flag copy is in flight when the insert writes the flag; the engine also sees a
+          step's output before any slot changes hands (preemption, reuse), as without overlap.
+        Off per step (the pending save is finished first, FastDeploy's own step runs, counted by
+        cause): guided decoding, prompt logprobs, Keep-Sampling-Mask, early stop, entropy,
+        speculative decoding, pooling, the ZMQ output path (``FD_USE_GET_SAVE_OUTPUT_V1``), V0
+        scheduler, expert parallelism, a non-CUDA platform. A runner without ``stop_flag`` and
+        ``step_syncs`` keeps FastDeploy's path (``passthrough``).
+Mirrors: FastDeploy PR #6259 (overlap schedule), with #6668's seed fix (via ``step_syncs``).
+FD:     2.4 only, opt-in (``FD_ASYNC_COPY_FEATURES=all,overlap``); ``native`` on 2.5+
+        (``--enable-overlap-schedule``).
+Delete: when FastDeploy 2.4 is no longer served.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import weakref
+
+import paddle
+
+from fd_async_copy_plugin.registry.patch import Feature, Patch, Target, wraps
+
+log = logging.getLogger("fd_async_copy")
+
+RUNNER = "worker.gpu_model_runner"
+POSTPROC = "model_executor.pre_and_post_process"
+
+#: save op -> position of its ``not_need_stop`` argument (FastDeploy 2.4's signatures)
+SAVE_OPS = {"save_output": 1, "save_output_topk": 4}
+
+_capturing = threading.local()  # the OverlapState whose post_process is running, if any
+
+
+class OverlapState:
+    """One runner's overlap schedule: the saves of the last step, still to run."""
+
+    def __init__(self, runner, stop_state, backend) -> None:
+        self.backend = backend
+        self.stop = stop_state
+        self.shadow = runner._fdac_syncs.shadow
+        # one pinned flag per step in flight: a slot is rewritten two steps later, after its save ran
+        self.flags = [backend.new_pinned([1], "bool", f"overlap.not_need_stop[{i}]") for i in range(2)]
+        self.flag_turn = 0
+        self.pending: list = []  # (save op, args) of the last overlap step
+        self.captured: list = []
+        self.in_step = False
+        self.after_forward = False
+        self.fallbacks: collections.Counter = collections.Counter()
+        self.served: collections.Counter = collections.Counter()
+        stop_state.snapshot_hooks.append(self._copy_flag)
+
+    def _copy_flag(self) -> None:
+        if self.in_step:
+            self.backend.copy_d2h(self.flags[self.flag_turn], self.stop.device, "overlap.not_need_stop")
+
+    def capture(self, op, args: tuple, flag_index: int) -> None:
+        args = list(args)
+        args[flag_index] = _StepFlag(self.flags[self.flag_turn])
+        self.captured.append((op, args))
+
+    def flush(self, why: str) -> None:
+        """Run the last step's saves now: wait on its event, then FastDeploy's save ops, in order."""
+        pending, self.pending = self.pending, []
+        for op, args in pending:
+            args = [a.host(self.backend, why) if isinstance(a, _StepFlag) else a for a in args]
+            op(*args)
+        if pending:
+            self.served[f"save one step later ({why})"] += 1
+            self.shadow.refresh(f"overlap.{why}")  # the saved step's snapshot landed with its event
+
+
+class _StepFlag:
+    """Stands for a step's ``not_need_stop`` in a captured save: read after the step's event."""
+
+    __slots__ = ("buf",)
+
+    def __init__(self, buf) -> None:
+        self.buf = buf
+
+    def host(self, backend, reader: str):
+        return backend.to_host(self.buf, f"overlap.{reader}")
+
+
+class OverlapRunners:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._runners: dict[int, weakref.ref] = {}
+        self._stood_down: dict[int, tuple[weakref.ref, str]] = {}
+
+    def add(self, runner, state: OverlapState) -> None:
+        runner._fdac_overlap = state
+        with self._lock:
+            self._runners[id(runner)] = weakref.ref(runner)
+        weakref.finalize(runner, self._runners.pop, id(runner), None)
+
+    def stand_down(self, runner, reason: str) -> None:
+        log.warning("fd_async_copy overlap: %s; this runner keeps FastDeploy 2.4's schedule", reason)
+        with self._lock:
+            self._stood_down[id(runner)] = (weakref.ref(runner), reason)
+        weakref.finalize(runner, self._stood_down.pop, id(runner), None)
+
+    def live(self) -> list:
+        with self._lock:
+            refs = list(self._runners.values())
+        return [r for r in (ref() for ref in refs) if r is not None]
+
+    def report(self) -> dict | None:
+        patched = self.live()
+        with self._lock:
+            standing = [(ref(), why) for ref, why in self._stood_down.values() if ref() is not None]
+        runners = [{"runner": f"{type(r).__name__}@{id(r):#x}", "state": "applied", "reason": "",
+                    "fallbacks": dict(r._fdac_overlap.fallbacks), "served": dict(r._fdac_overlap.served)}
+                   for r in patched]
+        runners += [{"runner": f"{type(r).__name__}@{id(r):#x}", "state": "passthrough", "reason": why}
+                    for r, why in standing]
+        if not runners:
+            return None
+        if not standing:
+            return {"state": "applied", "reason": "", "runners": runners}
+        reasons = "; ".join(sorted({why for _, why in standing}))
+        return {"state": "partial" if patched else "passthrough", "reason": reasons, "runners": runners}
+
+    def flush_all(self, why: str) -> None:
+        for runner in self.live():
+            runner._fdac_overlap.flush(why)
+
+    def detach_all(self) -> None:
+        for runner in self.live():
+            state = runner.__dict__.pop("_fdac_overlap", None)
+            if state is not None:
+                state.flush("disable")
+                if state._copy_flag in state.stop.snapshot_hooks:
+                    state.stop.snapshot_hooks.remove(state._copy_flag)
+        with self._lock:
+            self._runners.clear()
+            self._stood_down.clear()
+
+
+def _state(runner) -> OverlapState | None:
+    return runner.__dict__.get("_fdac_overlap")
+
+
+def off_reason(runner, runner_module) -> str:
+    """Why this step runs FastDeploy 2.4's own schedule ("" when it can overlap)."""
+    envs = getattr(runner_module, "envs", None)
+    platform = getattr(runner_module, "current_platform", None)
+    mc = getattr(runner, "model_config", None)
+    checks = (
+        (platform is not None and not platform.is_cuda(), "non-CUDA platform"),
+        (getattr(runner, "speculative_decoding", False), "speculative decoding"),
+        (getattr(runner, "is_pooling_model", False), "pooling model"),
+        (getattr(runner, "guided_backend", None) is not None, "guided decoding"),
+        (bool(getattr(runner, "prompt_logprobs_reqs", None)), "prompt logprobs"),
+        (getattr(runner, "enable_keep_sampling_mask", False), "keep-sampling-mask"),
+        (getattr(runner, "enable_early_stop", False), "early stop"),
+        (getattr(runner, "enable_entropy", False), "entropy"),
+        (envs is not None and bool(getattr(envs, "FD_USE_GET_SAVE_OUTPUT_V1", False)), "ZMQ output path"),
+        (envs is not None and not getattr(envs, "ENABLE_V1_KVCACHE_SCHEDULER", True), "V0 scheduler"),
+        (getattr(getattr(runner, "parallel_config", None), "use_ep", False), "expert parallelism"),
+        (mc is not None and getattr(mc, "enable_mm", False), "multimodal"),
+    )
+    return next((why for bad, why in checks if bad), "")
+
+
+# --- patches ---------------------------------------------------------------------------------------
+
+
+def build_init_share_inputs(original, ctx):
+    registry: OverlapRunners = ctx.state
+
+    @wraps(original)
+    def _init_share_inputs(self, max_num_seqs: int):
+        original(self, max_num_seqs)
+        stop, syncs = self.__dict__.get("_fdac_stop"), self.__dict__.get("_fdac_syncs")
+        if stop is None or syncs is None:
+            missing = " and ".join(n for n, s in (("stop_flag", stop), ("step_syncs", syncs)) if s is None)
+            registry.stand_down(self, f"needs {missing} on this runner")
+            return
+        registry.add(self, OverlapState(self, stop, ctx.backend))
+
+    return _init_share_inputs
+
+
+def build_execute_model(original, ctx):
+    runner_module = ctx.module(RUNNER)
+
+    @wraps(original)
+    def execute_model(self, *args, **kwargs):
+        state = _state(self)
+        if state is None:
+            return original(self, *args, **kwargs)
+        why = off_reason(self, runner_module)
+        if why:
+            state.flush("overlap off")
+            state.fallbacks[why] += 1
+            return original(self, *args, **kwargs)
+        state.in_step, state.after_forward = True, False
+        state.stop.defer_sync = True
+        _capturing.state = state
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            _capturing.state = None
+            state.stop.defer_sync = False
+            state.in_step = False
+            state.flush("step end")  # FastDeploy returned before its not_need_stop() check
+            if state.captured:
+                state.pending, state.captured = state.captured, []
+                state.flag_turn ^= 1
+                state.served["overlap steps"] += 1
+
+    return execute_model
+
+
+def build_not_need_stop(original, ctx):
+    @wraps(original)
+    def not_need_stop(self):
+        state = _state(self)
+        if state is None:
+            return original(self)
+        if state.in_step and not state.after_forward:
+            # FastDeploy 2.4 asks right after launching the forward: the previous step's save runs
+            # now, while the GPU computes this one.
+            state.after_forward = True
+            state.flush("after forward")
+            return original(self)
+        if state.pending and not state.in_step:
+            return True  # a step's output is still to be saved: the loop must call execute_model
+        return original(self)
+
+    return not_need_stop
+
+
+def build_flush_first(original, ctx):
+    @wraps(original)
+    def flushed(self, *args, **kwargs):
+        state = _state(self)
+        if state is not None:
+            state.flush(original.__name__)
+        return original(self, *args, **kwargs)
+
+    return flushed
+
+
+def build_save_op(name: str):
+    flag_index = SAVE_OPS[name]
+
+    def build(original, ctx):
+        @wraps(original)
+        def save(*args, **kwargs):
+            state = getattr(_capturing, "state", None)
+            if state is None or kwargs or len(args) <= flag_index:
+                return original(*args, **kwargs)
+            state.capture(original, args, flag_index)
+            return None
+
+        return save
+
+    return build
+
+
+class OverlapFeature(Feature):
+    name = "overlap"
+    mirrors = "FastDeploy PR #6259 (overlap schedule), on top of step_syncs (#6668/#6765)"
+    profiles = {
+        "fastdeploy-2.4": "apply",
+        "fastdeploy-2.5": "native: FastDeploy 2.5 has the overlap schedule (--enable-overlap-schedule)",
+        "fastdeploy-2.6+": "native: FastDeploy develop has the overlap schedule (on by default)",
+    }
+    patches = (
+        Patch(Target(RUNNER, "GPUModelRunner._init_share_inputs"), build_init_share_inputs),
+        Patch(Target(RUNNER, "GPUModelRunner.execute_model"), build_execute_model),
+        Patch(Target(RUNNER, "GPUModelRunner.not_need_stop"), build_not_need_stop),
+        Patch(Target(RUNNER, "GPUModelRunner.insert_tasks_v1"), build_flush_first),
+        Patch(Target(RUNNER, "GPUModelRunner.insert_prefill_inputs"), build_flush_first),
+        Patch(Target(RUNNER, "GPUModelRunner.reset_share_inputs"), build_flush_first),
+        Patch(Target(RUNNER, "GPUModelRunner._dummy_run"), build_flush_first),
+        *(Patch(Target(POSTPROC, name), build_save_op(name), producer=True) for name in SAVE_OPS),
+    )
+
+    def prepare(self, ctx) -> OverlapRunners:
+        return OverlapRunners()
+
+    def report(self, ctx) -> dict | None:
+        return ctx.state.report() if isinstance(ctx.state, OverlapRunners) else None
+
+    def quiesce(self, ctx) -> None:
+        if isinstance(ctx.state, OverlapRunners):
+            ctx.state.flush_all("disable")
+
+    def teardown(self, ctx) -> None:
+        registry, ctx.state = ctx.state, None
+        if registry is not None:
+            registry.detach_all()
+
+
+FEATURES = [OverlapFeature()]

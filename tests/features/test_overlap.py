@@ -1,0 +1,223 @@
+"""Feature ``overlap`` (FD 2.4, opt-in) and ``flag_race`` (FD 2.5): the save one step later.
+
+Real CPU Paddle, the fd24/fd25 replicas, ``host`` and ``sim``. Outputs are compared per request
+with unpatched FastDeploy 2.4 (tokens, logprobs, stop reasons), each delivered at most one step
+later; every comparison asserts that overlapped steps ran.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+
+import fd_async_copy_plugin
+from fd_async_copy_plugin.patches import overlap as overlap_patch
+from fd_async_copy_plugin.patches import stop_flag as stop_flag_patch
+from fd_async_copy_plugin.registry.patch import Patch
+from fd_async_copy_plugin.runtime import collecting
+from fd_async_copy_plugin.testing.harness import Variant, device_for, host_waits, plugin_state, run_variant
+from fd_async_copy_plugin.testing.reference import ROOTS
+from fd_async_copy_plugin.testing.reference.driver import DriverConfig, Request, run_decode
+
+pytestmark = pytest.mark.usefixtures("plugin_off")
+
+FD24, FD25 = ROOTS["fd24"], ROOTS["fd25"]
+OVERLAP = ("logprobs", "stop_flag", "sampled_tokens", "step_syncs", "overlap")
+EOS = [2]
+
+
+def _req(i, n_prompt, max_tokens, **kw):
+    prompt = [(17 * i + 5 * j) % 200 + 3 for j in range(n_prompt)]
+    return Request(f"o{i}", prompt, max_tokens=max_tokens, eos_token_ids=EOS, **kw)
+
+
+def workload(steps=14, logprobs=(None,), arrivals_every_step=True, seeds=True):
+    def make(i):
+        kw = dict(logprobs=logprobs[i % len(logprobs)])
+        if seeds and i % 2 == 0:
+            kw.update(top_p=0.75, seed=77 + i)
+        if i % 5 == 2:
+            kw.update(stop_seqs=[[(17 * i) % 200 + 3, 9]])
+        return _req(i, 3 + (i * 5) % 19, 1 if i % 6 == 4 else steps - i % 4, **kw)
+
+    requests = [make(i) for i in range(4)]
+    arrivals = {s: [make(3 + s)] for s in range(1, steps)} if arrivals_every_step else {}
+    return requests, arrivals
+
+
+def config(**kw):
+    kw.setdefault("max_num_seqs", 32)
+    kw.setdefault("vocab_size", 256)
+    kw.setdefault("max_model_len", 64)
+    kw.setdefault("chunk_size", 8)
+    return DriverConfig(**kw)
+
+
+def assert_same_per_request(base, plugin):
+    assert set(base.outputs) == set(plugin.outputs)
+    for rid, a in base.outputs.items():
+        b = plugin.outputs[rid]
+        assert (a.token_ids, a.stop_reason, a.finished) == (b.token_ids, b.stop_reason, b.finished), rid
+        assert [(x.token_ids, x.logprobs, x.rank) for x in a.logprobs] == \
+               [(x.token_ids, x.logprobs, x.rank) for x in b.logprobs], rid
+        assert a.prompt_logprobs is None or all((a.prompt_logprobs[k] == b.prompt_logprobs[k]).all()
+                                                for k in a.prompt_logprobs), rid
+        if a.finish_step is not None:  # delivered one step later at most
+            assert 0 <= b.finish_step - a.finish_step <= 1, (rid, a.finish_step, b.finish_step)
+
+
+def run_pair(cfg, requests, arrivals, backend, features=OVERLAP, max_steps=200):
+    base = run_variant(Variant("fd24-unpatched", FD24, False), cfg, requests, backend=backend,
+                       arrivals=arrivals, max_steps=max_steps)
+    served, fallbacks = collections.Counter(), collections.Counter()
+
+    def on_step(step, runner):
+        state = runner.__dict__.get("_fdac_overlap")
+        if state is not None:
+            served.clear(), served.update(state.served)
+            fallbacks.clear(), fallbacks.update(state.fallbacks)
+
+    with device_for(backend), plugin_state(Variant("p", FD24, True, features), backend), collecting():
+        plugin = run_decode(FD24, cfg, requests, arrivals=arrivals, max_steps=max_steps, on_step=on_step)
+    assert_same_per_request(base.result, plugin)
+    return plugin, served, fallbacks
+
+
+@pytest.mark.parametrize("backend", ["host", "sim"])
+@pytest.mark.parametrize("logprobs", [(None,), (0, 5, 20, None)])
+def test_outputs_identical_one_step_later(backend, logprobs):
+    requests, arrivals = workload(logprobs=logprobs)
+    result, served, fallbacks = run_pair(config(enable_logprob=logprobs != (None,)), requests, arrivals, backend)
+    assert served["overlap steps"] >= result.executed_steps - 2, served
+    assert served["save one step later (after forward)"] > 0, served
+    assert not fallbacks, fallbacks
+
+
+@pytest.mark.parametrize("backend", ["host", "sim"])
+def test_all_requests_ending_together_are_flushed(backend):
+    requests = [_req(i, 4, 6) for i in range(5)]
+    result, served, _ = run_pair(config(chunk_size=None), requests, {}, backend)
+    assert all(o.finished for o in result.outputs.values())
+    assert served["overlap steps"] >= 5
+
+
+@pytest.mark.parametrize("backend", ["host", "sim"])
+def test_max_tokens_one_and_two_chunk_prompts(backend):
+    requests = [_req(0, 14, 1), _req(1, 15, 3), _req(2, 3, 1)]
+    result, served, _ = run_pair(config(chunk_size=8), requests, {2: [_req(3, 12, 2)]}, backend)
+    assert all(o.finished for o in result.outputs.values()) and served["overlap steps"] > 0
+
+
+def test_block_steps_with_greedy_sampling():
+    """KV blocks run out: block steps and recovery under the overlap schedule (greedy sampling, so
+    the engine's one-step-later view of finished requests cannot change a token)."""
+    def req(i, n, m):
+        return _req(i, n, m)
+
+    requests = [req(0, 5, 40), req(1, 9, 20), req(2, 20, 1), req(3, 13, 40), req(4, 3, 35), req(5, 30, 14)]
+    cfg = config(max_num_seqs=8, max_model_len=128, vocab_size=1024, num_gpu_blocks=14)
+    _, served, _ = run_pair(cfg, requests, {3: [req(7, 11, 20)], 9: [req(8, 4, 3)]}, "sim", max_steps=400)
+    assert served["overlap steps"] > 0
+
+
+def test_census_no_long_wait_one_wait_on_the_previous_steps_event():
+    requests = [_req(i, 4 + i, 24, logprobs=5, top_p=0.9, seed=i) for i in range(6)]
+    # KV blocks of 64 tokens: no DECODE task (an insert) falls in the run
+    cfg = config(max_num_seqs=8, chunk_size=None, enable_logprob=True, block_size=64)
+    run = run_variant(Variant("p", FD24, True, OVERLAP), cfg, requests, backend="sim", max_steps=60, track=True)
+    waits = host_waits(run.census.steps[3:18], skip=0)
+    assert (waits["total"], waits["long"], waits["mean"]) == (1, 0, 1.0), waits
+    (only,) = waits["sites"]
+    assert only["label"] == "save event" and "after forward" in only["what"], only
+
+
+@pytest.mark.parametrize("why, cfg, request_kw", [
+    ("prompt logprobs", config(enable_logprob=True, save_output_v1=True), {"prompt_logprobs": 2}),
+    ("ZMQ output path", config(save_output_v1=True), {}),
+    ("keep-sampling-mask", config(keep_sampling_mask=True), {}),
+])
+def test_overlap_turns_itself_off_where_fastdeploy_25_does(why, cfg, request_kw):
+    requests = [_req(0, 10, 6, **request_kw), _req(1, 5, 8)]
+    result, served, fallbacks = run_pair(cfg, requests, {}, "sim")
+    assert fallbacks[why] > 0 and sum(fallbacks.values()) >= result.executed_steps - 1, fallbacks
+    assert not served["overlap steps"], served
+
+
+def test_the_worker_loop_does_not_spin_once_flushed():
+    """``not_need_stop()`` is True only while a step's save is pending: once flushed and drained,
+    FastDeploy's loop sees False (it sleeps instead of spinning)."""
+    seen = []
+    with device_for("host"), plugin_state(Variant("p", FD24, True, OVERLAP), "host"), collecting():
+        run_decode(FD24, config(), [_req(0, 4, 3)], on_step=lambda s, r: seen.append(
+            (bool(r._fdac_overlap.pending), bool(r.not_need_stop()))))
+    assert seen[-1] == (False, False), seen
+    assert all(flag for pending, flag in seen if pending), seen
+
+
+def test_needs_step_syncs_on_the_runner():
+    requests, arrivals = workload(steps=6)
+    with device_for("host"), plugin_state(Variant("p", FD24, True, ("stop_flag", "overlap")), "host"), collecting():
+        reports = []
+        run_decode(FD24, config(), requests, arrivals=arrivals,
+                   on_step=lambda s, r: reports.append(fd_async_copy_plugin.status()["features"]["overlap"]))
+    assert reports[-1]["state"] == "passthrough" and "step_syncs" in reports[-1]["reason"], reports[-1]
+
+
+def test_overlap_is_opt_in():
+    from fd_async_copy_plugin.config import parse_features
+
+    assert "overlap" not in parse_features("all")
+    assert parse_features("all,overlap")[-1] == "overlap" and "logprobs" in parse_features("all,overlap")
+
+
+# -- the stop-flag race -------------------------------------------------------------------------
+
+
+def test_planted_insert_without_waiting_for_the_flag_copy_stalls_a_two_chunk_prompt(monkeypatch):
+    """The race of FD 2.5's overlap schedule, reproduced on the 2.4 overlap path: an insert that
+    writes the flag while the previous step's flag copy is in flight (here: stop_flag's wait before
+    the insert and overlap's flush removed) is overwritten when the copy lands; a 2-chunk prompt
+    whose first chunk made the batch idle never gets its first token."""
+    monkeypatch.setattr(overlap_patch.OverlapState, "flush", _flush_without_refresh_at_insert)
+    unguarded = tuple(
+        Patch(p.target, lambda original, ctx: original) if p.target.attr.endswith(("insert_tasks_v1", "insert_prefill_inputs"))
+        else p
+        for p in stop_flag_patch.StopFlagFeature.patches
+    )
+    monkeypatch.setattr(stop_flag_patch.StopFlagFeature, "patches", unguarded)
+    requests = [_req(0, 12, 3)]
+    with device_for("sim"), plugin_state(Variant("p", FD24, True, OVERLAP), "sim"), collecting():
+        stalled = run_decode(FD24, config(chunk_size=6), requests, max_steps=40)
+    assert stalled.truncated and not stalled.outputs["o0"].token_ids  # no first token, ever
+
+
+def _flush_without_refresh_at_insert(self, why):
+    if why in ("insert_tasks_v1", "insert_prefill_inputs"):
+        return  # the planted bug: the insert does not finish the pending step first
+    pending, self.pending = self.pending, []
+    for op, args in pending:
+        args = [a.host(self.backend, why) if isinstance(a, overlap_patch._StepFlag) else a for a in args]
+        op(*args)
+    if pending:
+        self.shadow.refresh(f"overlap.{why}")
+
+
+def test_two_chunk_prompt_with_overlap_does_not_stall():
+    requests = [_req(0, 12, 3)]
+    result, served, _ = run_pair(config(chunk_size=6), requests, {}, "sim", max_steps=40)
+    assert result.outputs["o0"].finished and served["overlap steps"] > 0
+
+
+def test_fd25_flag_race_closed_by_the_hardening_patch():
+    """FD 2.5's own overlap schedule under the simulator loses the second chunk's step (see
+    tests/reference/test_replica_fd25.py); with ``flag_race`` applied it does not."""
+    from fd_async_copy_plugin.testing.reference.driver import Request as R
+
+    cfg = DriverConfig(enable_logprob=True, overlap=True, save_output_v1=True, chunk_size=5)
+    make = lambda: [R("pl", list(range(3, 15)), max_tokens=3, eos_token_ids=[0], prompt_logprobs=2)]  # noqa: E731
+    synchronous = run_decode(FD25, cfg, make())
+    with device_for("sim"), plugin_state(Variant("p", FD25, True, ("flag_race",)), "sim") as status, collecting():
+        assert status["features"]["flag_race"]["state"] in ("applied", "pending")
+        fixed = run_decode(FD25, cfg, make())
+    assert fixed.differences(synchronous) == []
