@@ -239,7 +239,7 @@ def make_async_class(base, backend):
             return cached
 
         def slice_rows(self, start: int, end: int):
-            # O(rows sliced): only those rows are read from pinned memory.
+            # FD's rows (its body is checked: fd_identity), O(rows sliced): only those rows are read.
             return base(*(backend.to_host(field, "slice_rows", start, end) for field in self))
 
         def tolists(self):
@@ -378,8 +378,13 @@ class LogprobsFeature(Feature):
     def check(self, ctx) -> None:
         # FastDeploy's gather_logprobs builds the LogprobsTensors (of worker.output) its module
         # imported: the plugin's result class subclasses that very class.
-        if not isinstance(getattr(ctx.module(SAMPLER), "LogprobsTensors", None), type):
+        tensors = getattr(ctx.module(SAMPLER), "LogprobsTensors", None)
+        if not isinstance(tensors, type):
             raise IncompatibleError(f"{SAMPLER} no longer imports LogprobsTensors")
+        # ... and re-implements its slice_rows for pinned results: only where it is exactly FD's.
+        problem = fd_identity.slice_rows_problem(getattr(tensors, "slice_rows", None), getattr(ctx, "profile", None))
+        if problem:
+            raise IncompatibleError(problem)
 
     def prepare(self, ctx) -> LogprobsCopier:
         return LogprobsCopier(

@@ -37,15 +37,11 @@ Delete: when FastDeploy 2.4 is no longer served.
 from __future__ import annotations
 
 import collections
-import logging
 import threading
-import weakref
-
-import paddle
 
 from fd_async_copy_plugin.registry.patch import Feature, Patch, Target, wraps
 
-log = logging.getLogger("fd_async_copy")
+from ._runners import FeatureRunners
 
 RUNNER = "worker.gpu_model_runner"
 POSTPROC = "model_executor.pre_and_post_process"
@@ -83,6 +79,14 @@ class OverlapState:
         args[flag_index] = _StepFlag(self.flags[self.flag_turn])
         self.captured.append((op, args))
 
+    def report(self) -> dict:
+        return {"fallbacks": dict(self.fallbacks), "served": dict(self.served)}
+
+    def detach(self) -> None:
+        self.flush("disable")
+        if self._copy_flag in self.stop.snapshot_hooks:
+            self.stop.snapshot_hooks.remove(self._copy_flag)
+
     def flush(self, why: str) -> None:
         """Run the last step's saves now: wait on its event, then FastDeploy's save ops, in order."""
         pending, self.pending = self.pending, []
@@ -106,59 +110,13 @@ class _StepFlag:
         return backend.to_host(self.buf, f"overlap.{reader}")
 
 
-class OverlapRunners:
+class OverlapRunners(FeatureRunners):
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._runners: dict[int, weakref.ref] = {}
-        self._stood_down: dict[int, tuple[weakref.ref, str]] = {}
-
-    def add(self, runner, state: OverlapState) -> None:
-        runner._fdac_overlap = state
-        with self._lock:
-            self._runners[id(runner)] = weakref.ref(runner)
-        weakref.finalize(runner, self._runners.pop, id(runner), None)
-
-    def stand_down(self, runner, reason: str) -> None:
-        log.warning("fd_async_copy overlap: %s; this runner keeps FastDeploy 2.4's schedule", reason)
-        with self._lock:
-            self._stood_down[id(runner)] = (weakref.ref(runner), reason)
-        weakref.finalize(runner, self._stood_down.pop, id(runner), None)
-
-    def live(self) -> list:
-        with self._lock:
-            refs = list(self._runners.values())
-        return [r for r in (ref() for ref in refs) if r is not None]
-
-    def report(self) -> dict | None:
-        patched = self.live()
-        with self._lock:
-            standing = [(ref(), why) for ref, why in self._stood_down.values() if ref() is not None]
-        runners = [{"runner": f"{type(r).__name__}@{id(r):#x}", "state": "applied", "reason": "",
-                    "fallbacks": dict(r._fdac_overlap.fallbacks), "served": dict(r._fdac_overlap.served)}
-                   for r in patched]
-        runners += [{"runner": f"{type(r).__name__}@{id(r):#x}", "state": "passthrough", "reason": why}
-                    for r, why in standing]
-        if not runners:
-            return None
-        if not standing:
-            return {"state": "applied", "reason": "", "runners": runners}
-        reasons = "; ".join(sorted({why for _, why in standing}))
-        return {"state": "partial" if patched else "passthrough", "reason": reasons, "runners": runners}
+        super().__init__("overlap", "_fdac_overlap")
 
     def flush_all(self, why: str) -> None:
         for runner in self.live():
             runner._fdac_overlap.flush(why)
-
-    def detach_all(self) -> None:
-        for runner in self.live():
-            state = runner.__dict__.pop("_fdac_overlap", None)
-            if state is not None:
-                state.flush("disable")
-                if state._copy_flag in state.stop.snapshot_hooks:
-                    state.stop.snapshot_hooks.remove(state._copy_flag)
-        with self._lock:
-            self._runners.clear()
-            self._stood_down.clear()
 
 
 def _state(runner) -> OverlapState | None:
@@ -292,6 +250,7 @@ class OverlapFeature(Feature):
         "fastdeploy-2.5": "native: FastDeploy 2.5 has the overlap schedule (--enable-overlap-schedule)",
         "fastdeploy-2.6+": "native: FastDeploy develop has the overlap schedule (on by default)",
     }
+    requires = ("logprobs", "stop_flag", "step_syncs")
     patches = (
         Patch(Target(RUNNER, "GPUModelRunner._init_share_inputs"), build_init_share_inputs),
         Patch(Target(RUNNER, "GPUModelRunner.execute_model"), build_execute_model),

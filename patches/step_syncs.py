@@ -41,13 +41,13 @@ from __future__ import annotations
 import collections
 import logging
 import threading
-import weakref
 
 import numpy as np
 import paddle
 
 from fd_async_copy_plugin.registry.patch import Feature, IncompatibleError, Patch, Target, wraps
 
+from ._runners import FeatureRunners
 from ._tensor_watch import Watched, basic_key, host_value, rows_of, watching, _UNKNOWN
 
 log = logging.getLogger("fd_async_copy")
@@ -312,9 +312,19 @@ class StepShadow:
 class RunnerSyncs:
     """One runner's step_syncs state: the shadow and the device seed."""
 
-    def __init__(self, runner, backend, block_size: int) -> None:
+    def __init__(self, runner, stop, backend, block_size: int) -> None:
         self.shadow = StepShadow(runner, backend, block_size)
         self.increment = None  # the device copy of runner.infer_seed_increment
+        self.stop = stop
+        stop.snapshot_hooks.append(self.shadow.issue_snapshot)
+
+    def report(self) -> dict:
+        shadow = self.shadow
+        return {"reason": shadow.s1_off, "fallbacks": dict(shadow.fallbacks), "served": dict(shadow.served)}
+
+    def detach(self) -> None:
+        if self.shadow.issue_snapshot in self.stop.snapshot_hooks:
+            self.stop.snapshot_hooks.remove(self.shadow.issue_snapshot)
 
 
 def _device_copy(t, like):
@@ -323,64 +333,6 @@ def _device_copy(t, like):
     if str(out.place) != str(like.place):
         raise ValueError(f"a new tensor lands on {out.place}, FastDeploy's buffers on {like.place}")
     return out
-
-
-class StepSyncsRunners:
-    """The feature's state (``ctx.state``): each patched runner's ``RunnerSyncs`` (weakly)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._runners: dict[int, weakref.ref] = {}
-        self._stood_down: dict[int, tuple[weakref.ref, str]] = {}
-
-    def add(self, runner, state: RunnerSyncs) -> None:
-        runner._fdac_syncs = state
-        with self._lock:
-            self._runners[id(runner)] = weakref.ref(runner)
-        weakref.finalize(runner, self._runners.pop, id(runner), None)
-
-    def stand_down(self, runner, reason: str) -> None:
-        log.error("fd_async_copy step_syncs: %s; this runner keeps FastDeploy's own path", reason)
-        with self._lock:
-            self._stood_down[id(runner)] = (weakref.ref(runner), reason)
-        weakref.finalize(runner, self._stood_down.pop, id(runner), None)
-
-    def report(self) -> dict | None:
-        with self._lock:
-            patched = [r for r in (ref() for ref in self._runners.values()) if r is not None]
-            standing = [(ref(), why) for ref, why in self._stood_down.values() if ref() is not None]
-        runners = []
-        for r in patched:
-            shadow = r._fdac_syncs.shadow
-            runners.append({
-                "runner": f"{type(r).__name__}@{id(r):#x}",
-                "state": "applied",
-                "reason": shadow.s1_off,
-                "fallbacks": dict(shadow.fallbacks),
-                "served": dict(shadow.served),
-            })
-        runners += [{"runner": f"{type(r).__name__}@{id(r):#x}", "state": "passthrough", "reason": why}
-                    for r, why in standing]
-        if not runners:
-            return None
-        if not standing:
-            return {"state": "applied", "reason": "", "runners": runners}
-        reasons = "; ".join(sorted({why for _, why in standing}))
-        state = "partial" if patched else "passthrough"
-        return {"state": state, "reason": reasons, "runners": runners}
-
-    def detach_all(self) -> None:
-        with self._lock:
-            refs = list(self._runners.values())
-            self._runners.clear()
-            self._stood_down.clear()
-        for ref in refs:
-            runner = ref()
-            if runner is not None:
-                runner.__dict__.pop("_fdac_syncs", None)
-                stop = getattr(runner, "_fdac_stop", None)
-                if stop is not None:
-                    stop.snapshot_hooks.clear()
 
 
 def _syncs(runner) -> RunnerSyncs | None:
@@ -415,7 +367,7 @@ def _on_own_path(runner, runner_module) -> str:
 
 
 def build_init_share_inputs(original, ctx):
-    registry: StepSyncsRunners = ctx.state
+    registry: FeatureRunners = ctx.state
 
     @wraps(original)
     def _init_share_inputs(self, max_num_seqs: int):
@@ -428,11 +380,10 @@ def build_init_share_inputs(original, ctx):
         si = self.share_inputs
         try:
             si["infer_seed"] = _device_copy(si["infer_seed"], si["stop_flags"])  # T
-            state = RunnerSyncs(self, ctx.backend, self.cache_config.block_size)
+            state = RunnerSyncs(self, stop, ctx.backend, self.cache_config.block_size)
         except Exception as exc:  # never stop FastDeploy: this runner keeps its own path
             registry.stand_down(self, f"cannot set up ({type(exc).__name__}: {exc})")
             return
-        stop.snapshot_hooks.append(state.shadow.issue_snapshot)
         registry.add(self, state)
 
     return _init_share_inputs
@@ -580,6 +531,7 @@ class StepSyncsFeature(Feature):
                           "itself; its T and I1 syncs are not patched on 2.5",
         "fastdeploy-2.6+": "native: FastDeploy develop removed T (#6668/#6765), S1, S2, S3/S7 and I1 (#6356)",
     }
+    requires = ("stop_flag",)
     patches = (
         Patch(Target(RUNNER, "GPUModelRunner._init_share_inputs"), build_init_share_inputs),
         Patch(Target(RUNNER, "GPUModelRunner.reset_share_inputs"), build_reset_share_inputs),
@@ -591,11 +543,11 @@ class StepSyncsFeature(Feature):
         Patch(Target(POSTPROC, "get_padding_offset"), build_get_padding_offset, check_get_padding_offset),
     )
 
-    def prepare(self, ctx) -> StepSyncsRunners:
-        return StepSyncsRunners()
+    def prepare(self, ctx) -> FeatureRunners:
+        return FeatureRunners(self.name, "_fdac_syncs")
 
     def report(self, ctx) -> dict | None:
-        return ctx.state.report() if isinstance(ctx.state, StepSyncsRunners) else None
+        return ctx.state.report() if isinstance(ctx.state, FeatureRunners) else None
 
     def teardown(self, ctx) -> None:
         registry, ctx.state = ctx.state, None

@@ -27,6 +27,7 @@ import threading
 import numpy as np
 import paddle
 
+from fd_async_copy_plugin import fd_identity
 from fd_async_copy_plugin.registry.patch import Feature, IncompatibleError, Patch, Target, wraps
 from fd_async_copy_plugin.runtime.backend import host_view
 
@@ -98,6 +99,12 @@ def build_prompt_logprobs(original, ctx):
     return _get_prompt_logprobs_list
 
 
+def check_slice_rows(original, ctx) -> None:  # the replacement is FD's rows: only for FD's exact body
+    problem = fd_identity.slice_rows_problem(original, getattr(ctx, "profile", None))
+    if problem:
+        raise IncompatibleError(problem)
+
+
 def build_slice_rows(original, ctx):
     backend = ctx.backend
 
@@ -133,7 +140,7 @@ class SyncScopeFeature(Feature):
     patches = (
         Patch(Target("paddle.device", "synchronize", absolute=True), build_device_synchronize),
         Patch(Target(RUNNER, "GPUModelRunner._get_prompt_logprobs_list"), build_prompt_logprobs, check_prompt_logprobs),
-        Patch(Target(OUTPUT, "LogprobsTensors.slice_rows"), build_slice_rows),
+        Patch(Target(OUTPUT, "LogprobsTensors.slice_rows"), build_slice_rows, check_slice_rows),
     )
 
 

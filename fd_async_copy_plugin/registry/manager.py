@@ -26,6 +26,7 @@ from .plan import (
     SKIPPED,
     Decision,
     option_decision,
+    requirement_decision,
     plan,
     strict_violations,
 )
@@ -209,6 +210,11 @@ class PatchManager:
             WATCHER.when_ready(module, on_import)
 
     def _apply(self, feature: Feature) -> None:
+        # What it builds on may have ended incompatible/failed when it was applied itself.
+        unmet = requirement_decision(feature, self.decisions)
+        if unmet is not None:
+            self._decide(feature.name, unmet)
+            return
         try:
             self.applied[feature.name] = apply_feature(feature, self._context(feature))
         except IncompatibleError as exc:

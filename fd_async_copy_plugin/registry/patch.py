@@ -144,6 +144,8 @@ class Feature:
     #: option name -> what it adds; an option is requested like a feature (FD_ASYNC_COPY_FEATURES)
     #: and reported with this feature's state
     options: dict[str, str] = {}
+    #: features this one builds on (their per-runner state): it is applied only with them
+    requires: tuple[str, ...] = ()
 
     def patches_for(self, profile: str) -> list[Patch]:
         return [p for p in self.patches if p.profiles is None or profile in p.profiles]

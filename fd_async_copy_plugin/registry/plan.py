@@ -82,6 +82,9 @@ def plan(
             decisions[name] = Decision(SKIPPED, "no installed patch set provides this feature")
         else:
             decisions[name] = _decide(feature, profile, backend_state)
+    for name, decision in list(decisions.items()):
+        if decision.state == APPLY:
+            decisions[name] = requirement_decision(features[name], decisions) or decision
     for name in requested:
         owner = owners.get(name)
         if owner is None:
@@ -91,6 +94,17 @@ def plan(
         else:
             decisions[name] = option_decision(features[owner], name, decisions[owner])
     return {name: decisions[name] for name in requested}
+
+
+def requirement_decision(feature: Feature, decisions: Mapping[str, Decision]) -> Decision | None:
+    """``skipped`` when a feature ``feature`` builds on is not requested or will not run (None: it may)."""
+    for required in feature.requires:
+        other = decisions.get(required)
+        if other is None:
+            return Decision(SKIPPED, f"needs {required}: request it too (FD_ASYNC_COPY_FEATURES)")
+        if other.state not in (APPLY, APPLIED, PENDING):
+            return Decision(SKIPPED, f"needs {required}, which is {other.state}: {other.reason}")
+    return None
 
 
 def option_decision(feature: Feature, option: str, owner: Decision) -> Decision:

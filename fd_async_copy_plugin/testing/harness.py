@@ -69,10 +69,12 @@ VARIANTS = {
 #: The whole-step census (``host_waits``) also covers 2.5's overlap schedule.
 CENSUS_VARIANTS = {
     **VARIANTS,
+    "fd24-overlap": Variant("fd24-overlap", ROOTS["fd24"], True, ("logprobs", "stop_flag", "sampled_tokens",
+                                                                   "step_syncs", "overlap")),
     "fd25-native-overlap": Variant("fd25-native-overlap", ROOTS["fd25"], False, overlap=True),
 }
-CENSUS_ORDER = ("fd24-unpatched", "fd24-backport", "fd24-plugin", "fd25-native", "fd25-native-overlap",
-                "fd25-plugin")
+CENSUS_ORDER = ("fd24-unpatched", "fd24-backport", "fd24-plugin", "fd24-overlap", "fd25-native",
+                "fd25-native-overlap", "fd25-plugin")
 
 
 @contextlib.contextmanager

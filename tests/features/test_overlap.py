@@ -155,13 +155,12 @@ def test_the_worker_loop_does_not_spin_once_flushed():
     assert all(flag for pending, flag in seen if pending), seen
 
 
-def test_needs_step_syncs_on_the_runner():
-    requests, arrivals = workload(steps=6)
-    with device_for("host"), plugin_state(Variant("p", FD24, True, ("stop_flag", "overlap")), "host"), collecting():
-        reports = []
-        run_decode(FD24, config(), requests, arrivals=arrivals,
-                   on_step=lambda s, r: reports.append(fd_async_copy_plugin.status()["features"]["overlap"]))
-    assert reports[-1]["state"] == "passthrough" and "step_syncs" in reports[-1]["reason"], reports[-1]
+@pytest.mark.parametrize("features, missing", [(("stop_flag", "overlap"), "logprobs"),
+                                                (("logprobs", "stop_flag", "overlap"), "step_syncs")])
+def test_needs_its_requirements(features, missing):
+    with device_for("host"), plugin_state(Variant("p", FD24, True, features), "host") as status:
+        decision = status["features"]["overlap"]
+    assert decision["state"] == "skipped" and f"needs {missing}" in decision["reason"], decision
 
 
 def test_overlap_is_opt_in():

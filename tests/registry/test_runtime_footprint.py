@@ -35,6 +35,9 @@ RUNTIME = {
     f"{PACKAGE}.patches.sync_scope",
     f"{PACKAGE}.patches.step_syncs",
     f"{PACKAGE}.patches._tensor_watch",
+    f"{PACKAGE}.patches._runners",
+    f"{PACKAGE}.patches.overlap",
+    f"{PACKAGE}.patches.flag_race",
     f"{PACKAGE}.runtime",
     f"{PACKAGE}.runtime.backend",
     f"{PACKAGE}.runtime.census",
@@ -57,7 +60,7 @@ SCAFFOLDING = ("testing", "cli", "serving_ab", "runtime.simulated", "ops.build",
 #: module carries its why/how/mirrors/delete header, and the CUDA layer documents each call).
 MAX_RUNTIME_CODE_LINES = 4500
 #: and a ceiling on the physical lines, docs included
-MAX_RUNTIME_LINES = 6500
+MAX_RUNTIME_LINES = 7000
 
 
 def loaded_by_register(prelude: str = "") -> tuple[set[str], dict]:
