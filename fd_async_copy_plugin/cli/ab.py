@@ -45,6 +45,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="extra api_server arguments for both launched servers, one shell-quoted string "
         "(e.g. \"--max-model-len 4096 --max-num-seqs 32\")",
     )
+    servers.add_argument(
+        "--base-features", metavar="FEATURES",
+        help="launch the base WITH the plugin and these FD_ASYNC_COPY_FEATURES (e.g. all), to measure what the "
+             "candidate's features add (e.g. --candidate-features all,overlap)")
+    servers.add_argument("--candidate-features", metavar="FEATURES",
+                         help="the launched candidate's FD_ASYNC_COPY_FEATURES (default: as in the environment)")
     servers.add_argument("--server-python", default=sys.executable, help="python that runs the launched servers")
     servers.add_argument("--server-log-dir", default="fd-async-copy-ab-logs", help="launched servers' logs (base.log, candidate.log)")
     servers.add_argument("--server-start-timeout", type=float, default=1200.0, help="seconds to wait for /health (default 1200)")
@@ -87,6 +93,16 @@ def _validate(args) -> str | None:
             return f"--{name} must be >= 1"
     if args.max_tokens < 2:
         return "--max-tokens must be >= 2"
+    if (args.base_features or args.candidate_features) and not args.model_path:
+        return "--base-features/--candidate-features set the launched servers' features: use them with --model-path"
+    for flag, value in (("--base-features", args.base_features), ("--candidate-features", args.candidate_features)):
+        if value is not None:
+            from ..config import ConfigError, parse_features
+
+            try:
+                parse_features(value, source=flag)
+            except ConfigError as exc:
+                return str(exc)
     for flag, url in (("--base-url", args.base_url), ("--candidate-url", args.candidate_url)):
         if url is not None:
             parsed = urllib.parse.urlsplit(url)
@@ -121,6 +137,8 @@ def launch_options_from_args(args):
         server_args=tuple(shlex.split(args.server_args)),
         log_dir=Path(args.server_log_dir),
         start_timeout=args.server_start_timeout,
+        base_features=args.base_features,
+        candidate_features=args.candidate_features,
     )
 
 

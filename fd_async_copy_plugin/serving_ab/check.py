@@ -132,16 +132,22 @@ class LaunchOptions:
     health_poll_s: float = 2.0
     #: The server module run with ``python -m`` (tests substitute a stand-in).
     server_module: str = API_SERVER_MODULE
+    #: None: the base runs without the plugin; else with it and these FD_ASYNC_COPY_FEATURES (e.g.
+    #: ``all`` against a candidate with ``all,overlap``: what one feature adds)
+    base_features: str | None = None
+    #: the candidate's FD_ASYNC_COPY_FEATURES (None: the caller's environment, else the default)
+    candidate_features: str | None = None
 
 
-def launched_server(side: str, launch: LaunchOptions, env, *, plugin: bool, prompt_logprobs: bool) -> LaunchedServer:
+def launched_server(side: str, launch: LaunchOptions, env, *, plugin: bool, prompt_logprobs: bool,
+                    features: str | None = None) -> LaunchedServer:
     ports = ServerPorts.pick()
     return LaunchedServer(
         side,
         server_command(
             launch.model_path, ports, python=launch.python, extra_args=launch.server_args, module=launch.server_module
         ),
-        server_env(env, plugin=plugin, prompt_logprobs=prompt_logprobs),
+        server_env(env, plugin=plugin, prompt_logprobs=prompt_logprobs, features=features),
         ServerURL("http", "127.0.0.1", ports.http),
         launch.log_dir / f"{side}.log",
         start_timeout=launch.start_timeout,
@@ -153,11 +159,15 @@ def run_ab_launching(launch: LaunchOptions, opts: ABOptions, env, log: Callable[
     """Start the base server, run, stop it; then the same for the candidate (plugin on)."""
 
     def base():
-        log(f"starting base server (plugin off), log in {launch.log_dir / 'base.log'} ...")
-        return launched_server("base", launch, env, plugin=False, prompt_logprobs=opts.prompt_logprobs)
+        with_plugin = launch.base_features is not None
+        what = f"plugin on, features {launch.base_features}" if with_plugin else "plugin off"
+        log(f"starting base server ({what}), log in {launch.log_dir / 'base.log'} ...")
+        return launched_server("base", launch, env, plugin=with_plugin, prompt_logprobs=opts.prompt_logprobs,
+                               features=launch.base_features)
 
     def candidate():
         log(f"starting candidate server (plugin on), log in {launch.log_dir / 'candidate.log'} ...")
-        return launched_server("candidate", launch, env, plugin=True, prompt_logprobs=opts.prompt_logprobs)
+        return launched_server("candidate", launch, env, plugin=True, prompt_logprobs=opts.prompt_logprobs,
+                               features=launch.candidate_features)
 
     return run_ab_servers(base, candidate, opts, log)

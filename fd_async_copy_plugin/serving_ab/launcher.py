@@ -74,9 +74,13 @@ def server_command(
     ]  # fmt: skip
 
 
-def server_env(base_env: Mapping[str, str], *, plugin: bool, prompt_logprobs: bool = True) -> dict[str, str]:
-    """The environment of one side. FastDeploy splits FD_PLUGINS on "," without stripping spaces."""
+def server_env(base_env: Mapping[str, str], *, plugin: bool, prompt_logprobs: bool = True,
+               features: str | None = None) -> dict[str, str]:
+    """The environment of one side. FastDeploy splits FD_PLUGINS on "," without stripping spaces.
+    ``features``: the side's ``FD_ASYNC_COPY_FEATURES`` (e.g. ``all,overlap``), with the plugin on."""
     env = dict(base_env)
+    if plugin and features is not None:
+        env["FD_ASYNC_COPY_FEATURES"] = features
     names = [n for n in env.get("FD_PLUGINS", "").split(",") if n and n != PLUGIN_ENTRY_POINT]
     if plugin:
         names.append(PLUGIN_ENTRY_POINT)

@@ -127,3 +127,28 @@ def test_ab_rejects_a_malformed_url_as_a_usage_error(capsys):
 
     assert main(["ab", "--base-url", "localhost:8180", "--candidate-url", "http://127.0.0.1:1"]) == 2
     assert "is not an http(s) URL" in capsys.readouterr().err
+
+
+def test_features_per_side_for_measuring_one_feature():
+    """``--base-features all --candidate-features all,overlap``: both sides run the plugin, and the
+    A/B measures what ``overlap`` adds (TPOT side by side, outputs compared)."""
+    base = server_env({}, plugin=True, features="all", prompt_logprobs=False)
+    candidate = server_env({"FD_ASYNC_COPY_FEATURES": "logprobs"}, plugin=True, features="all,overlap",
+                           prompt_logprobs=False)
+    assert (base["FD_ASYNC_COPY"], base["FD_ASYNC_COPY_FEATURES"]) == ("1", "all")
+    assert candidate["FD_ASYNC_COPY_FEATURES"] == "all,overlap" and "FD_USE_GET_SAVE_OUTPUT_V1" not in candidate
+    assert "FD_ASYNC_COPY_FEATURES" not in server_env({}, plugin=False, features="all")
+
+
+def test_features_per_side_are_validated_and_need_launched_servers():
+    import subprocess
+    import sys
+
+    def ab(*argv):
+        return subprocess.run([sys.executable, "-m", "fd_async_copy_plugin.cli", "ab", *argv],
+                              capture_output=True, text=True, timeout=120)
+
+    bad = ab("--model-path", "/nonexistent", "--candidate-features", "all,overlapp")
+    assert bad.returncode == 2 and "overlapp" in bad.stderr
+    urls = ab("--base-url", "http://127.0.0.1:1", "--candidate-url", "http://127.0.0.1:2", "--base-features", "all")
+    assert urls.returncode == 2 and "--model-path" in urls.stderr
