@@ -190,6 +190,8 @@ def site_label(wait: dict) -> str:
     if wait["mechanism"] == "event":
         if where.startswith(("patches/stop_flag.py", "patches/overlap.py")):
             return "save event"  # overlap: the previous step's, waited after this step's forward
+        if where.startswith("patches/flag_race.py"):
+            return "insert"  # 2.5 overlap: the wait an insert's synchronous H2D makes on a GPU anyway
         if where.startswith("patches/logprobs.py"):
             return "lp event"
         return _EVENT_LABELS.get(function, "")

@@ -25,7 +25,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 ROOT = "fd_async_copy_plugin.testing.reference.fd24"
 ENV_KEYS = ("FD_PLUGINS", "FD_ASYNC_COPY", "FD_ASYNC_COPY_FEATURES", "FD_ASYNC_COPY_BACKEND", "FD_ASYNC_COPY_STRICT")
-ALL_FEATURES = "logprobs,stop_flag,sampled_tokens,sync_scope,step_syncs"
+ALL_FEATURES = "logprobs,stop_flag,sampled_tokens,sync_scope,step_syncs,flag_race"
 USAGE_ERROR = 4  # pytest.ExitCode.USAGE_ERROR
 
 # The generated test module. At import (collection) time it records what it sees: the plugin's
