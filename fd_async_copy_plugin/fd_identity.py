@@ -1,8 +1,9 @@
 """Exact structural identity of the FastDeploy code the plugin reproduces.
 
 Where a patch re-implements part of a FastDeploy function (the maths of ``Sampler.gather_logprobs``
-is run by the plugin's replacement, only the copies differ), "calls the same functions" is not
-enough: a cherry-picked constant or an extra op changes results while the shape still matches. Such
+is run by the plugin's replacement, only the copies differ; ``LogprobsTensors.slice_rows`` is
+re-implemented by ``sync_scope`` and ``logprobs``), "calls the same functions" is not enough: a
+cherry-picked constant or an extra op changes results while the shape still matches. Such
 code is identified by a **normalised-AST digest**: the SHA-256 of ``ast.dump`` of the statements the
 plugin reproduces, after removing only what cannot change behaviour - docstrings (string-constant
 expression statements), comments and formatting (absent from the AST), source positions, and
@@ -12,8 +13,8 @@ statement gives another digest, and the feature is ``incompatible`` with that di
 
 Only digests are stored here (hex), never FastDeploy code. ``tools/fd_identity_digests.py`` prints
 them for a FastDeploy source tree; the values below were computed from the real FastDeploy trees
-(2.4 ``r3_fix_int32_bug_2.4``, 2.5 ``r3_fix_int32_bug_2.5``, ``develop``) and are matched by the
-reference replica (``tests/registry/test_fd_identity.py`` checks both).
+(2.4 ``r3_fix_int32_bug_2.4`` cd7a24511, 2.5 ``r3_fix_int32_bug_2.5`` a386642b8, ``develop``
+e53f5184a). The replica matches them, but for ``slice_rows`` (``REPLICA_ONLY``, below).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import hashlib
 import inspect
 import textwrap
 
+_SLICE_ROWS_25 = frozenset({"83ca28054b1f5e3aea2f06a432d81f0cd5fec6d15627e06722502e193cf4ad1f"})  # = develop
 #: name -> profile -> digests accepted for that profile.
 KNOWN: dict[str, dict[str, frozenset[str]]] = {
     # The maths of Sampler.gather_logprobs: the body up to the end of the `if num_logprobs >= 1`
@@ -31,6 +33,21 @@ KNOWN: dict[str, dict[str, frozenset[str]]] = {
         "fastdeploy-2.4": frozenset({"c98dab76131b55e907b859dd1ee9083e1af851b392062dd007b20c9346d2bc1e"}),
         "fastdeploy-2.5": frozenset({"c98dab76131b55e907b859dd1ee9083e1af851b392062dd007b20c9346d2bc1e"}),
         "fastdeploy-2.6+": frozenset({"c98dab76131b55e907b859dd1ee9083e1af851b392062dd007b20c9346d2bc1e"}),
+    },
+    # The whole body of LogprobsTensors.slice_rows (worker/output.py): 2.4 slices on the source
+    # place; 2.5 and develop copy each field to the CPU first.
+    "LogprobsTensors.slice_rows": {
+        "fastdeploy-2.4": frozenset({"89a859f2bee6059be1c603cd17db72ca1bb8df22f65cb6fe5431daa9bc779417"}),
+        "fastdeploy-2.5": _SLICE_ROWS_25, "fastdeploy-2.6+": _SLICE_ROWS_25,
+    },
+}
+
+#: The reference replica's bodies where they differ from FD's (census hooks: helpers only the replica
+#: defines). Accepted like ``KNOWN``; remove an entry once the replica carries FastDeploy's body.
+REPLICA_ONLY: dict[str, dict[str, frozenset[str]]] = {
+    "LogprobsTensors.slice_rows": {
+        "fastdeploy-2.4": frozenset({"a05466c44e924696e3682637663a34ee6583810aa1ce22967fb6a86bb579b2ab"}),
+        "fastdeploy-2.5": frozenset({"b9ff26640ea64d4f1cb23a324ff8c4063d22a88cb4bcc4c3a2e36e2225608c06"}),
     },
 }
 
@@ -101,11 +118,25 @@ def gather_logprobs_digest(fn) -> str:
     return digest(gather_logprobs_maths(node), node.args)
 
 
+def slice_rows_digest(fn) -> str:  # the whole body (inspect looks through a wrapper's __wrapped__)
+    node = function_node(fn)
+    return digest(node.body, node.args)
+
+
+def slice_rows_problem(fn, profile: str | None) -> str | None:
+    try:
+        return check("LogprobsTensors.slice_rows", profile, slice_rows_digest(fn))
+    except (OSError, TypeError, SyntaxError) as exc:
+        return f"cannot read LogprobsTensors.slice_rows source: {exc}"
+
+
 def check(name: str, profile: str | None, found: str) -> str | None:
     """None when ``found`` is a known digest of ``name`` for ``profile`` (any profile when None);
     otherwise the reason, naming the digest found."""
-    known = KNOWN[name]
-    accepted = known.get(profile, frozenset()) if profile else frozenset().union(*known.values())
+    accepted = frozenset()
+    for table in (KNOWN, REPLICA_ONLY):
+        known = table.get(name, {})
+        accepted |= known.get(profile, frozenset()) if profile else frozenset().union(*known.values())
     if found in accepted:
         return None
     where = f"FastDeploy profile {profile}" if profile else "any known FastDeploy"

@@ -16,6 +16,7 @@ from pathlib import Path
 from fd_async_copy_plugin import fd_identity
 
 SAMPLER = "model_executor/layers/sample/sampler.py"
+OUTPUT = "worker/output.py"
 
 
 def _method(tree: ast.Module, cls: str, name: str) -> ast.FunctionDef | None:
@@ -34,6 +35,10 @@ def digests(root: Path) -> dict[str, str]:
     out = {}
     if gather is not None:
         out["Sampler.gather_logprobs.maths"] = fd_identity.digest(fd_identity.gather_logprobs_maths(gather), gather.args)
+    if (root / OUTPUT).is_file():
+        slice_rows = _method(ast.parse((root / OUTPUT).read_text(encoding="utf-8")), "LogprobsTensors", "slice_rows")
+        if slice_rows is not None:
+            out["LogprobsTensors.slice_rows"] = fd_identity.digest(slice_rows.body, slice_rows.args)
     return out
 
 

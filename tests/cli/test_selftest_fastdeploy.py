@@ -303,9 +303,16 @@ def test_a_fastdeploy_the_plugin_leaves_alone_is_named_untested_not_compared_wit
     installed_replica("fd25")
     real_run = checks.run
 
+    real_check = fd_identity.check
+
+    def modified_gather(name, *rest):  # only gather_logprobs differs (slice_rows is FastDeploy's)
+        if name == "Sampler.gather_logprobs.maths":
+            return "Sampler.gather_logprobs.maths has digest 0123 (modified)"
+        return real_check(name, *rest)
+
     def run_on_a_modified_fastdeploy(*args, **kwargs):  # the replica runs before keep their real body
         with monkeypatch.context() as m:
-            m.setattr(fd_identity, "check", lambda *a: "Sampler.gather_logprobs.maths has digest 0123 (modified)")
+            m.setattr(fd_identity, "check", modified_gather)
             return real_run(*args, **kwargs)
 
     monkeypatch.setattr(checks, "run", run_on_a_modified_fastdeploy)

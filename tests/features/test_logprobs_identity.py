@@ -21,8 +21,9 @@ CLIP = "logprobs.clip_(min=paddle.finfo(logprobs.dtype).min)"
 
 
 @pytest.fixture
-def fd24_copy(tmp_path, monkeypatch):
-    """A copy of the fd24 replica as its own top-level package, whose sampler a test can edit."""
+def replica_copy(tmp_path, monkeypatch):
+    """``replica_copy(version) -> (root, folder)``: a copy of the replica as its own top-level
+    package, whose files a test can edit."""
     # The whole reference package is copied (the replica imports its shared helpers from it), under
     # a package that hands it the plugin's one runtime (the copy backend in use must be shared).
     package = f"fdid_{abs(hash(str(tmp_path)))}"
@@ -34,10 +35,17 @@ def fd24_copy(tmp_path, monkeypatch):
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     fd_async_copy_plugin.disable()
-    yield f"{package}.testing.reference.fd24", tmp_path / package / "testing" / "reference" / "fd24" / "model_executor" / "layers" / "sample" / "sampler.py"
+    yield lambda version: (f"{package}.testing.reference.{version}", tmp_path / package / "testing" / "reference" / version)
     fd_async_copy_plugin.disable()
     for module in [m for m in sys.modules if m == package or m.startswith(package + ".")]:
         del sys.modules[module]
+
+
+@pytest.fixture
+def fd24_copy(replica_copy):
+    """A copy of the fd24 replica as its own top-level package, whose sampler a test can edit."""
+    root, folder = replica_copy("fd24")
+    return root, folder / "model_executor" / "layers" / "sample" / "sampler.py"
 
 
 def _edit_gather(sampler_py, old: str, new: str) -> None:
@@ -111,3 +119,86 @@ def test_docstrings_and_comments_do_not_change_the_digest(fd24_copy):
     _edit_gather(sampler_py, CLIP, f"# a comment\n        {CLIP}  # another")
     state, untouched = _enable(root)
     assert state["state"] == "applied", state
+
+
+# --- LogprobsTensors.slice_rows: replaced by sync_scope (2.5+), re-implemented by logprobs ----------
+
+OUTPUT = "worker.output"
+#: one edit per replica version: an off-by-one in the rows FastDeploy returns
+SLICE_EDIT = {
+    "fd24": ("_same_place_copy(self.logprobs, start, end)", "_same_place_copy(self.logprobs, start, end + 1)"),
+    "fd25": ("_whole_field_to_cpu(self.logprobs, site)[start:end]", "_whole_field_to_cpu(self.logprobs, site)[start:end + 1]"),
+}
+
+
+def _import_patch_points(root: str) -> None:
+    for module in (OUTPUT, SAMPLER, "model_executor.pre_and_post_process", "worker.gpu_model_runner"):
+        importlib.import_module(f"{root}.{module}")
+
+
+def _edit_slice_rows(output_py, old: str, new: str) -> None:
+    text = output_py.read_text()
+    start = text.index("    def slice_rows(")
+    assert old in text[start:], old
+    output_py.write_text(text[:start] + text[start:].replace(old, new, 1))
+
+
+@pytest.mark.parametrize("version, features", [("fd24", ["logprobs"]), ("fd25", ["logprobs", "sync_scope"])])
+def test_modified_slice_rows_is_incompatible_and_fd_runs_unpatched(replica_copy, version, features):
+    root, folder = replica_copy(version)
+    _edit_slice_rows(folder / "worker" / "output.py", *SLICE_EDIT[version])
+    tensors = importlib.import_module(f"{root}.{OUTPUT}").LogprobsTensors
+    sampler = importlib.import_module(f"{root}.{SAMPLER}").Sampler
+    _import_patch_points(root)
+    originals = (tensors.__dict__["slice_rows"], sampler.__dict__["gather_logprobs"])
+    found = fd_identity.slice_rows_digest(tensors.slice_rows)
+    status = fd_async_copy_plugin.enable(features=features, backend="host", root=root)
+    for name in features:
+        state = status["features"][name]
+        assert state["state"] == "incompatible", (name, state)
+        assert f"LogprobsTensors.slice_rows has digest {found}" in state["reason"], (name, state)
+    assert (tensors.__dict__["slice_rows"], sampler.__dict__["gather_logprobs"]) == originals, "FastDeploy must stay unpatched"
+
+
+@pytest.mark.parametrize("version, features", [("fd24", ["logprobs"]), ("fd25", ["logprobs", "sync_scope"])])
+def test_unmodified_slice_rows_is_patched(replica_copy, version, features):
+    root, folder = replica_copy(version)
+    _edit_slice_rows(folder / "worker" / "output.py", "with paddle.no_grad():", "with paddle.no_grad():  # a comment")
+    _import_patch_points(root)
+    status = fd_async_copy_plugin.enable(features=features, backend="host", root=root)
+    assert {n: status["features"][n]["state"] for n in features} == {n: "applied" for n in features}, status
+
+
+def test_the_slice_rows_check_looks_through_the_plugins_own_replacement():
+    """With sync_scope applied first (2.5), logprobs checks FastDeploy's body, not the wrapper's."""
+    tensors = importlib.import_module(f"{ROOTS['fd25']}.{OUTPUT}").LogprobsTensors
+    _import_patch_points(ROOTS["fd25"])
+    fd_async_copy_plugin.disable()
+    try:
+        status = fd_async_copy_plugin.enable(features=["sync_scope", "logprobs"], backend="host", root=ROOTS["fd25"])
+        assert status["features"]["sync_scope"]["state"] == "applied"
+        assert status["features"]["logprobs"]["state"] == "applied"
+        assert tensors.__dict__["slice_rows"].__wrapped__ is not None
+        assert fd_identity.slice_rows_problem(tensors.slice_rows, "fastdeploy-2.5") is None
+    finally:
+        fd_async_copy_plugin.disable()
+
+
+@pytest.mark.xfail(strict=True, reason="the replica's slice_rows carries census hooks, not FastDeploy's body "
+                   "(fd_identity.REPLICA_ONLY); strict: remove the allowance once the replica matches")
+@pytest.mark.parametrize("version, profile", [("fd24", "fastdeploy-2.4"), ("fd25", "fastdeploy-2.5")])
+def test_replicas_slice_rows_match_the_digest_of_real_fastdeploy(version, profile):
+    tensors = importlib.import_module(f"{ROOTS[version]}.{OUTPUT}").LogprobsTensors
+    assert fd_identity.slice_rows_digest(tensors.slice_rows) in fd_identity.KNOWN["LogprobsTensors.slice_rows"][profile]
+
+
+def test_the_replica_only_digests_are_exactly_the_replicas_and_never_fastdeploys():
+    """The allowance names the replica's current bodies and nothing else: each profile's entry is
+    that replica's digest, and none is a digest of real FastDeploy."""
+    allowed = fd_identity.REPLICA_ONLY["LogprobsTensors.slice_rows"]
+    for version, profile in (("fd24", "fastdeploy-2.4"), ("fd25", "fastdeploy-2.5")):
+        tensors = importlib.import_module(f"{ROOTS[version]}.{OUTPUT}").LogprobsTensors
+        assert allowed[profile] == {fd_identity.slice_rows_digest(tensors.slice_rows)}
+    real = frozenset().union(*fd_identity.KNOWN["LogprobsTensors.slice_rows"].values())
+    assert not real & frozenset().union(*allowed.values())
+    assert set(fd_identity.REPLICA_ONLY) <= set(fd_identity.KNOWN)
