@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """H200 check of the CUDA layer and the ``cuda`` backend, without Paddle.
 
-PyTorch provides device tensors and the current stream only (``TorchGlue`` below is the whole
-framework binding); everything else is the plugin's own code, imported from the repository:
+PyTorch provides device tensors and the current stream only (``TorchGlue`` in ``_torch_glue.py``
+is the whole framework binding); everything else is the plugin's own code, imported from the repository:
 ``runtime.cudart`` (the layer: ctypes on the CUDA runtime PyTorch loaded), ``runtime.cuda.CudaBackend``
 (pinned buffers from cudaHostAlloc, cudaMemcpyAsync on the current stream, blocking-sync events),
 ``runtime.ring.PinnedRing``, ``runtime.census``, ``runtime.probe`` and the stop-flag kernels
@@ -65,6 +65,9 @@ assert "paddle" not in sys.modules, "the layer, backend and ring must import wit
 
 import torch  # noqa: E402  (after the assertion: the plugin's modules imported without it)
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _torch_glue import TorchGlue, TorchProbeOps  # noqa: E402 - benchmarks/_torch_glue.py
+
 VOCAB = 150_000
 MAX_PINNED_BYTES = 64 << 20  # patches/logprobs.py: above it, FastDeploy's blocking copies
 DTYPES = {"ids": "int64", "logprobs": "float32", "ranks": "int64"}
@@ -82,70 +85,6 @@ def check(ok: bool, what: str) -> bool:
     if not ok:
         FAILURES.append(what)
     return ok
-
-
-# --- the framework binding: accessors only ---------------------------------------------------
-
-
-class TorchGlue:
-    name = "torch"
-
-    def address(self, t):
-        return int(t.data_ptr())
-
-    def shape(self, t):
-        return tuple(int(s) for s in t.shape)
-
-    def dtype(self, t):
-        return str(t.dtype).rsplit(".", 1)[-1]
-
-    def is_contiguous(self, t):
-        return t.is_contiguous()
-
-    def gpu_device(self, t):
-        return t.device.index if t.is_cuda else None
-
-    def current_device(self):
-        return torch.cuda.current_device()
-
-    def stream(self, device):
-        return int(torch.cuda.current_stream(device).cuda_stream)
-
-    def wrap(self, array):
-        return torch.from_numpy(array)  # zero-copy; keeps ``array`` (and the pinned memory) alive
-
-    def set_shape(self, t, shape):
-        if tuple(t.shape) != tuple(shape):
-            t.set_(t.untyped_storage(), 0, tuple(shape))
-
-    def from_numpy(self, array):
-        return torch.from_numpy(array)
-
-    def blocking_d2h(self, t):
-        return t.cpu()
-
-    def snapshot(self, t):
-        return t.cpu().numpy().copy()
-
-
-class TorchProbeOps:
-    def __init__(self, sleep_cycles: int) -> None:
-        self.cycles = sleep_cycles
-
-    def tensor(self, values, device):
-        return torch.from_numpy(np.ascontiguousarray(values)).to(f"cuda:{device}")
-
-    def fill(self, t, value):
-        t.fill_(value)
-
-    def busy(self, device):
-        torch.cuda._sleep(self.cycles)
-
-    def host_values(self, t):
-        return t.numpy().copy()
-
-    def synchronize(self, device):
-        torch.cuda.synchronize(device)
 
 
 class CountingRuntime(CudaRuntime):

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import io
 import os
 import shutil
 import subprocess
@@ -38,6 +37,9 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 CUSTOM_OPS = REPO / "custom_ops"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _report  # noqa: E402 - benchmarks/_report.py, standard library only
 
 
 def _load(name: str, relative: str):
@@ -506,22 +508,12 @@ def time_steps(fw, cuda_lib, report, busy_cycles: int, steps: int) -> None:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--framework", default="auto", choices=["auto", "torch", "cupy", "dry-run"])
-    parser.add_argument("--cuda-lib", help="a prebuilt libfd_async_copy_cuda.so (else compiled with nvcc)")
-    parser.add_argument("--host-lib", help="a prebuilt host library (else compiled with g++)")
-    parser.add_argument("--slots", type=int, default=12_000, help="random slot states per op (>= 10,000)")
+    _report.add_common_arguments(parser)
     parser.add_argument("--steps", type=int, default=500, help="timed steps per variant")
     parser.add_argument("--busy-cycles", type=int, default=4_000_000, help="GPU cycles queued per busy step")
-    parser.add_argument("--output", help="also write the report to this file")
     args = parser.parse_args(argv)
 
-    lines = io.StringIO()
-
-    def report(line: str) -> None:
-        print(line, flush=True)
-        lines.write(line + "\n")
-
-    report("$ python3 benchmarks/gpu_kernel_check.py " + " ".join(argv if argv is not None else sys.argv[1:]))
+    report = _report.Report("gpu_kernel_check.py", argv)
     fw = make_framework(args.framework)
     report(f"framework: {fw.describe()}")
     with tempfile.TemporaryDirectory() as tmp:
@@ -547,10 +539,7 @@ def main(argv=None) -> int:
         report("timing (host side, per decode step; max_bsz = 128):")
         time_steps(fw, cuda_lib, report, args.busy_cycles, args.steps)
 
-    report(f"RESULT: {'PASS' if failures == 0 else f'FAIL ({failures} failing checks)'}")
-    if args.output:
-        Path(args.output).write_text(lines.getvalue())
-    return 0 if failures == 0 else 1
+    return report.finish(failures, args.output)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import io
 import sys
 import time
 from pathlib import Path
@@ -29,6 +28,9 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _report  # noqa: E402 - benchmarks/_report.py, standard library only
 
 from fd_async_copy_plugin.testing import slot_states as states  # noqa: E402 - numpy only
 from fd_async_copy_plugin.testing.selftest_fd import kernel_compare  # noqa: E402 - numpy only
@@ -75,21 +77,11 @@ def cuda_runner(gkc, fw, cuda_lib, variant: str):
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--framework", default="auto", choices=["auto", "torch", "cupy", "dry-run"])
-    parser.add_argument("--cuda-lib", help="prebuilt libfd_async_copy_cuda.so (else built with nvcc)")
-    parser.add_argument("--host-lib", help="host library, for --framework dry-run only (else built with g++)")
-    parser.add_argument("--slots", type=int, default=12_000, help="random slot states per op (>= 10,000)")
+    _report.add_common_arguments(parser)  # here --host-lib serves --framework dry-run only
     parser.add_argument("--max-num-seqs", type=int, default=1024)
-    parser.add_argument("--output", help="also write the report to this file")
     args = parser.parse_args(argv)
 
-    text = io.StringIO()
-
-    def report(line: str) -> None:
-        print(line, flush=True)
-        text.write(line + "\n")
-
-    report("$ python3 benchmarks/selftest_kernel_compare.py " + " ".join(argv if argv is not None else sys.argv[1:]))
+    report = _report.Report("selftest_kernel_compare.py", argv)
     gkc = _load_gpu_kernel_check()
     fw = gkc.make_framework(args.framework)
     report(f"framework: {fw.describe()}")
@@ -139,10 +131,7 @@ def main(argv=None) -> int:
                f"({control['mismatches'][:1]}, {time.perf_counter() - started:.1f} s)")
         failures += not caught
 
-    report(f"RESULT: {'PASS' if failures == 0 else f'FAIL ({failures})'}")
-    if args.output:
-        Path(args.output).write_text(text.getvalue())
-    return 0 if failures == 0 else 1
+    return report.finish(failures, args.output)
 
 
 if __name__ == "__main__":

@@ -775,64 +775,8 @@ def torch_setup():
 
     import torch
 
-    class TorchGlue:
-        name = "torch"
-
-        def address(self, t):
-            return int(t.data_ptr())
-
-        def shape(self, t):
-            return tuple(int(s) for s in t.shape)
-
-        def dtype(self, t):
-            return str(t.dtype).rsplit(".", 1)[-1]
-
-        def is_contiguous(self, t):
-            return t.is_contiguous()
-
-        def gpu_device(self, t):
-            return t.device.index if t.is_cuda else None
-
-        def current_device(self):
-            return torch.cuda.current_device()
-
-        def stream(self, device):
-            return int(torch.cuda.current_stream(device).cuda_stream)
-
-        def wrap(self, array):
-            return torch.from_numpy(array)
-
-        def set_shape(self, t, shape):
-            if tuple(t.shape) != tuple(shape):
-                t.set_(t.untyped_storage(), 0, tuple(shape))
-
-        def from_numpy(self, array):
-            return torch.from_numpy(array)
-
-        def blocking_d2h(self, t):
-            return t.cpu()
-
-        def snapshot(self, t):
-            return t.cpu().numpy().copy()
-
-    class TorchProbeOps:
-        def __init__(self, cycles):
-            self.cycles = cycles
-
-        def tensor(self, values, device):
-            return torch.from_numpy(np.ascontiguousarray(values)).to(f"cuda:{device}")
-
-        def fill(self, t, value):
-            t.fill_(value)
-
-        def busy(self, device):
-            torch.cuda._sleep(self.cycles)
-
-        def host_values(self, t):
-            return t.numpy().copy()
-
-        def synchronize(self, device):
-            torch.cuda.synchronize(device)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _torch_glue import TorchGlue, TorchProbeOps  # benchmarks/_torch_glue.py (imports torch)
 
     torch.cuda.init()
     stream = torch.cuda.Stream()  # a non-default current stream: every copy must follow it

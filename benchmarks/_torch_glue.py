@@ -1,0 +1,76 @@
+"""PyTorch as the framework of the GPU checks: the whole binding the plugin's backend and probe see.
+
+``TorchGlue`` answers what ``runtime/glue.py``'s ``PaddleGlue`` answers for Paddle (accessors, host
+wraps); ``TorchProbeOps`` gives the accessor probe (``runtime/probe.py``) the few framework ops it
+needs, with ``torch.cuda._sleep`` as the queued GPU work. Shared by ``cuda_layer_check.py`` and
+``step_model.py``; imported after their "no Paddle" assertion (the plugin's modules load without it).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+class TorchGlue:
+    name = "torch"
+
+    def address(self, t):
+        return int(t.data_ptr())
+
+    def shape(self, t):
+        return tuple(int(s) for s in t.shape)
+
+    def dtype(self, t):
+        return str(t.dtype).rsplit(".", 1)[-1]
+
+    def is_contiguous(self, t):
+        return t.is_contiguous()
+
+    def gpu_device(self, t):
+        return t.device.index if t.is_cuda else None
+
+    def current_device(self):
+        return torch.cuda.current_device()
+
+    def stream(self, device):
+        return int(torch.cuda.current_stream(device).cuda_stream)
+
+    def wrap(self, array):
+        return torch.from_numpy(array)  # zero-copy; keeps ``array`` (and the pinned memory) alive
+
+    def set_shape(self, t, shape):
+        if tuple(t.shape) != tuple(shape):
+            t.set_(t.untyped_storage(), 0, tuple(shape))
+
+    def from_numpy(self, array):
+        return torch.from_numpy(array)
+
+    def blocking_d2h(self, t):
+        return t.cpu()
+
+    def snapshot(self, t):
+        return t.cpu().numpy().copy()
+
+
+class TorchProbeOps:
+    def __init__(self, sleep_cycles: int) -> None:
+        self.cycles = sleep_cycles
+
+    def tensor(self, values, device):
+        return torch.from_numpy(np.ascontiguousarray(values)).to(f"cuda:{device}")
+
+    def fill(self, t, value):
+        t.fill_(value)
+
+    def transposed(self, t):
+        return t.t()  # a strided view: is_contiguous() False
+
+    def busy(self, device):
+        torch.cuda._sleep(self.cycles)
+
+    def host_values(self, t):
+        return t.numpy().copy()
+
+    def synchronize(self, device):
+        torch.cuda.synchronize(device)
