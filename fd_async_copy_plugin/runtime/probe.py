@@ -1,14 +1,14 @@
 """Startup probe: do the framework's accessors agree with the CUDA layer on this device?
 
-The ``cuda`` backend trusts four answers from Paddle that no machine of this project can check
-(no GPU build of Paddle 3 installs here): the thread's current device, a GPU tensor's
-``data_ptr()``, the raw handle of the current stream, and that a host wrap reads back through
-Paddle. ``probe_accessors(device)`` checks them once per device, at first use, with a few
-microsecond-sized copies (about 1-3 ms in all, mostly queued GPU work):
+The ``cuda`` backend trusts answers from Paddle that no machine of this project can check (no GPU
+build of Paddle 3 installs here). ``probe_accessors(device)`` checks them once per device, at first
+use, with a few microsecond-sized copies (about 1-3 ms in all, mostly queued GPU work):
 
 - ``current_device``: Paddle's current device is the CUDA runtime's current device of this thread;
 - ``data_ptr``: the address of a GPU tensor is device memory on that device (cudaPointerGetAttributes)
-  and copying its bytes by address gives the tensor's values;
+  and copying its bytes by address gives the tensor's values (and its place names that device);
+- ``contiguous``: a fresh tensor is ``is_contiguous()``; a transposed view is not, or is dense at
+  its ``data_ptr()`` (a copy by address reads a source flat);
 - ``stream_order``: a copy by address on the handle Paddle reports, issued after a Paddle op that
   fills a tensor behind ~1 ms of queued GPU work, sees the filled values (the handle is the stream
   Paddle's ops run on);
@@ -22,8 +22,8 @@ Any failed check makes the result ``ok: False`` with the reason; the backend the
 refuses to start). The result is a plain dict, so ``fd-async-copy selftest`` can report it.
 
 The logic is framework-neutral: ``glue`` (accessors), ``rt`` (the layer) and ``ops`` (a few framework
-ops: make a device tensor, fill it in place, queue work, synchronize) are parameters. The CPU tests run
-it on CPU Paddle over ``HostRuntime`` with planted disagreements.
+ops: make a device tensor, transpose it, fill it in place, queue work, synchronize) are parameters.
+The CPU tests run it on CPU Paddle over ``HostRuntime`` with planted disagreements.
 """
 
 from __future__ import annotations
@@ -54,6 +54,9 @@ class PaddleProbeOps:
 
     def fill(self, t, value) -> None:
         t.fill_(value)  # an in-place Paddle op on the device's current stream
+
+    def transposed(self, t):
+        return t.transpose([1, 0])  # a strided view where Paddle makes views (its stride kernels)
 
     def _on_gpu(self) -> bool:
         return self.place is None or self.place.is_gpu_place()
@@ -90,6 +93,7 @@ def probe_accessors(device: int, glue=None, rt=None, ops=None, kernels=None) -> 
     checks = [
         ("current_device", _check_current_device),
         ("data_ptr", _check_data_ptr),
+        ("contiguous", _check_contiguous),
         ("stream_order", _check_stream_order),
         ("pinned_wrap", _check_pinned_wrap),
     ]
@@ -168,6 +172,23 @@ def _check_data_ptr(device, glue, rt, ops, kernels):
         got = pinned.values()
     same = bool(np.array_equal(got, _PATTERN))
     return same, f"data_ptr() {address:#x} ({kind} memory): copying {_PATTERN.nbytes} bytes from it gives the tensor's values: {same}"
+
+
+def _check_contiguous(device, glue, rt, ops, kernels):
+    square = _PATTERN.reshape(16, 16)
+    base = ops.tensor(square, device)
+    view = ops.transposed(base)
+    ops.synchronize(device)
+    if not glue.is_contiguous(base):
+        return False, "a fresh tensor reports is_contiguous() False"
+    if not glue.is_contiguous(view):
+        return True, "a fresh tensor reports contiguous, its transposed view not (never copied by address)"
+    with _Pinned(rt, _PATTERN.nbytes) as pinned:  # reported contiguous: it must be dense at its address
+        pinned.fill(0xAB)
+        _copy_and_wait(rt, pinned.ptr, glue.address(view), _PATTERN.nbytes, glue.stream(device))
+        got = pinned.values().reshape(16, 16)
+    dense = bool(np.array_equal(got, square.T))
+    return dense, f"a transposed tensor reports contiguous; copying it by address gives its values: {dense}"
 
 
 def _check_stream_order(device, glue, rt, ops, kernels):

@@ -51,6 +51,26 @@ class OtherDevice(CpuAsGpuGlue):
         return 1
 
 
+class ClaimsContiguous(CpuAsGpuGlue):
+    """is_contiguous() True for a strided view too: a copy by address would read it flat."""
+
+    def is_contiguous(self, t):
+        return True
+
+
+class ClaimsStrided(CpuAsGpuGlue):
+    def is_contiguous(self, t):
+        return False
+
+
+class MaterializingOps(PaddleProbeOps):
+    """A framework whose transpose makes a new dense tensor (no stride kernels): it reports
+    contiguous and is dense at its address, which is all a copy by address needs."""
+
+    def transposed(self, t):
+        return t.transpose([1, 0]).contiguous()
+
+
 class StaleStream(CpuAsGpuGlue):
     """Paddle's fill lands only after the copy: what a wrong stream handle looks like."""
 
@@ -82,7 +102,16 @@ def failed(result):
 def test_agreeing_accessors_pass_every_check(host_kernels):
     result = run(CpuAsGpuGlue(), kernels=host_kernels)
     assert result["ok"], result
-    assert [c["check"] for c in result["checks"]] == ["current_device", "data_ptr", "stream_order", "pinned_wrap", "kernel_order"]
+    assert [c["check"] for c in result["checks"]] == [
+        "current_device", "data_ptr", "contiguous", "stream_order", "pinned_wrap", "kernel_order"]
+    (contiguous,) = [c for c in result["checks"] if c["check"] == "contiguous"]
+    assert "its transposed view not" in contiguous["detail"]  # CPU Paddle 3.3 makes a strided view
+
+
+def test_a_transpose_that_is_dense_and_reports_contiguous_passes():
+    result = run(CpuAsGpuGlue(), ops=MaterializingOps(paddle.CPUPlace()))
+    (contiguous,) = [c for c in result["checks"] if c["check"] == "contiguous"]
+    assert contiguous["ok"] and "copying it by address gives its values: True" in contiguous["detail"], contiguous
 
 
 @pytest.mark.parametrize(
@@ -91,6 +120,8 @@ def test_agreeing_accessors_pass_every_check(host_kernels):
         (WrongAddress, None, "data_ptr"),
         (CopyingWrap, None, "pinned_wrap"),
         (OtherDevice, None, "current_device"),
+        (ClaimsContiguous, None, "contiguous"),
+        (ClaimsStrided, None, "contiguous"),
         (StaleStream, LateFillOps, "stream_order"),
     ],
 )
