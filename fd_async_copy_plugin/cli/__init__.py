@@ -6,6 +6,8 @@ import argparse
 import logging
 import sys
 
+from ..registry.plan import PADDLE_INSTALL_HINT
+
 DESCRIPTION = (
     "Asynchronous GPU->host output copies for FastDeploy. Commands: doctor (what the plugin would "
     "do here), selftest, bench, ab (A/B serving check), build-ops (compile the custom ops)."
@@ -57,6 +59,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _paddle_missing() -> str:
+    """Why Paddle cannot be imported here, or "" when it can."""
+    try:
+        import paddle  # noqa: F401
+    except ImportError as exc:
+        return str(exc)
+    return ""
+
+
 def _positive(text: str) -> int:
     try:
         value = int(text)
@@ -73,6 +84,13 @@ def main(argv: list[str] | None = None) -> int:
     if extra and args.command != "build-ops":
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command in ("selftest", "bench"):
+        # Both decode on the replica, which runs on Paddle: without it, one line naming the Paddle
+        # to install (as doctor and build-ops say it), not a traceback.
+        missing = _paddle_missing()
+        if missing:
+            print(f"fd-async-copy {args.command} FAILED: Paddle is not importable ({missing}): "
+                  f"{PADDLE_INSTALL_HINT}", file=sys.stderr)
+            return 1
         # These enable and disable the plugin many times; its per-feature log lines would bury the report.
         logging.getLogger("fd_async_copy").setLevel(logging.WARNING)
     if args.command == "doctor":

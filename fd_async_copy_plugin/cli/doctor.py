@@ -92,8 +92,9 @@ def format_report(report: dict) -> str:
     lines += _row("backend", report["backend"])
     lines += _row("custom ops", _ops_line(report["ops"]))
     lines.append("  environment")
+    width = max([24] + [len(name) + 2 for name in report["env"]])  # the longest name, then a gap
     for name, value in report["env"].items():
-        lines += _row(name, "(unset)" if value is None else repr(value), indent=4, width=24)
+        lines += _row(name, "(unset)" if value is None else repr(value), indent=4, width=width)
     for problem in report["config_errors"]:
         lines += _row("CONFIG ERROR", f"{problem} (FastDeploy would run unpatched)")
     if not report["fd_plugins_lists_us"]:

@@ -87,12 +87,34 @@ def test_status_and_help_work_without_paddle(no_paddle):
         assert not re.search(r"``|:class:|:func:|\*\*", done.stdout), (command, done.stdout)
 
 
+@pytest.mark.parametrize("command", [("selftest", "--steps", "2"), ("bench", "--smoke"), ("selftest", "--json")])
+def test_selftest_and_bench_without_paddle_say_which_paddle_to_install_and_exit_1(no_paddle, command):
+    done = cli(*command, env=no_paddle)
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "Traceback" not in done.stdout + done.stderr
+    assert done.stdout == ""
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith(f"fd-async-copy {command[0]} FAILED: Paddle is not importable (No module named 'paddle')")
+    assert "paddlepaddle-gpu" in line and "next to FastDeploy" in line and "CPU paddlepaddle==3.3.0" in line
+
+
 def test_every_bad_variable_is_listed_at_once_and_doctor_exits_1():
     done = cli("doctor", env={"FD_ASYNC_COPY": "yes", "FD_ASYNC_COPY_BACKEND": "gpu", "FD_ASYNC_COPY_FEATURES": "all"})
     assert done.returncode == 1
     errors = [line for line in done.stdout.splitlines() if line.startswith("  CONFIG ERROR")]
     assert len(errors) == 2
     assert "FD_ASYNC_COPY='yes'" in errors[0] and "FD_ASYNC_COPY_BACKEND='gpu'" in errors[1]
+
+
+def test_doctor_keeps_a_gap_between_every_variable_and_its_value():
+    done = cli("doctor", env={"FD_ASYNC_COPY_RING_MAX_BYTES": "65536"})
+    lines = done.stdout.split("  environment\n", 1)[1].split("  features")[0].splitlines()
+    rows = {line.split()[0]: line for line in lines if line.startswith("    FD_")}
+    assert "FD_ASYNC_COPY_RING_MAX_BYTES" in rows and "FD_ASYNC_COPY" in rows, lines
+    for name, line in rows.items():
+        assert line.startswith(f"    {name}  "), line  # at least two spaces: never `NAME(unset)`
+    assert len({line.index(line.split()[1]) for line in rows.values()}) == 1  # values in one column
+    assert "'65536'" in rows["FD_ASYNC_COPY_RING_MAX_BYTES"]
 
 
 def test_build_ops_without_a_cxx_compiler_is_one_line_naming_g_plus_plus_and_cxx(tmp_path):
@@ -141,12 +163,12 @@ def test_selftest_names_a_skipped_feature_and_fails_unless_allowed(tmp_path):
     done = cli("selftest", "--steps", "4", "--backend", "host", env=env)
     assert done.returncode == 1, done.stdout[-2000:]
     (result,) = [line for line in done.stdout.splitlines() if line.startswith("  result:")]
-    assert "FAIL: not tested: sampled_tokens, stop_flag" in result and "--allow-skip" in result
+    assert "FAIL: not tested: sampled_tokens, step_syncs, stop_flag" in result and "--allow-skip" in result
     assert "stop_flag: skipped: custom ops unavailable" in done.stdout
     assert all(len(line) <= 100 for line in done.stdout.splitlines())
     allowed = cli("selftest", "--steps", "4", "--backend", "host", "--allow-skip", env=env)
     assert allowed.returncode == 0
-    assert "result: PASS with sampled_tokens, stop_flag skipped (--allow-skip)" in allowed.stdout
+    assert "result: PASS with sampled_tokens, step_syncs, stop_flag skipped (--allow-skip)" in allowed.stdout
 
 
 def test_licence_is_an_spdx_string_and_the_build_backend_supports_it():

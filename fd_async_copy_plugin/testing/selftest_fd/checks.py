@@ -671,12 +671,11 @@ PROBE_MODULE = "fd_async_copy_plugin.runtime.probe"
 def paddle_accessor_checks(backend_name: str, device: str) -> dict:
     """The startup probe of the Paddle-free CUDA layer (issue 10), reported check by check.
 
-    LEAD: WIRE-UP POINT (the one call site). Calls ``runtime.probe.probe_accessors(device,
-    kernels=...)`` as the ``cuda`` branch defines it (``{"ok", "device", "runtime", "reason",
-    "checks": [{"check", "ok", "detail"}], "seconds"}``; never raises) with the plugin's CUDA
-    stop-flag library when it is built (adds ``kernel_order``). Skipped, with the reason, where that
-    module is not in this build or there is no CUDA device; the probe raising or returning something
-    else is a failed check.
+    The selftest's one call of ``runtime.probe.probe_accessors(device, kernels=...)`` (it returns
+    ``{"ok", "device", "runtime", "reason", "checks": [{"check", "ok", "detail"}], "seconds"}`` and
+    never raises), with the plugin's CUDA stop-flag library when it is built (adds
+    ``kernel_order``). Skipped, with the reason, where that module is not in this build or there is
+    no CUDA device; the probe raising or returning something else is a failed check.
     """
     if not _probe_present():
         return _check(ACCESSOR_CHECK, backend_name, "skipped", f"not available in this build (no {PROBE_MODULE}: "
