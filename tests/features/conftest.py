@@ -312,19 +312,26 @@ class SFKit:
         """A runner constructed by the driver (no requests) with the plugin still enabled while
         the block runs; disabled afterwards."""
         fd_async_copy_plugin.disable()
-        captured: list = []
-        module = self.runner_module
-        base_class = module.GPUModelRunner
         try:
             fd_async_copy_plugin.enable(features=list(features), backend=backend, root=self.FD24, strict=strict)
-            module.GPUModelRunner = _sf_runner_subclass(base_class, captured, [], None)
-            try:
-                run_decode(self.FD24, config, [])
-            finally:
-                module.GPUModelRunner = base_class
-            yield captured[0]
+            yield self.build_runners([config])[0]
         finally:
             fd_async_copy_plugin.disable()
+
+    def build_runners(self, configs) -> list:
+        """One runner per config, constructed by the driver (no requests) with the plugin as it is
+        now, and kept alive: the returned list holds them. The runner class is replaced by a
+        recording subclass only while they are built."""
+        built: list = []
+        module = self.runner_module
+        base_class = module.GPUModelRunner
+        module.GPUModelRunner = _sf_runner_subclass(base_class, built, [], None)
+        try:
+            for config in configs:
+                run_decode(self.FD24, config, [])
+        finally:
+            module.GPUModelRunner = base_class
+        return built
 
     def baseline(self, key, config: DriverConfig, requests, arrivals=None, max_steps: int = 96) -> SFRun:
         """The unpatched replica's run on the host backend, computed once per ``key``."""

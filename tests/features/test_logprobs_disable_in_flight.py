@@ -80,27 +80,14 @@ def test_a_gather_running_while_disable_restores_fd_hands_out_finished_data(logp
 def test_stop_flag_makes_every_flag_current_before_its_save_guards_go(sfkit, monkeypatch):
     """The stop flag's copy issued by the last update is finished (the legacy flag FastDeploy's own
     save reads is current) before disable() re-binds FastDeploy's save ops."""
-    from fd_async_copy_plugin.testing.reference.driver import DriverConfig, run_decode
+    from fd_async_copy_plugin.testing.reference.driver import DriverConfig
     from fd_async_copy_plugin.registry import patch as patch_module
 
     fd_async_copy_plugin.disable()
-    module = sfkit.runner_module
-    base = module.GPUModelRunner
-    built: list = []
-
-    class Kept(base):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            built.append(self)
-
     fd_async_copy_plugin.enable(features=list(sfkit.FEATURES), backend="sim", root=sfkit.FD24)
     try:
-        module.GPUModelRunner = Kept
-        try:
-            run_decode(sfkit.FD24, DriverConfig(max_num_seqs=4, vocab_size=64, max_model_len=16, hidden_size=8), [])
-        finally:
-            module.GPUModelRunner = base
-        state = built[0]._fdac_stop
+        (runner,) = sfkit.build_runners([DriverConfig(max_num_seqs=4, vocab_size=64, max_model_len=16, hidden_size=8)])
+        state = runner._fdac_stop
         state.after_update(None)  # a step's flag copy in flight
         seen = []
         real_restore = patch_module._restore

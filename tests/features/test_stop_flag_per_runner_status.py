@@ -9,7 +9,7 @@ import gc
 import pytest
 
 import fd_async_copy_plugin
-from fd_async_copy_plugin.testing.reference.driver import DriverConfig, run_decode
+from fd_async_copy_plugin.testing.reference.driver import DriverConfig
 
 pytestmark = pytest.mark.usefixtures("plugin_off")
 
@@ -17,30 +17,10 @@ SMALL = DriverConfig(max_num_seqs=4, vocab_size=64, max_model_len=16, hidden_siz
 LARGE = DriverConfig(max_num_seqs=1025, vocab_size=64, max_model_len=16, hidden_size=8, save_output_v1=True)
 
 
-def _build_runners(sfkit, configs) -> list:
-    """One runner per config, built by the driver and kept alive."""
-    module = sfkit.runner_module
-    base = module.GPUModelRunner
-    built: list = []
-
-    class Kept(base):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            built.append(self)
-
-    module.GPUModelRunner = Kept
-    try:
-        for config in configs:
-            run_decode(sfkit.FD24, config, [])
-    finally:
-        module.GPUModelRunner = base
-    return built
-
-
 def test_one_runner_standing_down_does_not_unpatch_the_others_in_status(sfkit):
     fd_async_copy_plugin.enable(features=list(sfkit.FEATURES), backend="host", root=sfkit.FD24)
     try:
-        small, large = _build_runners(sfkit, [SMALL, LARGE])
+        small, large = sfkit.build_runners([SMALL, LARGE])
         assert hasattr(small, "_fdac_stop") and not hasattr(large, "_fdac_stop")
         entry = fd_async_copy_plugin.status()["features"]["stop_flag"]
         assert entry["state"] == "partial", entry
@@ -55,7 +35,7 @@ def test_one_runner_standing_down_does_not_unpatch_the_others_in_status(sfkit):
 def test_a_live_runner_left_on_fastdeploys_path_by_disable_is_not_reported_applied(sfkit):
     fd_async_copy_plugin.enable(features=list(sfkit.FEATURES), backend="host", root=sfkit.FD24)
     try:
-        (runner,) = _build_runners(sfkit, [SMALL])
+        (runner,) = sfkit.build_runners([SMALL])
         assert fd_async_copy_plugin.status()["features"]["stop_flag"]["state"] == "applied"
         fd_async_copy_plugin.disable()
         fd_async_copy_plugin.enable(features=list(sfkit.FEATURES), backend="host", root=sfkit.FD24)
@@ -63,7 +43,7 @@ def test_a_live_runner_left_on_fastdeploys_path_by_disable_is_not_reported_appli
         entry = fd_async_copy_plugin.status()["features"]["stop_flag"]
         assert entry["state"] != "applied", entry
         assert entry["runners"][0]["state"] == "passthrough" and "disable()" in entry["runners"][0]["reason"]
-        (fresh,) = _build_runners(sfkit, [SMALL])  # a runner built now is patched: partial
+        (fresh,) = sfkit.build_runners([SMALL])  # a runner built now is patched: partial
         assert fd_async_copy_plugin.status()["features"]["stop_flag"]["state"] == "partial"
         del runner
         gc.collect()
