@@ -22,6 +22,7 @@ from .fidelity import (
     fd_share_inputs,
 )
 from .behaviour import check_behaviour
+from .step_syncs import check_step_syncs
 
 
 def render(report: Report) -> str:
@@ -58,6 +59,7 @@ def run(args) -> Report:
         profile = check_profile(fd, args.fd_src, report)
         fd_share_inputs(fd, report)
         fd_import_lists(fd, report)
+        check_step_syncs(fd, report, profile)
         replica_root = choose_replica(args.replica, profile, report)
         if replica_root is not None:
             report.facts["replica_root"] = replica_root
@@ -74,6 +76,8 @@ def run(args) -> Report:
                 check_fields(fd, rep, report)
                 check_import_lists(fd, rep, report)
                 check_share_inputs(fd, rep, report)
+                if replica_root.endswith(".fd24"):
+                    check_step_syncs(rep, report, profile, replica=True)
                 if not args.no_behaviour:
                     check_behaviour(fd, rep, report)
     finally:
