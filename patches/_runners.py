@@ -11,6 +11,8 @@ import logging
 import threading
 import weakref
 
+from fd_async_copy_plugin.registry.patch import wraps
+
 log = logging.getLogger("fd_async_copy")
 
 
@@ -71,3 +73,20 @@ class FeatureRunners:
             state = runner.__dict__.pop(self.attr, None)
             if state is not None and hasattr(state, "detach"):
                 state.detach()
+
+
+def per_runner(original, attr: str):
+    """Decorator for a replacement runner method ``body(state, self, *args, **kwargs)``: FastDeploy's
+    own method runs for a runner without the feature's state (``attr``)."""
+
+    def decorate(body):
+        @wraps(original)
+        def method(self, *args, **kwargs):
+            state = self.__dict__.get(attr)
+            if state is None:
+                return original(self, *args, **kwargs)
+            return body(state, self, *args, **kwargs)
+
+        return method
+
+    return decorate

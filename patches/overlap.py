@@ -41,7 +41,7 @@ import threading
 
 from fd_async_copy_plugin.registry.patch import Feature, Patch, Target, wraps
 
-from ._runners import FeatureRunners
+from ._runners import FeatureRunners, per_runner
 
 RUNNER = "worker.gpu_model_runner"
 POSTPROC = "model_executor.pre_and_post_process"
@@ -119,10 +119,6 @@ class OverlapRunners(FeatureRunners):
             runner._fdac_overlap.flush(why)
 
 
-def _state(runner) -> OverlapState | None:
-    return runner.__dict__.get("_fdac_overlap")
-
-
 def off_reason(runner, runner_module) -> str:
     """Why this step runs FastDeploy 2.4's own schedule ("" when it can overlap)."""
     envs = getattr(runner_module, "envs", None)
@@ -167,11 +163,8 @@ def build_init_share_inputs(original, ctx):
 def build_execute_model(original, ctx):
     runner_module = ctx.module(RUNNER)
 
-    @wraps(original)
-    def execute_model(self, *args, **kwargs):
-        state = _state(self)
-        if state is None:
-            return original(self, *args, **kwargs)
+    @per_runner(original, "_fdac_overlap")
+    def execute_model(state, self, *args, **kwargs):
         why = off_reason(self, runner_module)
         if why:
             state.flush("overlap off")
@@ -196,11 +189,8 @@ def build_execute_model(original, ctx):
 
 
 def build_not_need_stop(original, ctx):
-    @wraps(original)
-    def not_need_stop(self):
-        state = _state(self)
-        if state is None:
-            return original(self)
+    @per_runner(original, "_fdac_overlap")
+    def not_need_stop(state, self):
         if state.in_step and not state.after_forward:
             # FastDeploy 2.4 asks right after launching the forward: the previous step's save runs
             # now, while the GPU computes this one.
@@ -215,11 +205,9 @@ def build_not_need_stop(original, ctx):
 
 
 def build_flush_first(original, ctx):
-    @wraps(original)
-    def flushed(self, *args, **kwargs):
-        state = _state(self)
-        if state is not None:
-            state.flush(original.__name__)
+    @per_runner(original, "_fdac_overlap")
+    def flushed(state, self, *args, **kwargs):
+        state.flush(original.__name__)
         return original(self, *args, **kwargs)
 
     return flushed

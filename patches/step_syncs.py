@@ -47,7 +47,7 @@ import paddle
 
 from fd_async_copy_plugin.registry.patch import Feature, IncompatibleError, Patch, Target, wraps
 
-from ._runners import FeatureRunners
+from ._runners import FeatureRunners, per_runner
 from ._tensor_watch import Watched, basic_key, host_value, rows_of, watching, _UNKNOWN
 
 log = logging.getLogger("fd_async_copy")
@@ -335,10 +335,6 @@ def _device_copy(t, like):
     return out
 
 
-def _syncs(runner) -> RunnerSyncs | None:
-    return runner.__dict__.get("_fdac_syncs")
-
-
 def _overlap_step(runner) -> bool:
     """The overlap feature is running this step (its save comes after the next forward)."""
     state = runner.__dict__.get("_fdac_overlap")
@@ -390,23 +386,18 @@ def build_init_share_inputs(original, ctx):
 
 
 def build_reset_share_inputs(original, ctx):
-    @wraps(original)
-    def reset_share_inputs(self, *args, **kwargs):
+    @per_runner(original, "_fdac_syncs")
+    def reset_share_inputs(state, self, *args, **kwargs):
         result = original(self, *args, **kwargs)
-        state = _syncs(self)
-        if state is not None:
-            state.shadow.load("reset_share_inputs")
+        state.shadow.load("reset_share_inputs")
         return result
 
     return reset_share_inputs
 
 
 def build_insert(original, ctx):
-    @wraps(original)
-    def insert(self, *args, **kwargs):
-        state = _syncs(self)
-        if state is None:
-            return original(self, *args, **kwargs)
+    @per_runner(original, "_fdac_syncs")
+    def insert(state, self, *args, **kwargs):
         shadow = state.shadow
         if original.__name__ != "_dummy_prefill_inputs":
             shadow.ensure_loaded()
@@ -423,11 +414,8 @@ def build_insert(original, ctx):
 def build_prepare_inputs(original, ctx):
     runner_module = ctx.module(RUNNER)
 
-    @wraps(original)
-    def _prepare_inputs(self, *args, **kwargs):
-        state = _syncs(self)
-        if state is None:
-            return original(self, *args, **kwargs)
+    @per_runner(original, "_fdac_syncs")
+    def _prepare_inputs(state, self, *args, **kwargs):
         shadow = state.shadow
         si = self.share_inputs
         # T: the increment FastDeploy made with .cpu() in __init__ (after _init_share_inputs).
@@ -471,11 +459,8 @@ def build_prepare_inputs(original, ctx):
 
 
 def build_exist_prefill(original, ctx):
-    @wraps(original)
-    def exist_prefill(self):
-        state = _syncs(self)
-        if state is None:
-            return original(self)
+    @per_runner(original, "_fdac_syncs")
+    def exist_prefill(state, self):
         if not (_overlap_pending(self) and state.shadow.snapshot_in_flight()):
             state.shadow.refresh("exist_prefill")
         answer = state.shadow.exist_prefill()

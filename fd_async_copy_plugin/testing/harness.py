@@ -39,6 +39,7 @@ PATCHED_PATHS = (
     "_postprocess.not_need_stop",
     "_save_model_output",
     "paddle.device.synchronize",  # FD 2.5's prompt-logprobs sync (the only device-wide one per step)
+    "overlap.",  # the overlap feature's wait for the previous step's event (its save)
 )
 
 

@@ -11,7 +11,6 @@ import collections
 
 import pytest
 
-import fd_async_copy_plugin
 from fd_async_copy_plugin.patches import overlap as overlap_patch
 from fd_async_copy_plugin.patches import stop_flag as stop_flag_patch
 from fd_async_copy_plugin.registry.patch import Patch

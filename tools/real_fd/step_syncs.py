@@ -123,6 +123,17 @@ def _other_calls(func) -> list[str]:
     return out
 
 
+#: composite expressions: a host value when every part is one (label, parts)
+_COMPOSITE_PARTS = {
+    ast.BinOp: ("arithmetic", lambda n: (n.left, n.right)),
+    ast.BoolOp: ("boolean", lambda n: n.values),
+    ast.Compare: ("comparison", lambda n: [n.left, *n.comparators]),
+    ast.IfExp: ("conditional", lambda n: (n.test, n.body, n.orelse)),
+    ast.List: ("sequence", lambda n: n.elts),
+    ast.Tuple: ("sequence", lambda n: n.elts),
+}
+
+
 class Runner:
     """``GPUModelRunner`` of one side: methods, in-class call graph, share_inputs aliases."""
 
@@ -350,36 +361,14 @@ class Values:
             return True, "literal"
         if isinstance(node, ast.UnaryOp):
             return self.host(node.operand, seen)
-        if isinstance(node, (ast.BinOp,)):
-            for side in (node.left, node.right):
-                ok, why = self.host(side, seen)
+        parts = _COMPOSITE_PARTS.get(type(node))
+        if parts is not None:
+            what, children = parts
+            for child in children(node):
+                ok, why = self.host(child, seen)
                 if not ok:
                     return ok, why
-            return True, "arithmetic"
-        if isinstance(node, (ast.BoolOp,)):
-            for v in node.values:
-                ok, why = self.host(v, seen)
-                if not ok:
-                    return ok, why
-            return True, "boolean"
-        if isinstance(node, ast.Compare):
-            for v in [node.left] + node.comparators:
-                ok, why = self.host(v, seen)
-                if not ok:
-                    return ok, why
-            return True, "comparison"
-        if isinstance(node, ast.IfExp):
-            for v in (node.test, node.body, node.orelse):
-                ok, why = self.host(v, seen)
-                if not ok:
-                    return ok, why
-            return True, "conditional"
-        if isinstance(node, (ast.List, ast.Tuple)):
-            for v in node.elts:
-                ok, why = self.host(v, seen)
-                if not ok:
-                    return ok, why
-            return True, "sequence"
+            return True, what
         if isinstance(node, ast.Name):
             if node.id in seen:
                 return True, f"name {node.id}"
