@@ -26,7 +26,8 @@ How:    ``execute_model`` keeps FastDeploy's own body; the plugin moves the save
         Off per step (the pending save is finished first, FastDeploy's own step runs, counted by
         cause): guided decoding, prompt logprobs, Keep-Sampling-Mask, early stop, entropy,
         speculative decoding, pooling, the ZMQ output path (``FD_USE_GET_SAVE_OUTPUT_V1``), V0
-        scheduler, expert parallelism, a non-CUDA platform. A runner without ``stop_flag`` and
+        scheduler, expert parallelism, multimodal, a splitwise (prefill/decode) role, a non-CUDA
+        platform. A runner without ``stop_flag`` and
         ``step_syncs`` keeps FastDeploy's path (``passthrough``).
 Mirrors: FastDeploy PR #6259 (overlap schedule), with #6668's seed fix (via ``step_syncs``).
 FD:     2.4 only, opt-in (``FD_ASYNC_COPY_FEATURES=all,overlap``); ``native`` on 2.5+
@@ -137,6 +138,10 @@ def off_reason(runner, runner_module) -> str:
         (envs is not None and not getattr(envs, "ENABLE_V1_KVCACHE_SCHEDULER", True), "V0 scheduler"),
         (getattr(getattr(runner, "parallel_config", None), "use_ep", False), "expert parallelism"),
         (mc is not None and getattr(mc, "enable_mm", False), "multimodal"),
+        # a splitwise decode node frees a preempted slot at schedule time: a late row of the old
+        # owner could reach the new one (FD 2.5 keeps overlap off for split roles by default, #6668)
+        (getattr(getattr(runner, "scheduler_config", None), "splitwise_role", "mixed") != "mixed",
+         "splitwise (prefill/decode) role"),
     )
     return next((why for bad, why in checks if bad), "")
 

@@ -80,10 +80,12 @@ class _Mirror(Watched):
     def setitem(self, original, key, value) -> bool:
         original(self.tensor, key, value)
         v = host_value(value, self.tensor)
-        if v is _UNKNOWN or not basic_key(key):
-            self.shadow.lose(self.name, f"a write FastDeploy made to {self.name} with a device value or mask")
-        else:
+        try:
+            if v is _UNKNOWN or not basic_key(key):
+                raise ValueError("a device value or a mask")
             self.shadow.arrays[self.name][key] = v
+        except Exception as exc:  # never fail FastDeploy's write: the shadow reloads instead
+            self.shadow.lose(self.name, f"a write FastDeploy made to {self.name} it cannot follow ({exc})")
         return True
 
     def getitem(self, original, key):
@@ -124,8 +126,15 @@ class _StagedTable(Watched):
             return False
         if not shadow.dirty:
             shadow.backend.before_host_write(shadow.tables, "insert.block_tables")
-        shadow.arrays["tables"][key] = v
-        shadow.dirty.update(rows_of(key, shadow.arrays["tables"].shape[0]))
+        rows = rows_of(key, shadow.arrays["tables"].shape[0])
+        try:
+            shadow.arrays["tables"][key] = v
+        except Exception as exc:  # the mirror cannot take it: FastDeploy's own write, shadow reloads
+            shadow.dirty.update(rows)  # the rows already staged keep their order before FD's write
+            shadow.flush()
+            shadow.lose("tables", f"a block-table write it cannot follow ({exc})")
+            return False
+        shadow.dirty.update(rows)
         return True
 
 

@@ -219,3 +219,14 @@ def test_fd25_flag_race_closed_by_the_hardening_patch():
         assert status["features"]["flag_race"]["state"] in ("applied", "pending")
         fixed = run_decode(FD25, cfg, make())
     assert fixed.differences(synchronous) == []
+
+
+def test_off_for_a_splitwise_role():
+    """A decode node of a P/D split frees a preempted slot at schedule time (FD 2.4's engine): a late
+    row of the old owner could reach the new one, so overlap stays off there (as 2.5's default)."""
+    from types import SimpleNamespace
+
+    runner = SimpleNamespace(scheduler_config=SimpleNamespace(splitwise_role="decode"))
+    assert overlap_patch.off_reason(runner, SimpleNamespace()) == "splitwise (prefill/decode) role"
+    runner.scheduler_config.splitwise_role = "mixed"
+    assert overlap_patch.off_reason(runner, SimpleNamespace()) == ""
