@@ -19,8 +19,8 @@ How:    ``execute_model`` keeps FastDeploy's own body; the plugin moves the save
           loop flushes it when the batch drains; with nothing pending it is FastDeploy's flag (the
           loop sleeps when idle, no spinning). The flush step's forward runs on padding only and
           FastDeploy returns before sampling (its own idle-step return).
-        - **The stop-flag race is closed by construction**: every insert first finishes the pending
-          save (its event waited, which is the wait the insert's synchronous H2D makes anyway), so
+        - **The stop-flag race is closed by construction**: the worker loop's ``get_tasks`` (and
+          every insert) first finishes the pending save (its event waited, which is the wait the insert's synchronous H2D makes anyway), so
           no older flag copy is in flight when the insert writes the flag; the engine also sees a
           step's output before any slot changes hands (preemption, reuse), as without overlap.
         Off per step (the pending save is finished first, FastDeploy's own step runs, counted by
@@ -218,6 +218,19 @@ def build_flush_first(original, ctx):
     return flushed
 
 
+def build_get_tasks(original, ctx):
+    """The worker loop takes the engine's next task batch: finish pending saves first, so the engine
+    has a step's output before it sees the batch taken and schedules on (FD 2.4's order)."""
+    registry: OverlapRunners = ctx.state
+
+    @wraps(original)
+    def get_tasks(self, *args, **kwargs):
+        registry.flush_all("get_tasks")
+        return original(self, *args, **kwargs)
+
+    return get_tasks
+
+
 def build_save_op(name: str):
     flag_index = SAVE_OPS[name]
 
@@ -253,6 +266,9 @@ class OverlapFeature(Feature):
         Patch(Target(RUNNER, "GPUModelRunner.reset_share_inputs"), build_flush_first),
         Patch(Target(RUNNER, "GPUModelRunner._dummy_run"), build_flush_first),
         *(Patch(Target(POSTPROC, name), build_save_op(name), producer=True) for name in SAVE_OPS),
+        # loaded by the worker before the runner; absent from the replica (then the insert's flush)
+        Patch(Target("inter_communicator.engine_worker_queue", "EngineWorkerQueue.get_tasks", required=False),
+              build_get_tasks),
     )
 
     def prepare(self, ctx) -> OverlapRunners:

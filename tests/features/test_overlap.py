@@ -230,3 +230,33 @@ def test_off_for_a_splitwise_role():
     assert overlap_patch.off_reason(runner, SimpleNamespace()) == "splitwise (prefill/decode) role"
     runner.scheduler_config.splitwise_role = "mixed"
     assert overlap_patch.off_reason(runner, SimpleNamespace()) == ""
+
+
+def test_the_worker_taking_a_task_batch_finishes_the_pending_save(monkeypatch):
+    """FD 2.4's worker loop calls ``EngineWorkerQueue.get_tasks()`` before inserting: the pending save
+    runs first, so the engine has step N's output before it sees the batch taken (2.4's order)."""
+    import sys
+    import types
+
+    name = f"{FD24}.inter_communicator.engine_worker_queue"
+
+    class EngineWorkerQueue:
+        def get_tasks(self):
+            return [], True
+
+    fake = types.ModuleType(name)
+    fake.EngineWorkerQueue = EngineWorkerQueue
+    monkeypatch.setitem(sys.modules, name, fake)
+    seen = []
+
+    def on_step(step, runner):
+        state = runner._fdac_overlap
+        if state.pending:
+            EngineWorkerQueue().get_tasks()
+            seen.append(bool(state.pending))
+
+    with device_for("sim"), plugin_state(Variant("p", FD24, True, OVERLAP), "sim"), collecting():
+        assert EngineWorkerQueue.get_tasks.__wrapped__  # patched: the module was loaded at apply time
+        run_decode(FD24, config(chunk_size=None), [_req(0, 4, 6), _req(1, 5, 6)], on_step=on_step)
+    assert seen and not any(seen), seen
+    assert not hasattr(EngineWorkerQueue.get_tasks, "__wrapped__")  # restored by disable()
