@@ -117,7 +117,9 @@ class OverlapRunners(FeatureRunners):
 
     def flush_all(self, why: str) -> None:
         for runner in self.live():
-            runner._fdac_overlap.flush(why)
+            state = runner.__dict__.get(self.attr)
+            if state is not None:
+                state.flush(why)
 
 
 def off_reason(runner, runner_module) -> str:
