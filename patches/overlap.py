@@ -43,6 +43,7 @@ import threading
 from fd_async_copy_plugin.registry.patch import Feature, Patch, Target, wraps
 
 from ._runners import FeatureRunners, per_runner
+from .step_syncs import own_path_reason as step_syncs_own_path
 
 RUNNER = "worker.gpu_model_runner"
 POSTPROC = "model_executor.pre_and_post_process"
@@ -123,13 +124,16 @@ class OverlapRunners(FeatureRunners):
 
 
 def off_reason(runner, runner_module) -> str:
-    """Why this step runs FastDeploy 2.4's own schedule ("" when it can overlap)."""
+    """Why this step runs FastDeploy 2.4's own schedule ("" when it can overlap). Where step_syncs
+    cannot know the step (V0 scheduler, speculative decoding, EP), overlap cannot either."""
+    why = step_syncs_own_path(runner, runner_module)
+    if why:
+        return why
     envs = getattr(runner_module, "envs", None)
     platform = getattr(runner_module, "current_platform", None)
     mc = getattr(runner, "model_config", None)
     checks = (
         (platform is not None and not platform.is_cuda(), "non-CUDA platform"),
-        (getattr(runner, "speculative_decoding", False), "speculative decoding"),
         (getattr(runner, "is_pooling_model", False), "pooling model"),
         (getattr(runner, "guided_backend", None) is not None, "guided decoding"),
         (bool(getattr(runner, "prompt_logprobs_reqs", None)), "prompt logprobs"),
@@ -137,8 +141,6 @@ def off_reason(runner, runner_module) -> str:
         (getattr(runner, "enable_early_stop", False), "early stop"),
         (getattr(runner, "enable_entropy", False), "entropy"),
         (envs is not None and bool(getattr(envs, "FD_USE_GET_SAVE_OUTPUT_V1", False)), "ZMQ output path"),
-        (envs is not None and not getattr(envs, "ENABLE_V1_KVCACHE_SCHEDULER", True), "V0 scheduler"),
-        (getattr(getattr(runner, "parallel_config", None), "use_ep", False), "expert parallelism"),
         (mc is not None and getattr(mc, "enable_mm", False), "multimodal"),
         # a splitwise decode node frees a preempted slot at schedule time: a late row of the old
         # owner could reach the new one (FD 2.5 keeps overlap off for split roles by default, #6668)

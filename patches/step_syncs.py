@@ -356,7 +356,7 @@ def _overlap_pending(runner) -> bool:
     return state is not None and bool(state.pending or state.in_step)
 
 
-def _on_own_path(runner, runner_module) -> str:
+def own_path_reason(runner, runner_module) -> str:
     """Why this runner's step cannot use the shadow ("" when it can)."""
     envs = getattr(runner_module, "envs", None)
     if envs is not None and not getattr(envs, "ENABLE_V1_KVCACHE_SCHEDULER", True):
@@ -437,7 +437,7 @@ def build_prepare_inputs(original, ctx):
         bound = not dummy and _overlap_step(self) and shadow.snapshot_in_flight()
         if not bound:
             shadow.refresh("_prepare_inputs")
-        why = "dummy/profile run" if dummy else (_on_own_path(self, runner_module) or shadow.s1_off and "S1 stood down")
+        why = "dummy/profile run" if dummy else (own_path_reason(self, runner_module) or shadow.s1_off and "S1 stood down")
         count = None
         if not why:
             num_running = int(si["seq_lens_this_time"].shape[0])
