@@ -335,6 +335,27 @@ def logprob_workload(batch: int, top_k: int, vocab: int, steps: int, *, save_out
     return config, requests
 
 
+def preemption_workload(**config):
+    """FD 2.4 preemption mid-flight (``DriverConfig(preemption=True)``): 12 KV blocks of 16 tokens
+    for 10 requests of up to 128 tokens, greedy and seeded top-p, logprobs, chunked prefill and
+    arrivals. Requests are preempted while decoding, right after admission and more than once;
+    with ``engine_lag=1`` (the engine one step behind, as under the overlap schedule) one is
+    preempted while its last token is still in flight and finishes without being rescheduled."""
+    eos = [2]
+
+    def req(i, n_prompt, max_tokens, **kw):
+        return Request(f"pre{i}", [(17 * i + 5 * j) % 200 + 3 for j in range(n_prompt)],
+                       max_tokens=max_tokens, eos_token_ids=eos, **kw)
+
+    requests = (req(0, 5, 40, top_p=0.7, seed=5), req(1, 9, 30), req(2, 20, 6), req(3, 13, 40, logprobs=5),
+                req(4, 3, 35, logprobs=0), req(5, 30, 14))
+    arrivals = {3: (req(7, 11, 20),), 9: (req(8, 4, 2),), 12: (req(9, 2, 10, logprobs=20),)}
+    settings = dict(max_num_seqs=8, vocab_size=1024, max_model_len=128, enable_logprob=True, chunk_size=8,
+                    num_gpu_blocks=12, preemption=True)
+    settings.update(config)
+    return DriverConfig(**settings), requests, arrivals
+
+
 @dataclass(frozen=True)
 class Scenario:
     name: str

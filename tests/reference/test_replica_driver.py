@@ -199,3 +199,92 @@ def test_logprob_fallback_without_logprob_requests_is_deterministic():
     assert first.differences(second) == []
     assert {m.kind for m in first.messages} == {"topk"}
     assert first.outputs["a"].logprobs == []
+
+
+# -- preemption (FD 2.4's ResourceManagerV1._trigger_preempt and the TokenProcessor's reschedule) --
+
+
+def _record_inserts(monkeypatch):
+    import importlib
+
+    cls = importlib.import_module(FD24 + ".worker.gpu_model_runner").GPUModelRunner
+    original, seen = cls.insert_tasks_v1, []
+
+    def insert_tasks_v1(self, tasks, num_running_requests=None):
+        seen.append([(t.request_id, t.task_type.name, t.idx, t.prefill_start_index, t.prefill_end_index,
+                      list(t.output_token_ids)) for t in tasks])
+        return original(self, tasks, num_running_requests)
+
+    monkeypatch.setattr(cls, "insert_tasks_v1", insert_tasks_v1)
+    return seen
+
+
+@pytest.mark.parametrize("blocks, lag", [(10, 0), (12, 0), (10, 1), (12, 1)])
+def test_preemption_keeps_the_slot_and_prefills_prompt_plus_received_tokens_again(monkeypatch, blocks, lag):
+    import dataclasses
+
+    from fd_async_copy_plugin.testing.harness import preemption_workload
+
+    config, requests, arrivals = preemption_workload(num_gpu_blocks=blocks, engine_lag=lag)
+    ample = run_decode(FD24, dataclasses.replace(config, num_gpu_blocks=None, preemption=False), requests,
+                       arrivals=arrivals, max_steps=400)
+    inserts = _record_inserts(monkeypatch)
+    tight = run_decode(FD24, config, requests, arrivals=arrivals, max_steps=400)
+    assert tight.preemptions >= 4 and not tight.truncated and all(o.finished for o in tight.outputs.values())
+    assert ample.preemptions == 0
+    prompts = {r.request_id: len(r.prompt_token_ids) for r in list(requests) + [r for v in arrivals.values() for r in v]}
+    flat = [task for step in inserts for task in step]
+    for rid, out in tight.outputs.items():
+        if out.preemptions and rid != "pre0":  # greedy: prefilling prompt + outputs again changes no token
+            assert out.token_ids == ample.outputs[rid].token_ids, rid
+        preempted = [i for i, t in enumerate(flat) if t[0] == rid and t[1] == "PREEMPTED"]
+        assert len(preempted) == len(out.preemptions), rid
+        for i, (received_then, received_at_reschedule) in zip(preempted, out.preemptions):
+            assert flat[i][2] == out.slot  # the victim keeps its slot
+            if received_at_reschedule is None:  # finished while preempted: never prefilled again
+                assert out.finished and not [t for t in flat[i + 1:] if t[0] == rid]
+                continue
+            assert received_at_reschedule >= received_then
+            again = [t for t in flat[i + 1:] if t[0] == rid and t[1] == "PREFILL"]
+            final = next(t for t in again if t[4] == prompts[rid] + received_at_reschedule)
+            assert again[0][3] == 0 and again[0][2] == out.slot  # from position 0, same slot
+            assert final[5] == out.token_ids[:received_at_reschedule]  # prompt + every token received
+
+
+def test_engine_one_step_behind_takes_tokens_in_flight_at_preemption_and_a_last_eos():
+    from fd_async_copy_plugin.testing.harness import preemption_workload
+
+    config, requests, arrivals = preemption_workload(engine_lag=1)
+    result = run_decode(FD24, config, requests, arrivals=arrivals, max_steps=400)
+    pairs = [p for o in result.outputs.values() for p in o.preemptions]
+    assert any(p[1] is not None and p[1] > p[0] for p in pairs)  # a token was in flight when preempted
+    late = result.outputs["pre8"]  # preempted with its eos (max_tokens=2) in flight
+    assert late.preemptions == [[1, None]] and late.finished and late.stop_reason == "length"
+
+
+def test_engine_lag_delays_outputs_by_one_step_not_tokens():
+    requests = [request(f"l{i}", [3 + i, 4, 5], max_tokens=4 + i) for i in range(3)]
+    now = run_decode(FD24, DriverConfig(), requests)
+    late = run_decode(FD24, DriverConfig(engine_lag=1), requests)
+    for rid, out in now.outputs.items():
+        other = late.outputs[rid]
+        assert other.token_ids == out.token_ids
+        assert (other.first_token_step, other.finish_step) == (out.first_token_step + 1, out.finish_step + 1)
+    assert len(late.messages) == len(now.messages)
+
+
+@pytest.mark.parametrize("settings, match", [
+    (dict(preemption=True, use_v1_scheduler=False), "V1 scheduler"),
+    (dict(preemption=True, save_output_v1=True), "msg-queue"),
+    (dict(engine_lag=-1), "engine_lag"),
+    (dict(engine_lag=1, save_output_v1=True), "engine_lag"),
+])
+def test_preemption_and_engine_lag_settings_are_checked(settings, match):
+    with pytest.raises(ValueError, match=match):
+        run_decode(FD24, DriverConfig(**settings), [request("x", [3, 4], max_tokens=2)])
+
+
+def test_a_request_that_cannot_fit_alone_is_refused_when_preempting():
+    with pytest.raises(ValueError, match="even alone"):
+        run_decode(FD24, DriverConfig(block_size=4, num_gpu_blocks=3, max_model_len=32, preemption=True),
+                   [request("big", [3, 4, 5, 6], max_tokens=12)])

@@ -39,6 +39,15 @@ Semantics worth knowing (they are FastDeploy's):
 - Block steps: with ``num_gpu_blocks`` small, a running request that finds no free KV block for
   its next position is stopped by ``update_inputs_v1`` (``is_block_step``); the driver hands it a
   block (a DECODE task) as soon as one is free, and ``recover_decode_task`` resumes it.
+- Preemption (``DriverConfig(preemption=True)``, FD 2.4's ``ResourceManagerV1._trigger_preempt``
+  and the TokenProcessor's reschedule, resource_manager_v1.py:253-312, token_processor.py:185-193,
+  730-735): instead of block-stepping, a running request that finds no free KV block preempts
+  running requests, last admitted first, until its blocks fit (itself last). A victim gets a
+  PREEMPTED task, loses its blocks and keeps its slot; the first negative row of its slot in a
+  later message (or a message whose batch no longer reaches the slot) puts it back at the front of
+  the waiting queue, and it is prefilled again with its prompt plus every token received so far,
+  in the same slot. No new request is admitted in a step that preempted. A victim whose last
+  token (received after the preemption) is an eos finishes as usual.
 
 Result: ``DecodeResult`` with ``outputs`` (``RequestOutput`` per request id), ``messages`` (every
 ``SavedMessage`` in send order), ``zmq_payloads`` (one list of row dicts per payload, plain
@@ -117,6 +126,12 @@ class DriverConfig:
     model_seed: int = 2024
     #: Run the runner's ``_dummy_run`` warm-up before the first step.
     warmup: bool = False
+    #: V1 scheduler, msg-queue output path: preempt instead of block-stepping (module doc).
+    preemption: bool = False
+    #: msg-queue output path: the engine (TokenProcessor) takes each message this many steps after
+    #: it was sent, as a token-processor thread that falls behind does. With 1, an unpatched run
+    #: sees outputs when a run with the plugin's ``overlap`` schedule sees them.
+    engine_lag: int = 0
 
 
 @dataclass
@@ -139,6 +154,9 @@ class RequestOutput:
     stop_reason: Optional[str] = None
     first_token_step: Optional[int] = None
     finish_step: Optional[int] = None
+    #: one ``[tokens received when preempted, tokens received when rescheduled]`` per preemption
+    #: (the second is None when the request finished first: its eos was still in flight)
+    preemptions: list = field(default_factory=list)
 
 
 @dataclass
@@ -150,6 +168,8 @@ class DecodeResult:
     steps: int
     executed_steps: int
     truncated: bool
+    #: PREEMPTED tasks the scheduler sent (``DriverConfig.preemption``)
+    preemptions: int = 0
 
     def differences(self, other: "DecodeResult") -> list:
         """Human-readable differences; empty when the two runs are bit-identical."""
@@ -158,7 +178,7 @@ class DecodeResult:
             out.append(f"request ids differ: {sorted(self.outputs)} vs {sorted(other.outputs)}")
         for rid in sorted(set(self.outputs) & set(other.outputs)):
             a, b = self.outputs[rid], other.outputs[rid]
-            for name in ("token_ids", "finished", "stop_reason", "first_token_step", "finish_step"):
+            for name in ("token_ids", "finished", "stop_reason", "first_token_step", "finish_step", "preemptions"):
                 if getattr(a, name) != getattr(b, name):
                     out.append(f"{rid}.{name}: {getattr(a, name)!r} vs {getattr(b, name)!r}")
             if _canonical(a.logprobs) != _canonical(b.logprobs):
@@ -174,7 +194,7 @@ class DecodeResult:
             out.append("zmq payloads differ")
         if _canonical(self.sampling_masks) != _canonical(other.sampling_masks):
             out.append("sampling masks differ")
-        for name in ("steps", "executed_steps", "truncated"):
+        for name in ("steps", "executed_steps", "truncated", "preemptions"):
             if getattr(self, name) != getattr(other, name):
                 out.append(f"{name}: {getattr(self, name)} vs {getattr(other, name)}")
         return out
@@ -212,9 +232,11 @@ class _Tracked:
         self.output = RequestOutput(user.request_id)
         self.slot = -1
         self.blocks: list = []
-        self.prefilled = 0  # prompt tokens scheduled so far
+        self.need_prefill = len(user.prompt_token_ids)  # tokens to prefill: the prompt (+ outputs after preemption)
+        self.prefilled = 0  # of those, scheduled so far
         self.processed = 0  # positions written to the KV cache after the last executed step
         self.waiting_block = False  # block step: stopped by update_inputs_v1, waiting for a block
+        self.preempted = False  # PREEMPTED task sent; not running until rescheduled and prefilled again
         self.done = False
 
 
@@ -230,6 +252,9 @@ class _Scheduler:
         self.slots: list = [None] * config.max_num_seqs
         self.waiting: list = []
         self.tracked: dict = {}
+        self.running: list = []  # admission order (FD's ``running``): preemption victims come from its end
+        self.to_reschedule: set = set()  # request ids preempted, waiting for their sync row
+        self.preemptions = 0
 
     # -- blocks --
     def _grow(self, t: _Tracked, needed: int) -> bool:
@@ -245,10 +270,58 @@ class _Scheduler:
         return True
 
     def _release(self, t: _Tracked) -> None:
-        self.free_blocks = sorted(self.free_blocks + t.blocks)
-        t.blocks = []
+        self._free(t)
         if t.slot >= 0 and self.slots[t.slot] is t:
             self.slots[t.slot] = None
+        if t in self.running:
+            self.running.remove(t)
+        if t in self.waiting:  # finished while preempted (its last token arrived after the preemption)
+            self.waiting.remove(t)
+        self.to_reschedule.discard(t.user.request_id)
+
+    def _free(self, t: _Tracked) -> None:
+        self.free_blocks = sorted(self.free_blocks + t.blocks)
+        t.blocks = []
+
+    # -- preemption (FD 2.4 ``_trigger_preempt`` / ``reschedule_preempt_task``) --
+    def _make_room(self, t: _Tracked, attempt: Callable, tasks: list) -> bool:
+        """Preempt running requests, last admitted first, until ``attempt()`` succeeds; False when
+        ``t`` itself had to go (FD then stops scheduling running requests for this step)."""
+        while not attempt():
+            victim = self.running[-1]
+            self._preempt(victim, tasks)
+            if victim is t:
+                return False
+        return True
+
+    def _preempt(self, v: _Tracked, tasks: list) -> None:
+        RequestType = self.mod.request.RequestType
+        self.running.remove(v)
+        self._free(v)
+        v.preempted = True
+        v.prefilled = v.processed = 0
+        v.waiting_block = False
+        v.output.preemptions.append([len(v.output.token_ids), None])
+        self.to_reschedule.add(v.user.request_id)
+        self.preemptions += 1
+        tasks.append(
+            self.mod.request.Request(
+                v.user.request_id, v.user.prompt_token_ids, v.user.eos_token_ids, v.fd.sampling_params,
+                idx=v.slot, task_type=RequestType.PREEMPTED,
+            )
+        )
+
+    def reschedule(self, t: _Tracked) -> None:
+        if t.user.request_id in self.to_reschedule:
+            self.to_reschedule.discard(t.user.request_id)
+            self.waiting.insert(0, t)
+            t.output.preemptions[-1][1] = len(t.output.token_ids)
+
+    def reschedule_beyond(self, batch: int) -> None:
+        """A message whose batch does not reach a preempted slot: no more tokens come from it."""
+        for t in [x for x in self.tracked.values() if x.user.request_id in self.to_reschedule]:
+            if t.slot > batch - 1:
+                self.reschedule(t)
 
     # -- tasks --
     def add(self, user: Request) -> None:
@@ -267,12 +340,16 @@ class _Scheduler:
         tasks = []
         cfg = self.config
         v1 = cfg.use_v1_scheduler
+        preempt = cfg.preemption
         for t in list(self.slots):
-            if t is None or t.done:
+            if t is None or t.done or t.preempted:
                 continue
-            prompt_len = len(t.user.prompt_token_ids)
-            if t.prefilled < prompt_len:  # next prefill chunk
+            if t.prefilled < t.need_prefill:  # next prefill chunk
                 if self._schedule_chunk(t):
+                    tasks.append(t.fd)
+                elif preempt:
+                    if not self._make_room(t, lambda: self._schedule_chunk(t), tasks):
+                        break
                     tasks.append(t.fd)
                 continue
             if not v1:
@@ -280,17 +357,29 @@ class _Scheduler:
             # Decode: the step writes position ``processed``; update_inputs_v1 then checks the
             # block of position ``processed + 1``.
             had = len(t.blocks)
-            if self._grow(t, (t.processed + 1) // self.block_size + 1) and len(t.blocks) > had:
+            needed = (t.processed + 1) // self.block_size + 1
+            grown = self._grow(t, needed)
+            if not grown and preempt:
+                if not self._make_room(t, lambda: self._grow(t, needed), tasks):
+                    break
+                grown = True
+            if grown and len(t.blocks) > had:
                 tasks.append(self._decode_task(t))
-        while self.waiting:
-            slot = next((i for i, s in enumerate(self.slots) if s is None), None)
-            if slot is None:
-                break
+        while self.waiting and not (preempt and self.preemptions_in(tasks)):
             t = self.waiting[0]
+            if t.preempted:  # rescheduled: prompt + every token received, in its own slot
+                slot = t.slot
+                t.need_prefill = len(t.user.prompt_token_ids) + len(t.output.token_ids)
+                t.fd.output_token_ids = list(t.output.token_ids)
+            else:
+                slot = next((i for i, s in enumerate(self.slots) if s is None), None)
+                if slot is None:
+                    break
             t.slot = slot
             if v1:
                 if not self._schedule_chunk(t):
-                    t.slot = -1
+                    if not t.preempted:
+                        t.slot = -1
                     break
             else:
                 total = len(t.user.prompt_token_ids) + t.user.max_tokens
@@ -302,17 +391,23 @@ class _Scheduler:
                 t.fd.block_tables = list(t.blocks)
             self.waiting.pop(0)
             self.slots[slot] = t
+            self.running.append(t)
+            t.preempted = False
             t.output.slot = slot
             t.fd.idx = slot
             tasks.append(t.fd)
         return tasks
 
+    def preemptions_in(self, tasks: list) -> bool:
+        PREEMPTED = self.mod.request.RequestType.PREEMPTED
+        return any(task.task_type == PREEMPTED for task in tasks)
+
     def _schedule_chunk(self, t: _Tracked) -> bool:
-        prompt_len = len(t.user.prompt_token_ids)
+        total = t.need_prefill
         start = t.prefilled
-        end = prompt_len if self.config.chunk_size is None else min(prompt_len, start + self.config.chunk_size)
+        end = total if self.config.chunk_size is None else min(total, start + self.config.chunk_size)
         # Blocks for the chunk; the final chunk also covers the first decode position.
-        needed = end // self.block_size + 1 if end == prompt_len else (end + self.block_size - 1) // self.block_size
+        needed = end // self.block_size + 1 if end == total else (end + self.block_size - 1) // self.block_size
         if not self._grow(t, needed):
             return False
         RequestType = self.mod.request.RequestType
@@ -340,17 +435,17 @@ class _Scheduler:
     def after_execute(self, scheduled_prefill: set) -> None:
         """Advance per-request positions for the step just executed."""
         for t in self.slots:
-            if t is None or t.done:
+            if t is None or t.done or t.preempted:
                 continue
             if t.user.request_id in scheduled_prefill:
                 t.processed = t.prefilled
-                if t.prefilled < len(t.user.prompt_token_ids):
+                if t.prefilled < t.need_prefill:
                     continue
                 # The final chunk: update_inputs_v1 checks the block of position prompt_len.
                 if self.config.use_v1_scheduler and len(t.blocks) * self.block_size <= t.processed:
                     t.waiting_block = True
                 continue
-            if t.prefilled < len(t.user.prompt_token_ids) or t.waiting_block:
+            if t.prefilled < t.need_prefill or t.waiting_block:
                 continue
             t.processed += 1
             if self.config.use_v1_scheduler and len(t.blocks) * self.block_size <= t.processed:
@@ -359,7 +454,10 @@ class _Scheduler:
     # -- outputs (the TokenProcessor's part) --
     def accept(self, slot: int, token: int, step: int, logprobs: Optional[TokenLogprobs]) -> None:
         t = self.slots[slot] if slot < len(self.slots) else None
-        if t is None or t.done or token < 0:
+        if t is None or t.done:
+            return
+        if token < 0:  # the sync row of a preempted slot: reschedule (token_processor.py:730-735)
+            self.reschedule(t)
             return
         out = t.output
         if out.first_token_step is None:
@@ -413,6 +511,8 @@ def _validate_request(user: Request, config: DriverConfig) -> None:
             len(s) > config.stop_seqs_max_len for s in user.stop_seqs
         ):
             raise ValueError(f"{user.request_id}: stop sequences exceed the configured limits")
+    if config.preemption and (len(user.prompt_token_ids) + user.max_tokens) // config.block_size + 1 > _num_blocks(config):
+        raise ValueError(f"{user.request_id}: does not fit in num_gpu_blocks={_num_blocks(config)} even alone")
     if (user.logprobs is not None or user.prompt_logprobs is not None) and not config.enable_logprob:
         raise ValueError(f"{user.request_id}: logprobs need DriverConfig(enable_logprob=True)")
 
@@ -471,6 +571,10 @@ def _fd_config(mod: _Modules, config: DriverConfig, port: int):
         scheduler.enable_overlap_schedule = True
     if config.chunk_size is not None and not config.use_v1_scheduler:
         raise ValueError("chunked prefill is modelled on the V1 scheduler only")
+    if config.preemption and (not config.use_v1_scheduler or config.save_output_v1):
+        raise ValueError("preemption is modelled on the V1 scheduler with the msg-queue output path only")
+    if config.engine_lag and (config.engine_lag < 0 or config.save_output_v1):
+        raise ValueError("engine_lag is a step count >= 0, modelled on the msg-queue output path only")
     model = c.ModelConfig(
         vocab_size=config.vocab_size,
         ori_vocab_size=config.vocab_size,
@@ -557,11 +661,14 @@ class _OutputReader:
         self.sink = get_sink(f"get_save_output_rank0_{port}") if config.save_output_v1 else None
         self.mask_sink = get_sink(f"sampling_mask_output_rank_0_{port}") if config.keep_sampling_mask else None
         self.seen_payloads = 0
+        self.backlog: list = []  # (step read, message): the engine takes it ``engine_lag`` steps later
 
     def read(self, step: int) -> None:
         for message in self.queue.drain():
             self.messages.append(message)
-            self._accept_message(message, step)
+            self.backlog.append((step, message))
+        while self.backlog and self.backlog[0][0] <= step - self.config.engine_lag:
+            self._accept_message(self.backlog.pop(0)[1], step)
         if self.sink is not None:
             # Wait until the output thread has sent everything queued so far.
             self.sink.wait_for(self.runner.async_output_queue.puts - self.seen_payloads)
@@ -580,6 +687,7 @@ class _OutputReader:
     def _accept_message(self, message: SavedMessage, step: int) -> None:
         tokens = message.tokens()
         topk = message.topk() if message.kind == "topk" else None
+        self.sched.reschedule_beyond(len(tokens))  # token_processor.py:185-193, before the rows
         for slot, token in enumerate(tokens):
             t = self.sched.slots[slot] if slot < len(self.sched.slots) else None
             lp = None
@@ -634,7 +742,7 @@ def run_decode(
             runner_bsz = None  # real_bsz of the last insertion (FastDeploy's max_occupied_batch_index)
             while True:
                 pending_arrivals = any(step >= steps for step in arrivals)
-                if not sched.unfinished() and not pending_arrivals:
+                if not sched.unfinished() and not pending_arrivals and not reader.backlog:
                     break
                 if steps >= max_steps:
                     truncated = True
@@ -648,7 +756,7 @@ def run_decode(
                 if stalled_steps > 2:
                     raise RuntimeError(
                         "every running request waits for a KV block: num_gpu_blocks is too small "
-                        "(FastDeploy would preempt a request; the driver does not model preemption)"
+                        "(FastDeploy would preempt a request: DriverConfig(preemption=True) models that)"
                     )
                 if tasks:
                     if config.use_v1_scheduler:
@@ -679,6 +787,7 @@ def run_decode(
                 steps=steps,
                 executed_steps=executed,
                 truncated=truncated,
+                preemptions=sched.preemptions,
             )
         finally:
             close = getattr(runner, "close", None)
