@@ -193,6 +193,8 @@ def build_execute_model(original, ctx):
                 state.pending, state.captured = state.captured, []
                 state.flag_turn ^= 1
                 state.served["overlap steps"] += 1
+            else:  # the batch had drained: this step only saved the last one (FD returned before sampling)
+                state.served["flush step (batch drained)"] += 1
 
     return execute_model
 

@@ -1,17 +1,27 @@
 """Feature ``overlap`` (FD 2.4, opt-in) and ``flag_race`` (FD 2.5): the save one step later.
 
-Real CPU Paddle, the fd24/fd25 replicas, ``host`` and ``sim``. Outputs are compared per request
-with unpatched FastDeploy 2.4 (tokens, logprobs, stop reasons), each delivered at most one step
-later; every comparison asserts that overlapped steps ran.
+Real CPU Paddle, the fd24/fd25 replicas, ``host`` and ``sim``. Two comparisons with unpatched
+FastDeploy 2.4, each asserting that overlapped steps ran:
+
+- per request (``run_pair``): tokens, logprobs and stop reasons identical, each request finished at
+  most one step later;
+- exact (``run_exact``): against unpatched FD 2.4 whose engine takes each message one step after
+  it was sent (``DriverConfig(engine_lag=1)``, a token processor one step behind), every saved
+  message, every output and the step it arrived, every preemption and the schedule are identical;
+  only the flush steps that run when the batch drains (they send nothing) are added. This is the
+  check that holds under preemption, where the engine's later view changes which request is
+  preempted when.
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 
 import pytest
 
 from fd_async_copy_plugin.patches import overlap as overlap_patch
+from fd_async_copy_plugin.patches._runners import per_runner
 from fd_async_copy_plugin.patches import stop_flag as stop_flag_patch
 from fd_async_copy_plugin.registry.patch import Patch
 from fd_async_copy_plugin.runtime import collecting
@@ -81,6 +91,97 @@ def run_pair(cfg, requests, arrivals, backend, features=OVERLAP, max_steps=200):
         plugin = run_decode(FD24, cfg, requests, arrivals=arrivals, max_steps=max_steps, on_step=on_step)
     assert_same_per_request(base.result, plugin)
     return plugin, served, fallbacks
+
+
+def run_exact(cfg, requests, arrivals, backend, features=OVERLAP, max_steps=300):
+    """``cfg.engine_lag`` steps behind under overlap is FD 2.4 with the engine one step further behind."""
+    base = run_variant(Variant("fd24-unpatched", FD24, False), dataclasses.replace(cfg, engine_lag=cfg.engine_lag + 1),
+                       requests, backend=backend, arrivals=arrivals, max_steps=max_steps).result
+    served, fallbacks = collections.Counter(), collections.Counter()
+
+    def on_step(step, runner):
+        state = runner.__dict__.get("_fdac_overlap")
+        if state is not None:
+            served.clear(), served.update(state.served)
+            fallbacks.clear(), fallbacks.update(state.fallbacks)
+
+    with device_for(backend), plugin_state(Variant("p", FD24, True, features), backend), collecting():
+        plugin = run_decode(FD24, cfg, requests, arrivals=arrivals, max_steps=max_steps, on_step=on_step)
+    diffs = [d for d in base.differences(plugin) if not d.startswith("executed_steps")]
+    assert not diffs, diffs[:10]
+    assert not plugin.truncated and served["overlap steps"] > 0 and not fallbacks, (served, fallbacks)
+    assert base.executed_steps == len(base.messages)  # FD 2.4: one message per executed step
+    assert plugin.executed_steps - base.executed_steps == served["flush step (batch drained)"], served
+    return plugin, served
+
+
+def _preemption(blocks):
+    from fd_async_copy_plugin.testing.harness import preemption_workload
+
+    return preemption_workload(num_gpu_blocks=blocks)
+
+
+EXACT = {
+    "arrivals every step": lambda: (config(), *workload()),
+    "logprobs 0/5/20, arrivals": lambda: (config(enable_logprob=True), *workload(logprobs=(0, 5, 20, None))),
+    "all ending together": lambda: (config(chunk_size=None), [_req(i, 4, 6) for i in range(5)], {}),
+    "max_tokens=1, 2-chunk prompts": lambda: (
+        config(chunk_size=8), [_req(0, 14, 1), _req(1, 15, 3), _req(2, 3, 1)], {2: [_req(3, 12, 2)]}),
+    "block steps": lambda: (
+        config(max_num_seqs=8, max_model_len=128, vocab_size=1024, num_gpu_blocks=14),
+        [_req(0, 5, 40, top_p=0.7, seed=3), _req(1, 9, 20), _req(2, 20, 1), _req(3, 13, 40), _req(4, 3, 35),
+         _req(5, 30, 14)], {3: [_req(7, 11, 20)], 9: [_req(8, 4, 3)]}),
+    "preemption mid-flight (12 blocks)": lambda: _preemption(12),
+    "preemption right after admission (10 blocks)": lambda: _preemption(10),
+}
+
+
+@pytest.mark.parametrize("backend", ["host", "sim"])
+@pytest.mark.parametrize("name", list(EXACT))
+def test_identical_to_fastdeploy_24_with_the_engine_one_step_behind(name, backend):
+    cfg, requests, arrivals = EXACT[name]()
+    result, served = run_exact(cfg, requests, arrivals, backend, max_steps=400)
+    if cfg.preemption:
+        pairs = [p for o in result.outputs.values() for p in o.preemptions]
+        assert result.preemptions >= 4 and len(pairs) == result.preemptions
+        # preempted while a step of its was still to be saved: that token reached the engine first
+        assert any(p[1] is None or p[1] > p[0] for p in pairs), pairs
+        if "admission" in name:
+            assert any(p[0] == 0 for p in pairs), pairs
+        else:
+            assert [[1, None]] in [o.preemptions for o in result.outputs.values()]  # its eos was in flight
+
+
+@pytest.mark.parametrize("blocks", [10, 12])
+def test_an_engine_further_behind_is_still_fastdeploy_24_one_step_further_behind(blocks):
+    cfg, requests, arrivals = _preemption(blocks)
+    result, _ = run_exact(dataclasses.replace(cfg, engine_lag=1), requests, arrivals, "sim", max_steps=400)
+    assert result.preemptions >= 3
+
+
+def test_planted_dropping_the_pending_step_of_a_preempted_slot_is_caught(monkeypatch):
+    """A plausible wrong design: "the slot was preempted, so its pending output is stale" - the
+    pending save is dropped at an insert that preempts. The victim's in-flight token (and the other
+    rows of that step) never reach the engine."""
+    dropped = []
+
+    def build_dropping(original, ctx):
+        @per_runner(original, "_fdac_overlap")
+        def insert_tasks_v1(state, self, tasks, *args, **kwargs):
+            if any(t.task_type.name == "PREEMPTED" for t in tasks) and state.pending:
+                state.pending = []
+                dropped.append(len(tasks))
+            state.flush("insert_tasks_v1")
+            return original(self, tasks, *args, **kwargs)
+
+        return insert_tasks_v1
+
+    planted = tuple(Patch(p.target, build_dropping) if p.target.attr.endswith("insert_tasks_v1") else p
+                    for p in overlap_patch.OverlapFeature.patches)
+    monkeypatch.setattr(overlap_patch.OverlapFeature, "patches", planted)
+    with pytest.raises(AssertionError, match=r"pre\d+\.token_ids"):
+        run_exact(*_preemption(12), "sim", max_steps=400)
+    assert dropped
 
 
 @pytest.mark.parametrize("backend", ["host", "sim"])

@@ -126,6 +126,21 @@ def test_block_steps_and_recovery_are_served_from_the_shadow(backend):
     assert set(fallbacks) == {"shadow loaded (construction)"}, fallbacks
 
 
+@pytest.mark.parametrize("backend", ["host", "sim"])
+@pytest.mark.parametrize("blocks, lag", [(10, 0), (12, 0), (12, 1)])
+def test_preemption_mid_flight_is_followed_by_the_shadow(backend, blocks, lag):
+    """PREEMPTED inserts (stop flag, lengths and block-table row reset in the victim's slot) and the
+    victim's second prefill of prompt + received tokens go through the shadow like any insert."""
+    from fd_async_copy_plugin.testing.harness import preemption_workload
+
+    cfg, requests, arrivals = preemption_workload(num_gpu_blocks=blocks, engine_lag=lag)
+    result, served, fallbacks = run_pair(cfg, requests, arrivals, backend, max_steps=400)
+    assert result.preemptions >= 4 and all(o.finished for o in result.outputs.values())
+    assert served["S1 token count"] >= result.executed_steps - 1, served
+    assert served["I1 block-table rows staged"] > 0, served
+    assert set(fallbacks) == {"shadow loaded (construction)"}, fallbacks
+
+
 @pytest.mark.parametrize("logprobs", [(0,), (1,), (20,), (-1,), (None, 5, 20, 0)])
 def test_every_logprob_width(logprobs):
     requests, arrivals = workload(7, logprobs=logprobs, steps=12)
