@@ -44,7 +44,7 @@ def run(args) -> int:
                 report["ok"] = False
                 report["scenarios"].append(entry)
                 continue
-            diffs = base.result.differences(plugin.result)
+            diffs = scenario.differences(base.result, plugin.result)
             features = (plugin.status or {}).get("features", {})
             entry.update(
                 ok=not diffs and not base.result.truncated,

@@ -68,10 +68,11 @@ VARIANTS = {
     "fd25-plugin": Variant("fd25-plugin", ROOTS["fd25"], True),
 }
 #: The whole-step census (``host_waits``) also covers 2.5's overlap schedule.
+#: FastDeploy 2.4 with the opt-in overlap schedule and what it needs
+OVERLAP_FEATURES = ("logprobs", "stop_flag", "sampled_tokens", "step_syncs", "overlap")
 CENSUS_VARIANTS = {
     **VARIANTS,
-    "fd24-overlap": Variant("fd24-overlap", ROOTS["fd24"], True, ("logprobs", "stop_flag", "sampled_tokens",
-                                                                   "step_syncs", "overlap")),
+    "fd24-overlap": Variant("fd24-overlap", ROOTS["fd24"], True, OVERLAP_FEATURES),
     "fd25-native-overlap": Variant("fd25-native-overlap", ROOTS["fd25"], False, overlap=True),
 }
 CENSUS_ORDER = ("fd24-unpatched", "fd24-backport", "fd24-plugin", "fd24-overlap", "fd25-native",
@@ -363,18 +364,35 @@ class Scenario:
     config: DriverConfig
     requests: tuple
     arrivals: dict | None = None
+    #: the plugin's features (None: the default, ``all``)
+    features: tuple | None = None
+    #: the unpatched run's engine lag: 1 for the overlap schedule, whose outputs reach the engine
+    #: one step later (``DriverConfig.engine_lag``); every message and output is then identical
+    base_engine_lag: int = 0
+
+    def differences(self, base: DecodeResult, plugin: DecodeResult) -> list:
+        """``base.differences(plugin)``; under the overlap schedule without the executed-step count
+        (its flush steps when the batch drains send nothing) but with every message checked."""
+        diffs = base.differences(plugin)
+        if self.base_engine_lag:
+            diffs = [d for d in diffs if not d.startswith("executed_steps")]
+            if plugin.executed_steps < base.executed_steps:
+                diffs.append(f"executed_steps: {base.executed_steps} vs {plugin.executed_steps} (fewer with the plugin)")
+        return diffs
 
 
 def selftest_scenarios(steps: int = 48) -> list[Scenario]:
     """Mixed workloads covering the patched paths: every logprob width, eos, stop sequences,
     max_tokens=1, chunked prefill, prompt logprobs, block steps, mid-run arrivals, both output
-    paths (save ops and the ZMQ thread), and FastDeploy 2.5's overlap schedule."""
+    paths (save ops and the ZMQ thread), FastDeploy 2.5's overlap schedule, preemption mid-flight,
+    and the opt-in ``overlap`` feature (against FD 2.4 with its engine one step behind)."""
     eos = [2]
 
     def req(i, n_prompt, max_tokens, **kw):
         prompt = [(11 * i + 5 * j) % 1000 + 3 for j in range(n_prompt)]
         return Request(f"req{i}", prompt, max_tokens=max_tokens, eos_token_ids=eos, **kw)
 
+    preemption, preempting, preempting_later = preemption_workload()
     mixed = (
         req(0, 5, steps, logprobs=0),
         req(1, 9, steps // 2, logprobs=1),
@@ -401,14 +419,18 @@ def selftest_scenarios(steps: int = 48) -> list[Scenario]:
                  tuple(req(20 + i, 4 + i, steps // 2 + i) for i in range(5))),
         Scenario("fd25 overlap schedule, ZMQ, prompt logprobs", "fd25",
                  DriverConfig(**base, save_output_v1=True, overlap=True), zmq),
+        Scenario("fd24 preemption mid-flight", "fd24", preemption, preempting, preempting_later),
+        Scenario("fd24 opt-in overlap vs FD 2.4 with the engine one step behind: preemption mid-flight", "fd24",
+                 preemption, preempting, preempting_later, features=OVERLAP_FEATURES, base_engine_lag=1),
     ]
 
 
 def run_scenario(scenario: Scenario, backend: str, max_steps: int = 400) -> tuple[VariantRun, VariantRun]:
     root = ROOTS[scenario.replica]
     off = Variant(f"{scenario.replica}-unpatched", root, False)
-    on = Variant(f"{scenario.replica}-plugin", root, True)
+    on = Variant(f"{scenario.replica}-plugin", root, True, scenario.features)
     kwargs = dict(max_steps=max_steps, arrivals=scenario.arrivals)
-    base = run_variant(off, scenario.config, scenario.requests, backend=backend, **kwargs)
+    base_config = dataclasses.replace(scenario.config, engine_lag=scenario.base_engine_lag)
+    base = run_variant(off, base_config, scenario.requests, backend=backend, **kwargs)
     plugin = run_variant(on, scenario.config, scenario.requests, backend=backend, **kwargs)
     return base, plugin

@@ -361,3 +361,16 @@ def test_the_worker_taking_a_task_batch_finishes_the_pending_save(monkeypatch):
         run_decode(FD24, config(chunk_size=None), [_req(0, 4, 6), _req(1, 5, 6)], on_step=on_step)
     assert seen and not any(seen), seen
     assert not hasattr(EngineWorkerQueue.get_tasks, "__wrapped__")  # restored by disable()
+
+
+def test_selftest_overlap_scenario_passes_and_fails_when_overlap_stands_down():
+    """``fd-async-copy selftest``'s overlap scenario compares with FD 2.4 one engine step behind: a
+    plugin that quietly ran FD's own schedule delivers every output a step early and fails it."""
+    from fd_async_copy_plugin.testing.harness import run_scenario, selftest_scenarios
+
+    (scenario,) = [s for s in selftest_scenarios() if s.features and "overlap" in s.features]
+    base, plugin = run_scenario(scenario, "sim")
+    assert scenario.differences(base.result, plugin.result) == [] and plugin.result.preemptions > 0
+    without = dataclasses.replace(scenario, features=tuple(f for f in scenario.features if f != "overlap"))
+    base, plugin = run_scenario(without, "sim")
+    assert any("first_token_step" in d for d in without.differences(base.result, plugin.result))
