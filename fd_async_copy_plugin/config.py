@@ -24,7 +24,13 @@ ENV_FEATURES = "FD_ASYNC_COPY_FEATURES"
 ENV_BACKEND = "FD_ASYNC_COPY_BACKEND"
 ENV_STRICT = "FD_ASYNC_COPY_STRICT"
 ENV_RING_MAX_BYTES = "FD_ASYNC_COPY_RING_MAX_BYTES"
-ENV_VARS = (ENV_ENABLE, ENV_FEATURES, ENV_BACKEND, ENV_STRICT, ENV_RING_MAX_BYTES)
+ENV_OVERLAP_COUNT = "FD_ASYNC_COPY_OVERLAP_COUNT"
+ENV_VARS = (ENV_ENABLE, ENV_FEATURES, ENV_BACKEND, ENV_STRICT, ENV_RING_MAX_BYTES, ENV_OVERLAP_COUNT)
+#: how the ``overlap`` feature sizes the next step's tokens (``docs/overlap-token-count.md``):
+#: ``exact`` waits for the previous step before preparing the next one (bit-identical to FD 2.4 on
+#: any GPU); ``bound`` uses an upper bound and pads, as FD 2.5's overlap schedule does (faster; on a
+#: step after a request finished, the padded GEMMs can change the real rows' bits)
+OVERLAP_COUNTS = ("exact", "bound")
 
 #: Default total size of the pinned rings of one feature (bytes); beyond it a step is copied
 #: FastDeploy 2.4's blocking way instead of growing page-locked memory (issue 13).
@@ -90,6 +96,19 @@ def parse_ring_max_bytes(raw: str | None, source: str = ENV_RING_MAX_BYTES) -> i
     return int(digits) * _SIZE_SUFFIXES[suffix]
 
 
+def parse_overlap_count(raw: str | None, source: str = ENV_OVERLAP_COUNT) -> str:
+    value = (raw or "exact").strip()
+    if value not in OVERLAP_COUNTS:
+        raise ConfigError(f"{source}={raw!r} is not valid; allowed values: exact (default: bit-identical to "
+                          "FastDeploy 2.4) or bound (FastDeploy 2.5's padded upper bound: faster, see the README)")
+    return value
+
+
+def overlap_count_from_env(environ: Mapping[str, str] | None = None) -> str:
+    environ = os.environ if environ is None else environ
+    return parse_overlap_count(environ.get(ENV_OVERLAP_COUNT))
+
+
 def ring_max_bytes_from_env(environ: Mapping[str, str] | None = None) -> int:
     environ = os.environ if environ is None else environ
     return parse_ring_max_bytes(environ.get(ENV_RING_MAX_BYTES))
@@ -102,6 +121,7 @@ class AsyncCopyConfig:
     backend: str = "auto"
     strict: bool = False
     ring_max_bytes: int = DEFAULT_RING_MAX_BYTES
+    overlap_count: str = "exact"
     #: raw values of the variables, for ``doctor``
     env: Mapping[str, str | None] = field(default_factory=dict)
 
@@ -115,6 +135,7 @@ class AsyncCopyConfig:
             "backend": lambda: parse_backend(raw[ENV_BACKEND]),
             "strict": lambda: _bool(ENV_STRICT, raw[ENV_STRICT]),
             "ring_max_bytes": lambda: parse_ring_max_bytes(raw[ENV_RING_MAX_BYTES]),
+            "overlap_count": lambda: parse_overlap_count(raw[ENV_OVERLAP_COUNT]),
         }
         values, problems = {}, []
         for key, parse in parsers.items():  # every bad variable is reported, not only the first

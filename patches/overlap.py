@@ -40,6 +40,7 @@ from __future__ import annotations
 import collections
 import threading
 
+from fd_async_copy_plugin.config import overlap_count_from_env
 from fd_async_copy_plugin.registry.patch import Feature, Patch, Target, wraps
 
 from ._runners import FeatureRunners, per_runner
@@ -57,8 +58,11 @@ _capturing = threading.local()  # the OverlapState whose post_process is running
 class OverlapState:
     """One runner's overlap schedule: the saves of the last step, still to run."""
 
-    def __init__(self, runner, stop_state, backend) -> None:
+    def __init__(self, runner, stop_state, backend, count_mode: str = "exact") -> None:
         self.backend = backend
+        #: "exact": the next step is sized after the last one's snapshot landed (step_syncs waits
+        #: for it at _prepare_inputs); "bound": FD 2.5's padded upper bound, no wait before the forward
+        self.count_mode = count_mode
         self.stop = stop_state
         self.shadow = runner._fdac_syncs.shadow
         # one pinned flag per step in flight: a slot is rewritten two steps later, after its save ran
@@ -82,7 +86,7 @@ class OverlapState:
         self.captured.append((op, args))
 
     def report(self) -> dict:
-        return {"fallbacks": dict(self.fallbacks), "served": dict(self.served)}
+        return {"token_count": self.count_mode, "fallbacks": dict(self.fallbacks), "served": dict(self.served)}
 
     def detach(self) -> None:
         self.flush("disable")
@@ -113,8 +117,9 @@ class _StepFlag:
 
 
 class OverlapRunners(FeatureRunners):
-    def __init__(self) -> None:
+    def __init__(self, count_mode: str = "exact") -> None:
         super().__init__("overlap", "_fdac_overlap")
+        self.count_mode = count_mode
 
     def flush_all(self, why: str) -> None:
         for runner in self.live():
@@ -164,7 +169,7 @@ def build_init_share_inputs(original, ctx):
             missing = " and ".join(n for n, s in (("stop_flag", stop), ("step_syncs", syncs)) if s is None)
             registry.stand_down(self, f"needs {missing} on this runner")
             return
-        registry.add(self, OverlapState(self, stop, ctx.backend))
+        registry.add(self, OverlapState(self, stop, ctx.backend, registry.count_mode))
 
     return _init_share_inputs
 
@@ -278,7 +283,7 @@ class OverlapFeature(Feature):
     )
 
     def prepare(self, ctx) -> OverlapRunners:
-        return OverlapRunners()
+        return OverlapRunners(overlap_count_from_env())
 
     def report(self, ctx) -> dict | None:
         return ctx.state.report() if isinstance(ctx.state, OverlapRunners) else None

@@ -344,10 +344,11 @@ def _device_copy(t, like):
     return out
 
 
-def _overlap_step(runner) -> bool:
-    """The overlap feature is running this step (its save comes after the next forward)."""
+def _overlap_bound_step(runner) -> bool:
+    """The overlap feature is running this step with FD 2.5's upper-bound token count (its save
+    comes after the next forward; with the exact count the last snapshot is waited for first)."""
     state = runner.__dict__.get("_fdac_overlap")
-    return state is not None and state.in_step
+    return state is not None and state.in_step and state.count_mode == "bound"
 
 
 def _overlap_pending(runner) -> bool:
@@ -434,9 +435,9 @@ def build_prepare_inputs(original, ctx):
         dummy = bool(kwargs.get("is_dummy_or_profile_run", args[0] if args else False))
         if not dummy:
             shadow.ensure_loaded()
-        bound = not dummy and _overlap_step(self) and shadow.snapshot_in_flight()
-        if not bound:
-            shadow.refresh("_prepare_inputs")
+        bound = not dummy and _overlap_bound_step(self) and shadow.snapshot_in_flight()
+        if not bound:  # free unless the overlap schedule's exact count waits here for the last step
+            shadow.refresh("overlap.exact count" if _overlap_pending(self) else "_prepare_inputs")
         why = "dummy/profile run" if dummy else (own_path_reason(self, runner_module) or shadow.s1_off and "S1 stood down")
         count = None
         if not why:

@@ -43,7 +43,7 @@ def run(args) -> int:
             times[name].extend(run.step_seconds[warmup:])
             runs[name] = run
     # The census needs one run each: FastDeploy 2.5 native (PR #6176/#6362) and with the plugin.
-    for name in ("fd24-overlap", "fd25-native", "fd25-native-overlap", "fd25-plugin"):
+    for name in ("fd24-overlap", "fd24-overlap-bound", "fd25-native", "fd25-native-overlap", "fd25-plugin"):
         runs[name] = run_variant(CENSUS_VARIANTS[name], config, requests, backend=backend, max_steps=steps + 8)
     summary = {name: summarize_times(values) for name, values in times.items()}
     ratio = summary["fd24-plugin"]["median_ms"] / summary["fd24-unpatched"]["median_ms"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import os
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -55,6 +56,8 @@ class Variant:
     features: tuple[str, ...] | None = None
     #: FastDeploy 2.5's ``enable_overlap_schedule`` (forces ``DriverConfig.overlap``)
     overlap: bool = False
+    #: environment variables set while the plugin is enabled (e.g. FD_ASYNC_COPY_OVERLAP_COUNT)
+    env: tuple[tuple[str, str], ...] = ()
 
 
 #: FastDeploy 2.4 with the backport only (#6176 + #6362), without step_syncs
@@ -73,9 +76,11 @@ OVERLAP_FEATURES = ("logprobs", "stop_flag", "sampled_tokens", "step_syncs", "ov
 CENSUS_VARIANTS = {
     **VARIANTS,
     "fd24-overlap": Variant("fd24-overlap", ROOTS["fd24"], True, OVERLAP_FEATURES),
+    "fd24-overlap-bound": Variant("fd24-overlap-bound", ROOTS["fd24"], True, OVERLAP_FEATURES,
+                                  env=(("FD_ASYNC_COPY_OVERLAP_COUNT", "bound"),)),
     "fd25-native-overlap": Variant("fd25-native-overlap", ROOTS["fd25"], False, overlap=True),
 }
-CENSUS_ORDER = ("fd24-unpatched", "fd24-backport", "fd24-plugin", "fd24-overlap", "fd25-native",
+CENSUS_ORDER = ("fd24-unpatched", "fd24-backport", "fd24-plugin", "fd24-overlap", "fd24-overlap-bound", "fd25-native",
                 "fd25-native-overlap", "fd25-plugin")
 
 
@@ -99,17 +104,24 @@ def plugin_state(variant: Variant, backend: str):
     disable()
     status = None
     previous = None
-    if variant.plugin:
-        status = enable(features=variant.features, backend=backend, root=variant.root)
-    else:
-        # Unpatched FastDeploy's own copies (2.5's pinned buffers and events) run on the same backend.
-        previous = runtime.use(runtime.make_backend(backend))
+    saved_env = {name: os.environ.get(name) for name, _ in variant.env}
+    os.environ.update(dict(variant.env))
     try:
+        if variant.plugin:
+            status = enable(features=variant.features, backend=backend, root=variant.root)
+        else:
+            # Unpatched FastDeploy's own copies (2.5's pinned buffers and events) run on the same backend.
+            previous = runtime.use(runtime.make_backend(backend))
         yield status
     finally:
         disable()
         if not variant.plugin:
             runtime.use(previous)
+        for name, value in saved_env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 @dataclass
@@ -190,8 +202,10 @@ def site_label(wait: dict) -> str:
     where = wait["where"]
     function = where.rsplit(" ", 1)[-1]
     if wait["mechanism"] == "event":
-        if where.startswith(("patches/stop_flag.py", "patches/overlap.py")):
-            return "save event"  # overlap: the previous step's, waited after this step's forward
+        if where.startswith(("patches/stop_flag.py", "patches/overlap.py", "patches/step_syncs.py")):
+            # overlap: the previous step's, waited after this step's forward (bound) or, for its
+            # snapshot, before this step is prepared (step_syncs, the exact count)
+            return "save event"
         if where.startswith("patches/flag_race.py"):
             return "insert"  # 2.5 overlap: the wait an insert's synchronous H2D makes on a GPU anyway
         if where.startswith("patches/logprobs.py"):

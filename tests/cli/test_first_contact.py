@@ -163,12 +163,13 @@ def test_selftest_names_a_skipped_feature_and_fails_unless_allowed(tmp_path):
     done = cli("selftest", "--steps", "4", "--backend", "host", env=env)
     assert done.returncode == 1, done.stdout[-2000:]
     (result,) = [line for line in done.stdout.splitlines() if line.startswith("  result:")]
-    assert "FAIL: not tested: sampled_tokens, step_syncs, stop_flag" in result and "--allow-skip" in result
+    assert "FAIL: not tested: overlap, sampled_tokens, step_syncs, stop_flag" in result and "--allow-skip" in result
+    assert "not compared (stop_flag, sampled_tokens, step_syncs, overlap not applied)" in " ".join(done.stdout.split())
     assert "stop_flag: skipped: custom ops unavailable" in done.stdout
     assert all(len(line) <= 100 for line in done.stdout.splitlines())
     allowed = cli("selftest", "--steps", "4", "--backend", "host", "--allow-skip", env=env)
     assert allowed.returncode == 0
-    assert "result: PASS with sampled_tokens, step_syncs, stop_flag skipped (--allow-skip)" in allowed.stdout
+    assert "result: PASS with overlap, sampled_tokens, step_syncs, stop_flag skipped (--allow-skip)" in allowed.stdout
 
 
 def test_licence_is_an_spdx_string_and_the_build_backend_supports_it():

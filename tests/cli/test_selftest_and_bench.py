@@ -56,22 +56,24 @@ def test_bench_smoke_json_has_ratio_and_census_side_by_side():
     assert set(report["host_time_per_step"]) == {"fd24-unpatched", "fd24-backport", "fd24-plugin"}
     assert report["ratio_plugin_over_unpatched"] > 0 and report["ratio_backport_over_unpatched"] > 0
     census = report["census_per_step"]
-    assert set(census) == {"fd24-unpatched", "fd24-backport", "fd24-plugin", "fd24-overlap", "fd25-native",
-                           "fd25-native-overlap", "fd25-plugin"}
+    assert set(census) == {"fd24-unpatched", "fd24-backport", "fd24-plugin", "fd24-overlap", "fd24-overlap-bound",
+                           "fd25-native", "fd25-native-overlap", "fd25-plugin"}
     # The whole-step census (device tracking): fd24-step-syncs.md's counts per plain decode step.
     waits = {name: (row["host_waits"]["total"], row["host_waits_with_logprobs"]["total"]) for name, row in census.items()}
     assert waits == {
         "fd24-unpatched": (7, 10),
         "fd24-backport": (6, 6),
         "fd24-plugin": (1, 1),  # step_syncs: the save event only
-        "fd24-overlap": (1, 1),  # the previous step's save event, after this step's forward
+        "fd24-overlap": (1, 1),  # exact count: the previous step's event, before this step is prepared
+        "fd24-overlap-bound": (1, 1),  # the previous step's save event, after this step's forward
         "fd25-native": (4, 4),
         "fd25-native-overlap": (3, 3),
         "fd25-plugin": (4, 4),
     }
     assert census["fd24-unpatched"]["host_waits"]["long"] == 2  # T and S5
     assert [s["label"] for s in census["fd24-plugin"]["host_waits"]["sites"]] == ["save event"]
-    assert census["fd24-overlap"]["host_waits"]["long"] == 0  # nothing waits for this step's forward
+    assert census["fd24-overlap-bound"]["host_waits"]["long"] == 0  # nothing waits for this step's forward
+    assert census["fd24-overlap"]["host_waits"]["long"] == 1  # the GPU drains before the next step
     assert census["fd24-plugin"]["host_waits"]["long"] == 1
     for site in census["fd24-backport"]["host_waits"]["sites"]:
         assert re.fullmatch(r"\S+\.py:\d+ \w+", site["site"]), site

@@ -76,19 +76,38 @@ def assert_same_per_request(base, plugin):
             assert 0 <= b.finish_step - a.finish_step <= 1, (rid, a.finish_step, b.finish_step)
 
 
-def run_pair(cfg, requests, arrivals, backend, features=OVERLAP, max_steps=200):
-    base = run_variant(Variant("fd24-unpatched", FD24, False), cfg, requests, backend=backend,
-                       arrivals=arrivals, max_steps=max_steps)
+@pytest.fixture(params=["exact", "bound"])
+def count_mode(request, monkeypatch):
+    """``FD_ASYNC_COPY_OVERLAP_COUNT``: the exact count (default) or FD 2.5's padded upper bound."""
+    monkeypatch.setenv("FD_ASYNC_COPY_OVERLAP_COUNT", request.param)
+    return request.param
+
+
+def _run_plugin(cfg, requests, arrivals, backend, features, max_steps):
+    """The plugin's run, with overlap's counters (``served`` also holds step_syncs' token-count
+    counters, prefixed ``syncs:``) as they stood after the last step."""
     served, fallbacks = collections.Counter(), collections.Counter()
 
     def on_step(step, runner):
         state = runner.__dict__.get("_fdac_overlap")
         if state is not None:
             served.clear(), served.update(state.served)
+            served.update({f"syncs: {k}": v for k, v in state.shadow.served.items() if k.startswith("S1")})
             fallbacks.clear(), fallbacks.update(state.fallbacks)
+            mode = state.count_mode
+            served["count mode: " + mode] = 1
 
     with device_for(backend), plugin_state(Variant("p", FD24, True, features), backend), collecting():
         plugin = run_decode(FD24, cfg, requests, arrivals=arrivals, max_steps=max_steps, on_step=on_step)
+    if served["count mode: exact"]:  # never sized by a bound: every step waited for the last one's count
+        assert not served["syncs: S1 upper bound (tail filled)"], served
+    return plugin, served, fallbacks
+
+
+def run_pair(cfg, requests, arrivals, backend, features=OVERLAP, max_steps=200):
+    base = run_variant(Variant("fd24-unpatched", FD24, False), cfg, requests, backend=backend,
+                       arrivals=arrivals, max_steps=max_steps)
+    plugin, served, fallbacks = _run_plugin(cfg, requests, arrivals, backend, features, max_steps)
     assert_same_per_request(base.result, plugin)
     return plugin, served, fallbacks
 
@@ -97,16 +116,7 @@ def run_exact(cfg, requests, arrivals, backend, features=OVERLAP, max_steps=300)
     """``cfg.engine_lag`` steps behind under overlap is FD 2.4 with the engine one step further behind."""
     base = run_variant(Variant("fd24-unpatched", FD24, False), dataclasses.replace(cfg, engine_lag=cfg.engine_lag + 1),
                        requests, backend=backend, arrivals=arrivals, max_steps=max_steps).result
-    served, fallbacks = collections.Counter(), collections.Counter()
-
-    def on_step(step, runner):
-        state = runner.__dict__.get("_fdac_overlap")
-        if state is not None:
-            served.clear(), served.update(state.served)
-            fallbacks.clear(), fallbacks.update(state.fallbacks)
-
-    with device_for(backend), plugin_state(Variant("p", FD24, True, features), backend), collecting():
-        plugin = run_decode(FD24, cfg, requests, arrivals=arrivals, max_steps=max_steps, on_step=on_step)
+    plugin, served, fallbacks = _run_plugin(cfg, requests, arrivals, backend, features, max_steps)
     diffs = [d for d in base.differences(plugin) if not d.startswith("executed_steps")]
     assert not diffs, diffs[:10]
     assert not plugin.truncated and served["overlap steps"] > 0 and not fallbacks, (served, fallbacks)
@@ -138,9 +148,12 @@ EXACT = {
 
 @pytest.mark.parametrize("backend", ["host", "sim"])
 @pytest.mark.parametrize("name", list(EXACT))
-def test_identical_to_fastdeploy_24_with_the_engine_one_step_behind(name, backend):
+def test_identical_to_fastdeploy_24_with_the_engine_one_step_behind(name, backend, count_mode):
     cfg, requests, arrivals = EXACT[name]()
     result, served = run_exact(cfg, requests, arrivals, backend, max_steps=400)
+    assert served["count mode: " + count_mode]
+    if count_mode == "bound" and name != "all ending together":  # a step after a finish ran padded
+        assert served["syncs: S1 upper bound (tail filled)"] > 0, served
     if cfg.preemption:
         pairs = [p for o in result.outputs.values() for p in o.preemptions]
         assert result.preemptions >= 4 and len(pairs) == result.preemptions
@@ -152,8 +165,42 @@ def test_identical_to_fastdeploy_24_with_the_engine_one_step_behind(name, backen
             assert [[1, None]] in [o.preemptions for o in result.outputs.values()]  # its eos was in flight
 
 
+ROWS_DEPENDENT = ["logprobs 0/5/20, arrivals", "preemption mid-flight (12 blocks)"]
+
+
+@pytest.mark.parametrize("backend", ["host", "sim"])
+@pytest.mark.parametrize("name", ROWS_DEPENDENT)
+def test_exact_count_stays_bit_identical_when_a_gemms_bits_depend_on_the_row_count(name, backend, monkeypatch):
+    """A model whose per-token GEMM rounds differently for another row count (as cuBLAS does on the
+    H200: benchmarks/results/padded_gemm_check.txt): the exact count runs every forward on FD 2.4's
+    rows, so every logprob bit and message is FD 2.4's."""
+    monkeypatch.setenv("FD_ASYNC_COPY_OVERLAP_COUNT", "exact")
+    cfg, requests, arrivals = EXACT[name]()
+    run_exact(dataclasses.replace(cfg, rows_dependent_gemm=True), requests, arrivals, backend, max_steps=400)
+
+
+@pytest.mark.parametrize("name", ROWS_DEPENDENT)
+def test_bound_count_changes_bits_after_a_finish_as_fastdeploy_25s_own_overlap_does(name, monkeypatch):
+    """The upper bound pads the step after a request finished: with that model the real rows' bits
+    move (logprobs, saved top-k messages). FD 2.5's overlap schedule sizes its steps the same way
+    (``last_token_num``) and moves the same bits; with a row-independent model both are identical."""
+    monkeypatch.setenv("FD_ASYNC_COPY_OVERLAP_COUNT", "bound")
+    cfg, requests, arrivals = EXACT[name]()
+    cfg = dataclasses.replace(cfg, rows_dependent_gemm=True)
+    with pytest.raises(AssertionError, match="logprobs differ"):
+        run_exact(cfg, requests, arrivals, "sim", max_steps=400)
+    if cfg.preemption:  # the FD 2.5 replica does not model preemption
+        return
+    off = run_variant(Variant("a", FD25, False), cfg, requests, arrivals=arrivals, backend="sim", max_steps=400).result
+    on = run_variant(Variant("b", FD25, False, overlap=True), cfg, requests, arrivals=arrivals, backend="sim",
+                     max_steps=400).result
+    moved = [rid for rid in off.outputs
+             if [x.logprobs for x in off.outputs[rid].logprobs] != [x.logprobs for x in on.outputs[rid].logprobs]]
+    assert moved
+
+
 @pytest.mark.parametrize("blocks", [10, 12])
-def test_an_engine_further_behind_is_still_fastdeploy_24_one_step_further_behind(blocks):
+def test_an_engine_further_behind_is_still_fastdeploy_24_one_step_further_behind(blocks, count_mode):
     cfg, requests, arrivals = _preemption(blocks)
     result, _ = run_exact(dataclasses.replace(cfg, engine_lag=1), requests, arrivals, "sim", max_steps=400)
     assert result.preemptions >= 3
@@ -186,7 +233,7 @@ def test_planted_dropping_the_pending_step_of_a_preempted_slot_is_caught(monkeyp
 
 @pytest.mark.parametrize("backend", ["host", "sim"])
 @pytest.mark.parametrize("logprobs", [(None,), (0, 5, 20, None)])
-def test_outputs_identical_one_step_later(backend, logprobs):
+def test_outputs_identical_one_step_later(backend, logprobs, count_mode):
     requests, arrivals = workload(logprobs=logprobs)
     result, served, fallbacks = run_pair(config(enable_logprob=logprobs != (None,)), requests, arrivals, backend)
     assert served["overlap steps"] >= result.executed_steps - 2, served
@@ -221,15 +268,30 @@ def test_block_steps_with_greedy_sampling():
     assert served["overlap steps"] > 0
 
 
-def test_census_no_long_wait_one_wait_on_the_previous_steps_event():
+def test_census_one_wait_per_step_on_the_previous_steps_event(count_mode):
+    """Bound: the wait comes after this step's forward was launched (0 long). Exact: it comes
+    before this step is prepared, so the GPU drains step N before N+1 is launched (1 long) - what
+    the exact count costs; the save still runs under the next forward."""
     requests = [_req(i, 4 + i, 24, logprobs=5, top_p=0.9, seed=i) for i in range(6)]
     # KV blocks of 64 tokens: no DECODE task (an insert) falls in the run
     cfg = config(max_num_seqs=8, chunk_size=None, enable_logprob=True, block_size=64)
     run = run_variant(Variant("p", FD24, True, OVERLAP), cfg, requests, backend="sim", max_steps=60, track=True)
     waits = host_waits(run.census.steps[3:18], skip=0)
-    assert (waits["total"], waits["long"], waits["mean"]) == (1, 0, 1.0), waits
+    long = {"bound": 0, "exact": 1}[count_mode]
+    assert (waits["total"], waits["long"], waits["mean"]) == (1, long, 1.0), waits
     (only,) = waits["sites"]
-    assert only["label"] == "save event" and "after forward" in only["what"], only
+    if count_mode == "bound":
+        assert only["label"] == "save event" and "after forward" in only["what"], only
+    else:
+        assert only["label"] == "save event" and "exact count" in only["what"], only
+
+
+def test_the_count_mode_defaults_to_exact_and_a_bad_value_is_refused():
+    from fd_async_copy_plugin.config import AsyncCopyConfig, ConfigError
+
+    with pytest.raises(ConfigError, match="FD_ASYNC_COPY_OVERLAP_COUNT='fast'.*exact.*bound"):
+        AsyncCopyConfig.from_env({"FD_ASYNC_COPY_OVERLAP_COUNT": "fast"})
+    assert AsyncCopyConfig.from_env({}).overlap_count == "exact"
 
 
 @pytest.mark.parametrize("why, cfg, request_kw", [

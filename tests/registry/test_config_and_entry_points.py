@@ -38,6 +38,7 @@ def test_valid_values():
         ("FD_ASYNC_COPY_BACKEND", "gpu", "auto, cuda, host"),
         ("FD_ASYNC_COPY_BACKEND", "sim", "auto, cuda, host"),
         ("FD_ASYNC_COPY_STRICT", "true", "1 (on) or 0 (off)"),
+        ("FD_ASYNC_COPY_OVERLAP_COUNT", "fast", "exact (default: bit-identical to FastDeploy 2.4) or bound"),
     ],
 )
 def test_bad_values_name_variable_value_and_allowed(name, value, allowed):
@@ -76,14 +77,16 @@ def test_register_inactive_by_default_logs_how_to_enable(monkeypatch, caplog):
     assert fd_async_copy_plugin.status()["enabled"] is False
 
 
-def test_register_with_bad_value_leaves_fastdeploy_unpatched(monkeypatch, caplog):
+@pytest.mark.parametrize("name, value", [("FD_ASYNC_COPY_BACKEND", "gpu"), ("FD_ASYNC_COPY_OVERLAP_COUNT", "fast")])
+def test_register_with_bad_value_leaves_fastdeploy_unpatched(monkeypatch, caplog, name, value):
     monkeypatch.setenv("FD_ASYNC_COPY", "1")
-    monkeypatch.setenv("FD_ASYNC_COPY_BACKEND", "gpu")
+    monkeypatch.setenv("FD_ASYNC_COPY_FEATURES", "all,overlap")
+    monkeypatch.setenv(name, value)
     monkeypatch.delenv("FD_ASYNC_COPY_STRICT", raising=False)
     monkeypatch.setattr(logging.getLogger("fd_async_copy"), "propagate", True)
     caplog.set_level(logging.INFO, logger="fd_async_copy")
     fd_async_copy_plugin.register()
-    assert any("FD_ASYNC_COPY_BACKEND='gpu'" in r.getMessage() for r in caplog.records)
+    assert any(f"{name}={value!r}" in r.getMessage() for r in caplog.records)
     assert fd_async_copy_plugin.status()["enabled"] is False
 
 

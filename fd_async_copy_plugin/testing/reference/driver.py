@@ -128,6 +128,9 @@ class DriverConfig:
     warmup: bool = False
     #: V1 scheduler, msg-queue output path: preempt instead of block-stepping (module doc).
     preemption: bool = False
+    #: the model's per-token layer depends on the packed row count, as a GPU GEMM's kernel choice
+    #: does (``TinyModel(rows_dependent_gemm=True)``): padded rows can then change real rows' bits
+    rows_dependent_gemm: bool = False
     #: msg-queue output path: the engine (TokenProcessor) takes each message this many steps after
     #: it was sent, as a token-processor thread that falls behind does. With 1, an unpatched run
     #: sees outputs when a run with the plugin's ``overlap`` schedule sees them.
@@ -581,6 +584,7 @@ def _fd_config(mod: _Modules, config: DriverConfig, port: int):
         max_model_len=config.max_model_len,
         hidden_size=config.hidden_size,
         model_seed=config.model_seed,
+        rows_dependent_gemm=config.rows_dependent_gemm,
         eos_tokens_lens=config.eos_tokens_lens,
         enable_logprob=config.enable_logprob,
         max_logprobs=config.max_logprobs,

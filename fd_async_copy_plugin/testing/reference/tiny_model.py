@@ -5,6 +5,11 @@ from a fixed seed, so every run (and every process) computes the same logits. It
 FastDeploy's model interface: ``model(ids_remove_padding, forward_meta)`` returns one hidden row
 per packed token, and ``compute_logits(hidden_states)`` returns float32 logits, as FastDeploy's
 models do (e.g. ``qwen2.py`` casts to float32).
+
+``rows_dependent_gemm``: one more per-token dense layer whose summation order depends on the number
+of packed rows M (1 + M % 3 partial sums over K), as a GPU GEMM's kernel choice (tiles, split-K)
+depends on its shape: a real row's bits then depend on how many rows share the step. Off, every
+row is computed on its own (the replica's default; FastDeploy's models are not).
 """
 
 from __future__ import annotations
@@ -16,7 +21,8 @@ from .placement import as_device, heavy
 
 
 class TinyModel:
-    def __init__(self, vocab_size: int, max_model_len: int, hidden_size: int = 32, seed: int = 2024) -> None:
+    def __init__(self, vocab_size: int, max_model_len: int, hidden_size: int = 32, seed: int = 2024,
+                 rows_dependent_gemm: bool = False) -> None:
         rng = np.random.RandomState(seed)
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size
@@ -26,6 +32,9 @@ class TinyModel:
         )
         scale = 4.0 / np.sqrt(hidden_size)
         self.lm_head = paddle.to_tensor((scale * rng.standard_normal([hidden_size, vocab_size])).astype(np.float32))
+        self.mix = None
+        if rows_dependent_gemm:
+            self.mix = paddle.to_tensor((rng.standard_normal([hidden_size, hidden_size]) / hidden_size).astype(np.float32))
 
     def __call__(self, ids_remove_padding: paddle.Tensor, forward_meta) -> paddle.Tensor:
         heavy("forward")
@@ -33,7 +42,16 @@ class TinyModel:
         hidden = paddle.gather(self.embedding, ids) + paddle.gather(
             self.position_embedding, forward_meta.position_ids.reshape([-1])
         )
-        return as_device(paddle.tanh(hidden))
+        hidden = paddle.tanh(hidden)
+        if self.mix is not None:
+            rows, k = hidden.shape[0], self.hidden_size
+            edges = np.linspace(0, k, 2 + rows % 3).astype(int)
+            mixed = None
+            for a, b in zip(edges[:-1], edges[1:]):
+                part = paddle.matmul(hidden[:, a:b], self.mix[a:b])
+                mixed = part if mixed is None else mixed + part
+            hidden = paddle.tanh(hidden + mixed)
+        return as_device(hidden)
 
     def compute_logits(self, hidden_states: paddle.Tensor) -> paddle.Tensor:
         heavy("compute_logits")

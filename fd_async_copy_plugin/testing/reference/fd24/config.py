@@ -18,6 +18,8 @@ class ModelConfig:
     max_model_len: int = 256
     hidden_size: int = 32
     model_seed: int = 2024
+    #: replica only: TinyModel's per-token layer whose bits depend on the row count (tiny_model.py)
+    rows_dependent_gemm: bool = False
     pad_token_id: int = 0
     eos_tokens_lens: int = 1
     enable_logprob: bool = False

@@ -576,7 +576,8 @@ class GPUModelRunner(AsyncOutputThread, ModelRunnerBase):
     def load_model(self) -> None:
         """The replica's model: a fixed-seed ``TinyModel`` over the configured vocabulary."""
         mc = self.model_config
-        self.model = TinyModel(mc.vocab_size, mc.max_model_len, mc.hidden_size, mc.model_seed)
+        self.model = TinyModel(mc.vocab_size, mc.max_model_len, mc.hidden_size, mc.model_seed,
+                               rows_dependent_gemm=mc.rows_dependent_gemm)
 
     def get_model(self):
         return self.model

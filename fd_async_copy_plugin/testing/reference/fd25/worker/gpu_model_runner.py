@@ -120,7 +120,8 @@ class GPUModelRunner(AsyncOutputThread):
 
     def load_model(self) -> None:
         mc = self.model_config
-        self.model = TinyModel(mc.vocab_size, mc.max_model_len, mc.hidden_size, mc.model_seed)
+        self.model = TinyModel(mc.vocab_size, mc.max_model_len, mc.hidden_size, mc.model_seed,
+                               rows_dependent_gemm=mc.rows_dependent_gemm)
 
     # ---- task insertion ------------------------------------------------------------------------
 
