@@ -9,12 +9,15 @@ How:    ``execute_model`` keeps FastDeploy's own body; the plugin moves the save
           are captured, not run, during an overlap step (with the stop flag of that step copied into
           a pinned slot of its own under the step's event);
         - the next step runs them right after its forward is launched (FastDeploy's
-          ``not_need_stop()`` check after the forward is the hook): the wait on the previous step's
-          event is the step's only host wait, and it no longer blocks the preparation of the next
-          step;
-        - ``step_syncs`` prepares the next step with an upper bound of its token count (the slots
-          that ran) while the last snapshot is in flight, and fills the padded tail of
-          ``get_padding_offset``'s outputs as 2.5's op does;
+          ``not_need_stop()`` check after the forward is the hook), so the save's host work hides
+          under the next forward;
+        - the next step's token count (``FD_ASYNC_COPY_OVERLAP_COUNT``): ``exact`` (default) -
+          ``step_syncs`` waits for the last step's snapshot at ``_prepare_inputs`` (that wait is
+          the step's one wait; the save then runs free under the next forward), so every forward
+          runs on FD 2.4's rows; ``bound`` - FD 2.5's upper bound (the slots that ran) while the
+          snapshot is in flight, with the padded tail of ``get_padding_offset``'s outputs filled as
+          2.5's op does: no wait before the forward, but a padded GEMM can change the real rows'
+          bits on a step after a finish (docs/overlap-token-count.md);
         - ``not_need_stop()`` reports True while a step's output is still to be saved, so the worker
           loop flushes it when the batch drains; with nothing pending it is FastDeploy's flag (the
           loop sleeps when idle, no spinning). The flush step's forward runs on padding only and

@@ -70,9 +70,10 @@ VARIANTS = {
     "fd24-plugin": Variant("fd24-plugin", ROOTS["fd24"], True),
     "fd25-plugin": Variant("fd25-plugin", ROOTS["fd25"], True),
 }
-#: The whole-step census (``host_waits``) also covers 2.5's overlap schedule.
 #: FastDeploy 2.4 with the opt-in overlap schedule and what it needs
 OVERLAP_FEATURES = ("logprobs", "stop_flag", "sampled_tokens", "step_syncs", "overlap")
+#: The whole-step census (``host_waits``) also covers the overlap schedules: the plugin's on 2.4
+#: (exact count, the default, and FD 2.5's upper bound) and 2.5's own.
 CENSUS_VARIANTS = {
     **VARIANTS,
     "fd24-overlap": Variant("fd24-overlap", ROOTS["fd24"], True, OVERLAP_FEATURES),
@@ -352,10 +353,11 @@ def logprob_workload(batch: int, top_k: int, vocab: int, steps: int, *, save_out
 
 def preemption_workload(**config):
     """FD 2.4 preemption mid-flight (``DriverConfig(preemption=True)``): 12 KV blocks of 16 tokens
-    for 10 requests of up to 128 tokens, greedy and seeded top-p, logprobs, chunked prefill and
-    arrivals. Requests are preempted while decoding, right after admission and more than once;
-    with ``engine_lag=1`` (the engine one step behind, as under the overlap schedule) one is
-    preempted while its last token is still in flight and finishes without being rescheduled."""
+    for 9 requests of up to 128 tokens, greedy and seeded top-p, logprobs, chunked prefill and
+    arrivals. Requests are preempted while decoding and more than once; with ``num_gpu_blocks=10``
+    one also right after admission; with ``engine_lag=1`` (the engine one step behind, as under the
+    overlap schedule) victims' tokens are in flight when they are preempted, and one whose eos is
+    in flight finishes without being rescheduled."""
     eos = [2]
 
     def req(i, n_prompt, max_tokens, **kw):
