@@ -242,7 +242,7 @@ def test_outputs_identical_one_step_later(backend, logprobs, count_mode):
 
 
 @pytest.mark.parametrize("backend", ["host", "sim"])
-def test_all_requests_ending_together_are_flushed(backend):
+def test_all_requests_ending_together_are_flushed(backend, count_mode):
     requests = [_req(i, 4, 6) for i in range(5)]
     result, served, _ = run_pair(config(chunk_size=None), requests, {}, backend)
     assert all(o.finished for o in result.outputs.values())
@@ -250,7 +250,7 @@ def test_all_requests_ending_together_are_flushed(backend):
 
 
 @pytest.mark.parametrize("backend", ["host", "sim"])
-def test_max_tokens_one_and_two_chunk_prompts(backend):
+def test_max_tokens_one_and_two_chunk_prompts(backend, count_mode):
     requests = [_req(0, 14, 1), _req(1, 15, 3), _req(2, 3, 1)]
     result, served, _ = run_pair(config(chunk_size=8), requests, {2: [_req(3, 12, 2)]}, backend)
     assert all(o.finished for o in result.outputs.values()) and served["overlap steps"] > 0
@@ -306,7 +306,7 @@ def test_overlap_turns_itself_off_where_fastdeploy_25_does(why, cfg, request_kw)
     assert not served["overlap steps"], served
 
 
-def test_the_worker_loop_does_not_spin_once_flushed():
+def test_the_worker_loop_does_not_spin_once_flushed(count_mode):
     """``not_need_stop()`` is True only while a step's save is pending: once flushed and drained,
     FastDeploy's loop sees False (it sleeps instead of spinning)."""
     seen = []
@@ -335,7 +335,7 @@ def test_overlap_is_opt_in():
 # -- the stop-flag race -------------------------------------------------------------------------
 
 
-def test_planted_insert_without_waiting_for_the_flag_copy_stalls_a_two_chunk_prompt(monkeypatch):
+def test_planted_insert_without_waiting_for_the_flag_copy_stalls_a_two_chunk_prompt(monkeypatch, count_mode):
     """The race of FD 2.5's overlap schedule, reproduced on the 2.4 overlap path: an insert that
     writes the flag while the previous step's flag copy is in flight (here: stop_flag's wait before
     the insert and overlap's flush removed) is overwritten when the copy lands; a 2-chunk prompt
@@ -364,7 +364,7 @@ def _flush_without_refresh_at_insert(self, why):
         self.shadow.refresh(f"overlap.{why}")
 
 
-def test_two_chunk_prompt_with_overlap_does_not_stall():
+def test_two_chunk_prompt_with_overlap_does_not_stall(count_mode):
     requests = [_req(0, 12, 3)]
     result, served, _ = run_pair(config(chunk_size=6), requests, {}, "sim", max_steps=40)
     assert result.outputs["o0"].finished and served["overlap steps"] > 0

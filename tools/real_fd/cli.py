@@ -22,6 +22,7 @@ from .fidelity import (
     fd_share_inputs,
 )
 from .behaviour import check_behaviour
+from .overlap import check_overlap
 from .step_syncs import check_step_syncs
 
 
@@ -60,6 +61,7 @@ def run(args) -> Report:
         fd_share_inputs(fd, report)
         fd_import_lists(fd, report)
         check_step_syncs(fd, report, profile)
+        check_overlap(fd, report, profile)
         replica_root = choose_replica(args.replica, profile, report)
         if replica_root is not None:
             report.facts["replica_root"] = replica_root
@@ -78,6 +80,7 @@ def run(args) -> Report:
                 check_share_inputs(fd, rep, report)
                 if replica_root.endswith(".fd24"):
                     check_step_syncs(rep, report, profile, replica=True)
+                    check_overlap(rep, report, profile, replica=True)
                 if not args.no_behaviour:
                     check_behaviour(fd, rep, report)
     finally:
