@@ -183,7 +183,7 @@ def test_exact_count_stays_bit_identical_when_a_gemms_bits_depend_on_the_row_cou
 def test_bound_count_changes_bits_after_a_finish_as_fastdeploy_25s_own_overlap_does(name, monkeypatch):
     """The upper bound pads the step after a request finished: with that model the real rows' bits
     move (logprobs, saved top-k messages). FD 2.5's overlap schedule sizes its steps the same way
-    (``last_token_num``) and moves the same bits; with a row-independent model both are identical."""
+    (``last_token_num``) and moves logprob bits too; with a row-independent model both are identical."""
     monkeypatch.setenv("FD_ASYNC_COPY_OVERLAP_COUNT", "bound")
     cfg, requests, arrivals = EXACT[name]()
     cfg = dataclasses.replace(cfg, rows_dependent_gemm=True)
