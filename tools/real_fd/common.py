@@ -133,3 +133,14 @@ class Report:
 
     def problems(self) -> list[Row]:
         return [r for r in self.rows if r.status in PROBLEMS]
+
+
+def feature_section(report: Report, feature: str, profile: str | None, applied_on: str, replica: bool) -> str | None:
+    """The report section of a feature's code-shape check, or None (after a SKIP row) when the
+    FastDeploy side has another profile than the one the feature is applied on."""
+    section = f"{feature} replica" if replica else feature
+    if not replica and profile != applied_on:
+        report.add(section, "profile", "SKIP", f"{feature} is applied on {applied_on} only; this tree is {profile}")
+        return None
+    return section
+

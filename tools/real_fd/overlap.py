@@ -26,8 +26,9 @@ from __future__ import annotations
 
 import ast
 
-from .common import POSTPROC, RUNNER, Report
+from .common import POSTPROC, RUNNER, Report, feature_section
 from .side import Side
+from .step_syncs import _methods
 
 SECTION = "overlap"
 PROFILE = "fastdeploy-2.4"
@@ -59,20 +60,9 @@ def _is_self_call(call: ast.Call, name: str, obj: str | None = None) -> bool:
     return ast.unparse(target) == f"self.{obj}"
 
 
-def _class(tree: ast.Module | None, name: str):
-    for node in getattr(tree, "body", []):
-        if isinstance(node, ast.ClassDef) and node.name == name:
-            return node
-    return None
-
-
-def _methods(cls) -> dict:
-    return {n.name: n for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
-
-
 def check_hook(side: Side, report: Report, section: str) -> None:
-    cls = _class(side.tree(RUNNER), CLASS)
-    if cls is None:
+    cls = side.ast_def(RUNNER, CLASS)
+    if not isinstance(cls, ast.ClassDef):
         report.add(section, "(a) hook", "MISMATCH", f"{side.root}.{RUNNER}:{CLASS} not found (source)")
         return
     methods = _methods(cls)
@@ -164,8 +154,8 @@ def check_worker_loop(side: Side, report: Report, section: str) -> None:
     built = [n for n in ast.walk(tree) if isinstance(n, ast.Assign)
              and any(ast.unparse(t) == "self.task_queue" for t in n.targets)]
     kinds = sorted({ast.unparse(n.value.func) for n in built if isinstance(n.value, ast.Call)})
-    queue_cls = _class(side.tree(QUEUE), "EngineWorkerQueue")
-    has_get = queue_cls is not None and "get_tasks" in _methods(queue_cls)
+    queue_cls = side.ast_def(QUEUE, "EngineWorkerQueue")
+    has_get = isinstance(queue_cls, ast.ClassDef) and "get_tasks" in _methods(queue_cls)
     ok = alias is not None and kinds == [alias] and has_get
     report.add(section, "(c) task_queue is EngineWorkerQueue", "OK" if ok else "MISMATCH",
                f"imported as {alias!r}; self.task_queue = {kinds}; {QUEUE}.EngineWorkerQueue.get_tasks "
@@ -173,9 +163,8 @@ def check_worker_loop(side: Side, report: Report, section: str) -> None:
 
 
 def check_overlap(side: Side, report: Report, profile: str | None, *, replica: bool = False) -> None:
-    section = f"{SECTION} replica" if replica else SECTION
-    if not replica and profile != PROFILE:
-        report.add(section, "profile", "SKIP", f"overlap is applied on {PROFILE} only; this tree is {profile}")
+    section = feature_section(report, SECTION, profile, PROFILE, replica)
+    if section is None:
         return
     report.add(section, "source", "INFO", f"{side.path(RUNNER)}, {side.path(POSTPROC)}, {side.path(WORKER)}")
     check_hook(side, report, section)

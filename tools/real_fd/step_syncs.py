@@ -31,7 +31,7 @@ import ast
 import re
 from dataclasses import dataclass
 
-from .common import POSTPROC, RUNNER, Report
+from .common import POSTPROC, RUNNER, Report, feature_section
 from .side import Side
 from .source import cuda_import_names
 
@@ -875,9 +875,8 @@ def check_other_writers(runner: Runner, report: Report, section: str) -> None:
 
 
 def check_step_syncs(side: Side, report: Report, profile: str | None, *, replica: bool = False) -> None:
-    section = f"{SECTION} replica" if replica else SECTION
-    if not replica and profile != PROFILE:
-        report.add(section, "profile", "SKIP", f"step_syncs is applied on {PROFILE} only; this tree is {profile}")
+    section = feature_section(report, SECTION, profile, PROFILE, replica)
+    if section is None:
         return
     runner = _runner_of(side)
     if runner is None:

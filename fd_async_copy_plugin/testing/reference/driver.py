@@ -322,9 +322,9 @@ class _Scheduler:
 
     def reschedule_beyond(self, batch: int) -> None:
         """A message whose batch does not reach a preempted slot: no more tokens come from it."""
-        for t in [x for x in self.tracked.values() if x.user.request_id in self.to_reschedule]:
-            if t.slot > batch - 1:
-                self.reschedule(t)
+        for rid in sorted(self.to_reschedule):
+            if self.tracked[rid].slot > batch - 1:
+                self.reschedule(self.tracked[rid])
 
     # -- tasks --
     def add(self, user: Request) -> None:
