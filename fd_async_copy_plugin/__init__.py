@@ -81,7 +81,8 @@ def plan(features=None, backend: str = "auto", root: str = "fastdeploy") -> dict
     }
 
 
-def enable(features=None, backend: str = "auto", strict: bool = False, root: str = "fastdeploy") -> dict:
+def enable(features=None, backend: str = "auto", strict: bool = False, root: str = "fastdeploy",
+           ring_max_bytes=None, overlap_count: str | None = None) -> dict:
     """Apply the requested features to the FastDeploy found at ``root``; return ``status()``.
 
     ``features``: None or "all" for every feature, else an iterable (or comma string) of
@@ -90,12 +91,15 @@ def enable(features=None, backend: str = "auto", strict: bool = False, root: str
     tests). Invalid arguments raise ``ConfigError`` before anything is touched. Features whose
     FastDeploy modules are not imported yet are applied when they are (state ``pending`` until
     then). Called again with other arguments, it reverts and plans the new request afresh.
+    ``ring_max_bytes`` (int, or a string such as "256M") and ``overlap_count`` (``exact``/``bound``):
+    as ``FD_ASYNC_COPY_RING_MAX_BYTES``/``FD_ASYNC_COPY_OVERLAP_COUNT``, which they default to.
     """
-    from .config import API_BACKENDS, parse_backend
+    from .config import API_BACKENDS, RunSettings, parse_backend
 
     names = _feature_names(features)
     backend = parse_backend(backend, source="backend", allowed=API_BACKENDS)
-    _get_manager().enable(names, backend=backend, strict=bool(strict), root=root)
+    settings = RunSettings.parse(ring_max_bytes, overlap_count)
+    _get_manager().enable(names, backend=backend, strict=bool(strict), root=root, settings=settings)
     return status()
 
 
@@ -137,7 +141,8 @@ def register() -> None:
     if manager.enabled:
         return  # idempotent: a second call in the same process changes nothing
     try:
-        enable(config.features, backend=config.backend, strict=config.strict)
+        enable(config.features, backend=config.backend, strict=config.strict,
+               ring_max_bytes=config.ring_max_bytes, overlap_count=config.overlap_count)
     except Exception:
         # FastDeploy calls this at module level of its models package: an exception here would stop
         # the server from starting. Only strict mode asks for that.

@@ -104,14 +104,29 @@ def parse_overlap_count(raw: str | None, source: str = ENV_OVERLAP_COUNT) -> str
     return value
 
 
-def overlap_count_from_env(environ: Mapping[str, str] | None = None) -> str:
-    environ = os.environ if environ is None else environ
-    return parse_overlap_count(environ.get(ENV_OVERLAP_COUNT))
+@dataclass(frozen=True)
+class RunSettings:
+    """The settings the patches read (``PatchContext.settings``): validated once, by ``enable()``
+    from its arguments or by ``register()`` from the environment; no patch reads ``os.environ``."""
 
+    ring_max_bytes: int = DEFAULT_RING_MAX_BYTES
+    overlap_count: str = "exact"
 
-def ring_max_bytes_from_env(environ: Mapping[str, str] | None = None) -> int:
-    environ = os.environ if environ is None else environ
-    return parse_ring_max_bytes(environ.get(ENV_RING_MAX_BYTES))
+    @classmethod
+    def parse(cls, ring_max_bytes=None, overlap_count=None, environ: Mapping[str, str] | None = None) -> "RunSettings":
+        """From ``enable()``'s arguments; an argument left None takes its environment variable (or
+        the default). Raises ``ConfigError`` naming what was given: the argument or the variable."""
+        environ = os.environ if environ is None else environ
+        if isinstance(ring_max_bytes, bool):
+            raise ConfigError(f"ring_max_bytes={ring_max_bytes!r} is not valid; allowed values: a positive "
+                              "number of bytes (int), or a string such as '256M'")
+        if isinstance(ring_max_bytes, int):
+            ring_max_bytes = str(ring_max_bytes)
+        ring = (parse_ring_max_bytes(environ.get(ENV_RING_MAX_BYTES)) if ring_max_bytes is None
+                else parse_ring_max_bytes(ring_max_bytes, source="ring_max_bytes"))
+        count = (parse_overlap_count(environ.get(ENV_OVERLAP_COUNT)) if overlap_count is None
+                 else parse_overlap_count(overlap_count, source="overlap_count"))
+        return cls(ring_max_bytes=ring, overlap_count=count)
 
 
 @dataclass(frozen=True)
@@ -124,6 +139,10 @@ class AsyncCopyConfig:
     overlap_count: str = "exact"
     #: raw values of the variables, for ``doctor``
     env: Mapping[str, str | None] = field(default_factory=dict)
+
+    @property
+    def settings(self) -> RunSettings:
+        return RunSettings(ring_max_bytes=self.ring_max_bytes, overlap_count=self.overlap_count)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "AsyncCopyConfig":

@@ -32,7 +32,7 @@ import numpy as np
 import paddle
 
 from fd_async_copy_plugin import fd_identity, runtime
-from fd_async_copy_plugin.config import ring_max_bytes_from_env
+from fd_async_copy_plugin.config import DEFAULT_RING_MAX_BYTES
 from fd_async_copy_plugin.registry.patch import Feature, IncompatibleError, Patch, Target, wraps
 
 from ._consumers import GUARD_MARK, build_guard
@@ -120,7 +120,7 @@ class LogprobsCopier:
         self._lock = threading.RLock()  # producers on several threads (see ``copy``)
         #: Cap of each ring's pinned bytes (FD_ASYNC_COPY_RING_MAX_BYTES); steps beyond it are
         #: copied blocking and counted in ``capped_steps``.
-        self.ring_max_bytes = ring_max_bytes_from_env() if ring_max_bytes is None else ring_max_bytes
+        self.ring_max_bytes = DEFAULT_RING_MAX_BYTES if ring_max_bytes is None else ring_max_bytes
         self.capped_steps = 0
         self.closed = False
 
@@ -388,7 +388,8 @@ class LogprobsFeature(Feature):
 
     def prepare(self, ctx) -> LogprobsCopier:
         return LogprobsCopier(
-            ctx.backend, ctx.module(SAMPLER).LogprobsTensors, stand_down=ctx.stand_down, strict=ctx.strict
+            ctx.backend, ctx.module(SAMPLER).LogprobsTensors, stand_down=ctx.stand_down, strict=ctx.strict,
+            ring_max_bytes=ctx.settings.ring_max_bytes if ctx.settings is not None else None,
         )
 
     def quiesce(self, ctx) -> None:

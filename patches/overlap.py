@@ -43,7 +43,6 @@ from __future__ import annotations
 import collections
 import threading
 
-from fd_async_copy_plugin.config import overlap_count_from_env
 from fd_async_copy_plugin.registry.patch import Feature, Patch, Target, wraps
 
 from ._runners import FeatureRunners, per_runner
@@ -286,7 +285,7 @@ class OverlapFeature(Feature):
     )
 
     def prepare(self, ctx) -> OverlapRunners:
-        return OverlapRunners(overlap_count_from_env())
+        return OverlapRunners(ctx.settings.overlap_count)
 
     def report(self, ctx) -> dict | None:
         return ctx.state.report() if isinstance(ctx.state, OverlapRunners) else None

@@ -108,6 +108,7 @@ class PatchManager:
         self.strict = False
         self.requested: tuple[str, ...] = ()
         self.requested_backend = "auto"
+        self.settings = None  # config.RunSettings of the last enable()
 
     def add_plugin(self, plugin, name: str | None = None) -> None:
         """Register a patch-set plugin object (what an ``fd_async_copy`` entry point provides)."""
@@ -132,15 +133,21 @@ class PatchManager:
         backend: str = "auto",
         strict: bool = False,
         root: str = "fastdeploy",
+        settings=None,
     ) -> None:
+        from ..config import RunSettings
+
+        settings = settings or RunSettings()
         with self._lock:
             request = (tuple(features), root, backend, strict)
             if self.enabled:
-                if request == (self.requested, self.root, self.requested_backend, self.strict):
+                if request == (self.requested, self.root, self.requested_backend, self.strict) \
+                        and settings == self.settings:
                     return  # idempotent: FastDeploy calls the entry point in every process, maybe twice
                 self.disable()  # a different request is planned afresh, never merged into the old one
             self.pm = self.pm or plugin_manager()
             self.requested, self.root, self.requested_backend, self.strict = request
+            self.settings = settings
             self.enabled = True
             available = available_features(self.pm)
             self._features = available if isinstance(available, dict) else {}
@@ -185,6 +192,7 @@ class PatchManager:
             backend=self.backend,
             options=frozenset(o for o in feature.options if o in self.requested),
             strict=self.strict,
+            settings=self.settings,
             stand_down=functools.partial(self._stand_down, feature.name),
         )
 

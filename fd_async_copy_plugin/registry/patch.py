@@ -124,6 +124,8 @@ class PatchContext:
     #: called by a patch that finds, at run time, that it must leave FastDeploy's own path in place
     #: (e.g. a runner too large for the kernels); the feature is then reported as ``passthrough``
     stand_down: Callable[[str], None] = lambda reason: None
+    #: the validated settings (``config.RunSettings``): the only way a patch reads configuration
+    settings: Any = None
 
     def module(self, relative: str):
         return sys.modules[f"{self.root}.{relative}" if relative else self.root]
