@@ -22,7 +22,14 @@ from fd_async_copy_plugin.registry.hookspecs import hookimpl
 def fd_async_copy_features():
     from . import flag_race, logprobs, overlap, step_syncs, stop_flag, sync_scope
 
-    # step_syncs after stop_flag, overlap after both: their runner wrappers run outside the earlier
-    # ones' and find their state.
+    # Any order: what runs around each FastDeploy method is ordered by ``runner.PIPELINE``, and a
+    # feature that builds on another is applied after it (``Feature.requires``).
     return [*logprobs.FEATURES, *sync_scope.FEATURES, *stop_flag.FEATURES, *step_syncs.FEATURES,
             *overlap.FEATURES, *flag_race.FEATURES]
+
+
+@hookimpl
+def fd_async_copy_order():
+    from .runner import PIPELINE
+
+    return PIPELINE

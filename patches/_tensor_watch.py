@@ -4,13 +4,12 @@ FastDeploy 2.4 writes its step state from the host at task insertion
 (``share_inputs["seq_lens_encoder"][idx : idx + 1] = length`` ...) and reads some of it back on the
 host (``if share_inputs["is_block_step"][idx]:``, ``bad_tokens_len.numpy()``). To keep a host copy
 of that state without reproducing FastDeploy's insert logic, the plugin watches the tensors
-themselves: inside ``watching(...)`` Paddle's ``Tensor.__setitem__``, ``__getitem__`` and ``numpy``
-are wrapped, and a call on a watched tensor (by identity) goes to its ``Watched`` handler first.
-Every other tensor - the output thread's included - goes straight to Paddle's own method.
-
-The wrappers are installed for the duration of one FastDeploy call (an insert, ``_prepare_inputs``)
-and the previous class attributes are put back afterwards, whatever was there (device tracking in
-tests wraps the same methods around a whole run).
+themselves: Paddle's ``Tensor.__setitem__``, ``__getitem__`` and ``numpy`` are declared patches of
+the feature (``PATCHES``: applied and reverted with it, listed by ``status()``'s feature and by the
+one-wrapper-per-attribute test), and their links do nothing but call Paddle's own method unless the
+calling thread is inside ``watching(...)`` and the tensor is one of its watched tensors (by
+identity). Another thread - FastDeploy's output thread, a ZMQ thread - always gets Paddle's own
+behaviour, even during an insert; nothing is replaced class-wide around a FastDeploy call.
 """
 
 from __future__ import annotations
@@ -21,11 +20,14 @@ import threading
 import numpy as np
 import paddle
 
-_lock = threading.Lock()
-_active: dict[int, "Watched"] = {}
-_depth = 0
-_saved: dict[str, object] = {}
-_METHODS = ("__setitem__", "__getitem__", "numpy")
+from fd_async_copy_plugin.registry.patch import Patch, Target, wraps
+
+
+class _Scope(threading.local):
+    active: dict | None = None  # id(tensor) -> Watched, while this thread is inside watching()
+
+
+_scope = _Scope()
 
 
 class Watched:
@@ -47,28 +49,39 @@ class Watched:
 
 
 def _handler(t) -> "Watched | None":
-    handler = _active.get(id(t))
+    active = _scope.active
+    if not active:
+        return None
+    handler = active.get(id(t))
     return handler if handler is not None and handler.tensor is t else None
 
 
-def _wrap(name: str, original):
-    if name == "__setitem__":
-        def __setitem__(self, key, value):
-            handler = _handler(self)
-            if handler is not None and handler.setitem(original, key, value):
-                return None
-            return original(self, key, value)
-        return __setitem__
-    if name == "__getitem__":
-        def __getitem__(self, key):
-            handler = _handler(self)
-            if handler is not None:
-                result = handler.getitem(original, key)
-                if result is not NotImplemented:
-                    return result
-            return original(self, key)
-        return __getitem__
+def _build_setitem(original, ctx):
+    @wraps(original)
+    def __setitem__(self, key, value):
+        handler = _handler(self)
+        if handler is not None and handler.setitem(original, key, value):
+            return None
+        return original(self, key, value)
 
+    return __setitem__
+
+
+def _build_getitem(original, ctx):
+    @wraps(original)
+    def __getitem__(self, key):
+        handler = _handler(self)
+        if handler is not None:
+            result = handler.getitem(original, key)
+            if result is not NotImplemented:
+                return result
+        return original(self, key)
+
+    return __getitem__
+
+
+def _build_numpy(original, ctx):
+    @wraps(original)
     def numpy(self, *args, **kwargs):
         handler = _handler(self)
         if handler is not None and not args and not kwargs:
@@ -76,35 +89,31 @@ def _wrap(name: str, original):
             if result is not NotImplemented:
                 return result
         return original(self, *args, **kwargs)
+
     return numpy
+
+
+#: the feature's patches of Paddle's tensor methods (their links pass through outside ``watching``)
+PATCHES = (
+    Patch(Target("paddle", "Tensor.__setitem__", absolute=True), _build_setitem),
+    Patch(Target("paddle", "Tensor.__getitem__", absolute=True), _build_getitem),
+    Patch(Target("paddle", "Tensor.numpy", absolute=True), _build_numpy),
+)
 
 
 @contextlib.contextmanager
 def watching(handlers):
-    """Watch ``handlers`` (``Watched`` objects) for the duration of the block."""
-    global _depth
-    handlers = [h for h in handlers if h is not None and h.tensor is not None]
-    with _lock:
-        if _depth == 0:
-            for name in _METHODS:
-                original = paddle.Tensor.__dict__.get(name, getattr(paddle.Tensor, name))
-                _saved[name] = original
-                setattr(paddle.Tensor, name, _wrap(name, original))
-        _depth += 1
-        for h in handlers:
-            _active[id(h.tensor)] = h
+    """Watch ``handlers`` (``Watched`` objects) on this thread for the duration of the block."""
+    previous = _scope.active
+    active = dict(previous or {})
+    for h in handlers:
+        if h is not None and h.tensor is not None:
+            active[id(h.tensor)] = h
+    _scope.active = active
     try:
         yield
     finally:
-        with _lock:
-            for h in handlers:
-                if _active.get(id(h.tensor)) is h:
-                    del _active[id(h.tensor)]
-            _depth -= 1
-            if _depth == 0:
-                for name, original in _saved.items():
-                    setattr(paddle.Tensor, name, original)
-                _saved.clear()
+        _scope.active = previous
 
 
 _BASIC = (int, np.integer, slice, type(Ellipsis))

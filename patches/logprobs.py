@@ -33,7 +33,7 @@ import paddle
 
 from fd_async_copy_plugin import fd_identity, runtime
 from fd_async_copy_plugin.config import DEFAULT_RING_MAX_BYTES
-from fd_async_copy_plugin.registry.patch import Feature, IncompatibleError, Patch, Target, wraps
+from fd_async_copy_plugin.registry.patch import Feature, IncompatibleError, Junction, Patch, Target, wraps
 
 from ._consumers import GUARD_MARK, build_guard
 
@@ -232,10 +232,10 @@ def make_async_class(base, backend):
 
         def materialize(self, reader: str = "logprobs"):
             """Host-owned ``LogprobsTensors`` (pageable CPU tensors), after the copy event."""
-            cached = self.__dict__.get("_fdac_host")
+            cached = self.__dict__.get("_host_copies")
             if cached is None:
                 cached = base(*(backend.to_host(field, reader) for field in self))
-                self.__dict__["_fdac_host"] = cached
+                self.__dict__["_host_copies"] = cached
             return cached
 
         def slice_rows(self, start: int, end: int):
@@ -275,20 +275,11 @@ def build_gather_logprobs(original, ctx):
     platform = getattr(sampler_module, "current_platform", None)
     backend = ctx.backend
     postproc = ctx.module(POSTPROC)
-    fd_consumer = postproc.__dict__.get("save_output_topk")  # FastDeploy's (the guard is set later)
 
-    def reloaded(consumer) -> bool:
-        """FastDeploy's own save op is bound again (what ``importlib.reload`` does)."""
-        if consumer is None or consumer is fd_consumer:
-            return consumer is not None
-        wrapped = consumer
-        for _ in range(16):  # another feature may wrap the guard (overlap defers the save op)
-            if wrapped is None or getattr(wrapped, GUARD_MARK, False):
-                return False
-            wrapped = getattr(wrapped, "__wrapped__", None)
-        return not getattr(consumer, GUARD_MARK, False) and (
-            getattr(consumer, "__module__", None), getattr(consumer, "__qualname__", None)
-        ) == (getattr(fd_consumer, "__module__", 0), getattr(fd_consumer, "__qualname__", 0))
+    def reloaded() -> bool:
+        """FastDeploy's own save op is bound again (what ``importlib.reload`` does): the plugin's
+        junction is no longer installed on it."""
+        return Junction.at(postproc, "save_output_topk") is None
 
     def fastdeploys_path() -> bool:
         """Not CUDA (XPU/Iluvatar/...: untouched), or the consumer guards are gone."""
@@ -296,7 +287,7 @@ def build_gather_logprobs(original, ctx):
             return True
         if copier.closed:
             return True
-        if reloaded(postproc.__dict__.get("save_output_topk")):
+        if reloaded():
             # The module was reloaded (importlib.reload re-binds FastDeploy's originals): results
             # would reach an unguarded save. Finish what was issued and stand down, for good.
             copier.close()

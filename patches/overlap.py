@@ -45,7 +45,7 @@ import threading
 
 from fd_async_copy_plugin.registry.patch import Feature, Patch, Target, wraps
 
-from ._runners import FeatureRunners, per_runner
+from .runner import FeatureRunners, part, per_runner, runner_state
 from .step_syncs import own_path_reason as step_syncs_own_path
 
 RUNNER = "worker.gpu_model_runner"
@@ -60,13 +60,12 @@ _capturing = threading.local()  # the OverlapState whose post_process is running
 class OverlapState:
     """One runner's overlap schedule: the saves of the last step, still to run."""
 
-    def __init__(self, runner, stop_state, backend, count_mode: str = "exact") -> None:
+    def __init__(self, runner_state, backend, count_mode: str = "exact") -> None:
         self.backend = backend
         #: "exact": the next step is sized after the last one's snapshot landed (step_syncs waits
         #: for it at _prepare_inputs); "bound": FD 2.5's padded upper bound, no wait before the forward
         self.count_mode = count_mode
-        self.stop = stop_state
-        self.shadow = runner._fdac_syncs.shadow
+        self.runner = runner_state  # runner.RunnerState: the stop part's device flag, step_saved()
         # one pinned flag per step in flight: a slot is rewritten two steps later, after its save ran
         self.flags = [backend.new_pinned([1], "bool", f"overlap.not_need_stop[{i}]") for i in range(2)]
         self.flag_turn = 0
@@ -76,11 +75,17 @@ class OverlapState:
         self.after_forward = False
         self.fallbacks: collections.Counter = collections.Counter()
         self.served: collections.Counter = collections.Counter()
-        stop_state.snapshot_hooks.append(self._copy_flag)
+        self.saving = threading.RLock()  # one flush at a time; the captured saves move under it
+        self.detached = False  # disable() took the part off its runner
 
-    def _copy_flag(self) -> None:
+    def copy_step_flag(self) -> None:
+        """Right after the update op (``RunnerState.step_copies``): this step's flag, for its save."""
         if self.in_step:
-            self.backend.copy_d2h(self.flags[self.flag_turn], self.stop.device, "overlap.not_need_stop")
+            self.backend.copy_d2h(self.flags[self.flag_turn], self.runner.stop.device, "overlap.not_need_stop")
+
+    def holds_step(self) -> bool:
+        """A step's save is still to run (captured in this step, or pending from the last)."""
+        return bool(self.pending or self.in_step)
 
     def capture(self, op, args: tuple, flag_index: int) -> None:
         args = list(args)
@@ -91,19 +96,35 @@ class OverlapState:
         return {"token_count": self.count_mode, "fallbacks": dict(self.fallbacks), "served": dict(self.served)}
 
     def detach(self) -> None:
+        with self.saving:
+            self.detached = True
         self.flush("disable")
-        if self._copy_flag in self.stop.snapshot_hooks:
-            self.stop.snapshot_hooks.remove(self._copy_flag)
 
     def flush(self, why: str) -> None:
-        """Run the last step's saves now: wait on its event, then FastDeploy's save ops, in order."""
-        pending, self.pending = self.pending, []
-        for op, args in pending:
-            args = [a.host(self.backend, why) if isinstance(a, _StepFlag) else a for a in args]
-            op(*args)
-        if pending:
-            self.served[f"save one step later ({why})"] += 1
-            self.shadow.refresh(f"overlap.{why}")  # the saved step's snapshot landed with its event
+        """Run the last step's saves now: wait on its event, then FastDeploy's save ops, in order.
+        One flush at a time (``disable()`` may flush from another thread while a step ends)."""
+        with self.saving:
+            pending, self.pending = self.pending, []
+            for op, args in pending:
+                args = [a.host(self.backend, why) if isinstance(a, _StepFlag) else a for a in args]
+                op(*args)
+            if pending:
+                self.served[f"save one step later ({why})"] += 1
+                self.runner.step_saved(f"overlap.{why}")  # the saved step's snapshot landed with its event
+
+    def end_step(self) -> None:
+        """The step's captured saves become pending; once the part was detached (``disable()`` on
+        another thread mid-step) nobody would flush them: they run now."""
+        with self.saving:
+            if self.captured:
+                self.pending, self.captured = self.pending + self.captured, []
+                self.flag_turn ^= 1
+                self.served["overlap steps"] += 1
+            else:  # the batch had drained: this step only saved the last one (FD returned before sampling)
+                self.served["flush step (batch drained)"] += 1
+            detached = self.detached
+        if detached:
+            self.flush("disabled during the step")
 
 
 class _StepFlag:
@@ -120,14 +141,12 @@ class _StepFlag:
 
 class OverlapRunners(FeatureRunners):
     def __init__(self, count_mode: str = "exact") -> None:
-        super().__init__("overlap", "_fdac_overlap")
+        super().__init__("overlap", "overlap")
         self.count_mode = count_mode
 
     def flush_all(self, why: str) -> None:
-        for runner in self.live():
-            state = runner.__dict__.get(self.attr)
-            if state is not None:
-                state.flush(why)
+        for state in self.parts():
+            state.flush(why)
 
 
 def off_reason(runner, runner_module) -> str:
@@ -166,12 +185,12 @@ def build_init_share_inputs(original, ctx):
     @wraps(original)
     def _init_share_inputs(self, max_num_seqs: int):
         original(self, max_num_seqs)
-        stop, syncs = self.__dict__.get("_fdac_stop"), self.__dict__.get("_fdac_syncs")
+        stop, syncs = part(self, "stop"), part(self, "syncs")
         if stop is None or syncs is None:
             missing = " and ".join(n for n, s in (("stop_flag", stop), ("step_syncs", syncs)) if s is None)
             registry.stand_down(self, f"needs {missing} on this runner")
             return
-        registry.add(self, OverlapState(self, stop, ctx.backend, registry.count_mode))
+        registry.add(self, OverlapState(runner_state(self), ctx.backend, registry.count_mode))
 
     return _init_share_inputs
 
@@ -179,7 +198,7 @@ def build_init_share_inputs(original, ctx):
 def build_execute_model(original, ctx):
     runner_module = ctx.module(RUNNER)
 
-    @per_runner(original, "_fdac_overlap")
+    @per_runner(original, "overlap")
     def execute_model(state, self, *args, **kwargs):
         why = off_reason(self, runner_module)
         if why:
@@ -187,27 +206,20 @@ def build_execute_model(original, ctx):
             state.fallbacks[why] += 1
             return original(self, *args, **kwargs)
         state.in_step, state.after_forward = True, False
-        state.stop.defer_sync = True
         _capturing.state = state
         try:
             return original(self, *args, **kwargs)
         finally:
             _capturing.state = None
-            state.stop.defer_sync = False
             state.in_step = False
             state.flush("step end")  # FastDeploy returned before its not_need_stop() check
-            if state.captured:
-                state.pending, state.captured = state.captured, []
-                state.flag_turn ^= 1
-                state.served["overlap steps"] += 1
-            else:  # the batch had drained: this step only saved the last one (FD returned before sampling)
-                state.served["flush step (batch drained)"] += 1
+            state.end_step()
 
     return execute_model
 
 
 def build_not_need_stop(original, ctx):
-    @per_runner(original, "_fdac_overlap")
+    @per_runner(original, "overlap")
     def not_need_stop(state, self):
         if state.in_step and not state.after_forward:
             # FastDeploy 2.4 asks right after launching the forward: the previous step's save runs
@@ -223,7 +235,7 @@ def build_not_need_stop(original, ctx):
 
 
 def build_flush_first(original, ctx):
-    @per_runner(original, "_fdac_overlap")
+    @per_runner(original, "overlap")
     def flushed(state, self, *args, **kwargs):
         state.flush(original.__name__)
         return original(self, *args, **kwargs)

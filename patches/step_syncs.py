@@ -45,10 +45,10 @@ import threading
 import numpy as np
 import paddle
 
-from fd_async_copy_plugin.registry.patch import Feature, IncompatibleError, Patch, Target, wraps
+from fd_async_copy_plugin.registry.patch import Feature, IncompatibleError, Junction, Patch, Target, wraps
 
-from ._runners import FeatureRunners, per_runner
-from ._tensor_watch import Watched, basic_key, host_value, rows_of, watching, _UNKNOWN
+from .runner import FeatureRunners, part, per_runner, runner_state
+from ._tensor_watch import PATCHES as TENSOR_WATCH, Watched, basic_key, host_value, rows_of, watching, _UNKNOWN
 
 log = logging.getLogger("fd_async_copy")
 
@@ -319,21 +319,15 @@ class StepShadow:
 
 
 class RunnerSyncs:
-    """One runner's step_syncs state: the shadow and the device seed."""
+    """One runner's step_syncs part: the shadow and the device seed."""
 
-    def __init__(self, runner, stop, backend, block_size: int) -> None:
+    def __init__(self, runner, backend, block_size: int) -> None:
         self.shadow = StepShadow(runner, backend, block_size)
         self.increment = None  # the device copy of runner.infer_seed_increment
-        self.stop = stop
-        stop.snapshot_hooks.append(self.shadow.issue_snapshot)
 
     def report(self) -> dict:
         shadow = self.shadow
         return {"reason": shadow.s1_off, "fallbacks": dict(shadow.fallbacks), "served": dict(shadow.served)}
-
-    def detach(self) -> None:
-        if self.shadow.issue_snapshot in self.stop.snapshot_hooks:
-            self.stop.snapshot_hooks.remove(self.shadow.issue_snapshot)
 
 
 def _device_copy(t, like):
@@ -342,19 +336,6 @@ def _device_copy(t, like):
     if str(out.place) != str(like.place):
         raise ValueError(f"a new tensor lands on {out.place}, FastDeploy's buffers on {like.place}")
     return out
-
-
-def _overlap_bound_step(runner) -> bool:
-    """The overlap feature is running this step with FD 2.5's upper-bound token count (its save
-    comes after the next forward; with the exact count the last snapshot is waited for first)."""
-    state = runner.__dict__.get("_fdac_overlap")
-    return state is not None and state.in_step and state.count_mode == "bound"
-
-
-def _overlap_pending(runner) -> bool:
-    """The overlap feature holds a step whose save (and event wait) comes with the next step."""
-    state = runner.__dict__.get("_fdac_overlap")
-    return state is not None and bool(state.pending or state.in_step)
 
 
 def own_path_reason(runner, runner_module) -> str:
@@ -369,24 +350,40 @@ def own_path_reason(runner, runner_module) -> str:
     return ""
 
 
+def shadow_not_exact(runner, runner_module, postproc) -> str:
+    """Why no shadow answer may be served for ``runner`` now ("" when they may): the runner's own
+    path (``own_path_reason``), or the update op is no longer the plugin's (a reloaded FastDeploy
+    module): then no snapshot follows the device's changes."""
+    why = own_path_reason(runner, runner_module)
+    if why:
+        return why
+    if Junction.at(postproc, "update_inputs_v1") is None:
+        return "update_inputs_v1 is FastDeploy's own again (module reloaded?): no snapshot of the step"
+    return ""
+
+
 # --- runner patches ------------------------------------------------------------------------------
 
 
 def build_init_share_inputs(original, ctx):
     registry: FeatureRunners = ctx.state
+    runner_module = ctx.module(RUNNER)
 
     @wraps(original)
     def _init_share_inputs(self, max_num_seqs: int):
         original(self, max_num_seqs)
-        stop = self.__dict__.get("_fdac_stop")
-        if stop is None:
+        if part(self, "stop") is None:
             registry.stand_down(self, "needs stop_flag on this runner (its event covers the step snapshot), "
                                       "which does not run here")
+            return
+        why = own_path_reason(self, runner_module)
+        if why:  # the shadow could never be exact for this runner: touch nothing
+            registry.stand_down(self, f"{why}: the host cannot know this runner's step state")
             return
         si = self.share_inputs
         try:
             si["infer_seed"] = _device_copy(si["infer_seed"], si["stop_flags"])  # T
-            state = RunnerSyncs(self, stop, ctx.backend, self.cache_config.block_size)
+            state = RunnerSyncs(self, ctx.backend, self.cache_config.block_size)
         except Exception as exc:  # never stop FastDeploy: this runner keeps its own path
             registry.stand_down(self, f"cannot set up ({type(exc).__name__}: {exc})")
             return
@@ -396,7 +393,7 @@ def build_init_share_inputs(original, ctx):
 
 
 def build_reset_share_inputs(original, ctx):
-    @per_runner(original, "_fdac_syncs")
+    @per_runner(original, "syncs")
     def reset_share_inputs(state, self, *args, **kwargs):
         result = original(self, *args, **kwargs)
         state.shadow.load("reset_share_inputs")
@@ -406,9 +403,17 @@ def build_reset_share_inputs(original, ctx):
 
 
 def build_insert(original, ctx):
-    @per_runner(original, "_fdac_syncs")
+    runner_module, postproc = ctx.module(RUNNER), ctx.module(POSTPROC)
+
+    @per_runner(original, "syncs")
     def insert(state, self, *args, **kwargs):
         shadow = state.shadow
+        why = shadow_not_exact(self, runner_module, postproc)
+        if why:
+            shadow.fallback(why)
+            for name in SHADOWED:
+                shadow.lose(name, why)
+            return original(self, *args, **kwargs)
         if original.__name__ != "_dummy_prefill_inputs":
             shadow.ensure_loaded()
         shadow.refresh(original.__name__)
@@ -422,9 +427,9 @@ def build_insert(original, ctx):
 
 
 def build_prepare_inputs(original, ctx):
-    runner_module = ctx.module(RUNNER)
+    runner_module, postproc = ctx.module(RUNNER), ctx.module(POSTPROC)
 
-    @per_runner(original, "_fdac_syncs")
+    @per_runner(original, "syncs")
     def _prepare_inputs(state, self, *args, **kwargs):
         shadow = state.shadow
         si = self.share_inputs
@@ -435,10 +440,12 @@ def build_prepare_inputs(original, ctx):
         dummy = bool(kwargs.get("is_dummy_or_profile_run", args[0] if args else False))
         if not dummy:
             shadow.ensure_loaded()
-        bound = not dummy and _overlap_bound_step(self) and shadow.snapshot_in_flight()
+        steps = runner_state(self)
+        bound = not dummy and steps.bound_count_step() and shadow.snapshot_in_flight()
         if not bound:  # free unless the overlap schedule's exact count waits here for the last step
-            shadow.refresh("overlap.exact count" if _overlap_pending(self) else "_prepare_inputs")
-        why = "dummy/profile run" if dummy else (own_path_reason(self, runner_module) or shadow.s1_off and "S1 stood down")
+            shadow.refresh("overlap.exact count" if steps.holds_unsaved_step() else "_prepare_inputs")
+        why = "dummy/profile run" if dummy else (shadow_not_exact(self, runner_module, postproc)
+                                                 or shadow.s1_off and "S1 stood down")
         count = None
         if not why:
             num_running = int(si["seq_lens_this_time"].shape[0])
@@ -469,9 +476,15 @@ def build_prepare_inputs(original, ctx):
 
 
 def build_exist_prefill(original, ctx):
-    @per_runner(original, "_fdac_syncs")
+    runner_module, postproc = ctx.module(RUNNER), ctx.module(POSTPROC)
+
+    @per_runner(original, "syncs")
     def exist_prefill(state, self):
-        if not (_overlap_pending(self) and state.shadow.snapshot_in_flight()):
+        why = shadow_not_exact(self, runner_module, postproc)
+        if why:
+            state.shadow.fallback(f"S3/S7: {why}")
+            return original(self)
+        if not (runner_state(self).holds_unsaved_step() and state.shadow.snapshot_in_flight()):
             state.shadow.refresh("exist_prefill")
         answer = state.shadow.exist_prefill()
         if answer is None:
@@ -536,10 +549,11 @@ class StepSyncsFeature(Feature):
         Patch(Target(RUNNER, "GPUModelRunner._prepare_inputs"), build_prepare_inputs),
         Patch(Target(RUNNER, "GPUModelRunner.exist_prefill"), build_exist_prefill),
         Patch(Target(POSTPROC, "get_padding_offset"), build_get_padding_offset, check_get_padding_offset),
+        *TENSOR_WATCH,
     )
 
     def prepare(self, ctx) -> FeatureRunners:
-        return FeatureRunners(self.name, "_fdac_syncs")
+        return FeatureRunners(self.name, "syncs")
 
     def report(self, ctx) -> dict | None:
         return ctx.state.report() if isinstance(ctx.state, FeatureRunners) else None

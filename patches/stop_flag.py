@@ -27,11 +27,8 @@ Delete: when FastDeploy 2.4 is no longer served.
 
 from __future__ import annotations
 
-import gc
 import inspect
 import logging
-import threading
-import weakref
 
 import numpy as np
 import paddle
@@ -40,6 +37,7 @@ from fd_async_copy_plugin.ops.stop_flag_library import MAX_BATCH
 from fd_async_copy_plugin.registry.patch import Feature, IncompatibleError, Patch, Target, wraps
 
 from ._consumers import add_substitute, build_guard, remove_substitute
+from .runner import FeatureRunners, part
 
 log = logging.getLogger("fd_async_copy")
 
@@ -52,8 +50,10 @@ _UPDATE_V1_PARAMS = 14  # 13 tensors (with stop_nums) + block_size: FastDeploy 2
 class StopFlagState:
     """The stop flag and sampled-token buffers of one GPUModelRunner's ``share_inputs``."""
 
-    def __init__(self, share_inputs, max_num_seqs: int, backend, ops, copy_tokens: bool) -> None:
+    def __init__(self, share_inputs, max_num_seqs: int, backend, ops, copy_tokens: bool, runner_state) -> None:
         self.backend = backend
+        self.share_inputs = share_inputs
+        self.runner = runner_state  # runner.RunnerState: what the other parts need after the update op
         self.ops = ops
         self.legacy = share_inputs["not_need_stop"]  # FastDeploy 2.4's pageable host flag
         # On the place of FastDeploy's own device buffers (the GPU in a worker; the CPU in tests).
@@ -63,11 +63,6 @@ class StopFlagState:
         self.max_num_seqs = max_num_seqs
         self.flag_pending = False  # a flag copy was issued and not applied to the legacy flag yet
         self.token_source = None  # this step's device sampled_token_ids, mirrored in self.tokens
-        #: called right after the update op, before the event is recorded: copies issued there are
-        #: covered by the event the save waits on (``step_syncs``' snapshot of the step state)
-        self.snapshot_hooks: list = []
-        #: ``overlap``: the step's save runs one step later; post_process leaves the flag pending
-        self.defer_sync = False
         self._reset_host_buffers()
         share_inputs["not_need_stop_device"] = self.device
         share_inputs["not_need_stop_gpu"] = self.device  # name used by #6176's first version
@@ -77,10 +72,11 @@ class StopFlagState:
 
     PINNED_KEYS = ("not_need_stop_pinned", "sampled_token_ids")
 
-    def detach(self, share_inputs) -> None:
+    def detach(self) -> None:
         """Hand the runner back to FastDeploy's own path (``disable()``): the legacy flag made
         current, and the keys the plugin added removed - FD 2.4's reset would ``fill_()`` them."""
         self.sync("disable")
+        share_inputs = self.share_inputs
         added = {
             "not_need_stop_device": self.device,
             "not_need_stop_gpu": self.device,
@@ -106,8 +102,7 @@ class StopFlagState:
         if self.tokens is not None and topk_ids is not None:
             self.backend.copy_d2h(self.tokens, topk_ids, "sampled_token_ids")
             self.token_source = topk_ids
-        for hook in self.snapshot_hooks:
-            hook()
+        self.runner.step_copies()  # covered by the event recorded now (step_syncs, overlap)
         self.backend.record("post_process")
         self.flag_pending = True
 
@@ -129,111 +124,31 @@ class StopFlagState:
         self.ops.set_stop(self.legacy, False)
 
 
-#: Live runners a ``disable()`` handed back to FastDeploy (weakly): a later ``enable()`` reports them.
-_DETACHED: "weakref.WeakSet" = weakref.WeakSet()
-
-
-def _describe(runner) -> str:
-    return f"{type(runner).__name__}@{id(runner):#x}"
-
-
-class StopFlagRunners:
+class StopFlagRunners(FeatureRunners):
     """The feature's state (``ctx.state``): the loaded ops, whether sampled tokens are mirrored, and
-    each patched runner's ``StopFlagState``, found by its legacy flag tensor (what FastDeploy
-    passes to the ops).
-
-    Runners are held weakly: a runner FastDeploy (or its test suite) drops is freed with its state
-    and buffers while the plugin stays enabled; its entry goes with it (``weakref.finalize``).
-    """
+    each patched runner's ``StopFlagState``, also found by its legacy flag tensor (what FastDeploy
+    passes to the ops)."""
 
     def __init__(self, ops, copy_tokens: bool) -> None:
+        super().__init__("stop_flag", "stop")
         self.ops = ops
         self.copy_tokens = copy_tokens
         self.cuda_probe: str | None = None  # the CUDA kernel probe's result, once per process
-        self._lock = threading.Lock()
-        self.by_flag: dict[int, tuple[object, StopFlagState]] = {}
-        self._runners: dict[int, weakref.ref] = {}  # id(state) -> runner
-        self._stood_down: dict[int, tuple[weakref.ref, str]] = {}  # id(runner) -> (runner, why)
-        if len(_DETACHED):
-            gc.collect()  # runners only kept by reference cycles are gone, not "live"
-        for runner in list(_DETACHED):
-            # Built while an earlier enable() was active, handed back by disable(): its buffers are
-            # FastDeploy's again and stay so until FastDeploy re-creates them.
-            self.stand_down_runner(runner, "handed back to FastDeploy by disable(); keeps FastDeploy's own "
-                                           "path until its share_inputs are re-created")
-
-    @property
-    def runners(self) -> list:
-        with self._lock:
-            refs = list(self._runners.values())
-        return [r for r in (ref() for ref in refs) if r is not None]
-
-    def add(self, state: StopFlagState, runner) -> None:
-        key = id(state.legacy)
-        _DETACHED.discard(runner)
-        with self._lock:
-            self._stood_down.pop(id(runner), None)
-            self.by_flag[key] = (state.legacy, state)
-            self._runners[id(state)] = weakref.ref(runner)
-        weakref.finalize(runner, self._forget, key, id(state))
-
-    def _forget(self, flag_key: int, state_key: int) -> None:
-        with self._lock:
-            self._runners.pop(state_key, None)
-            entry = self.by_flag.get(flag_key)
-            if entry is not None and id(entry[1]) == state_key:
-                del self.by_flag[flag_key]
-
-    def stand_down_runner(self, runner, reason: str) -> None:
-        """``runner`` keeps FastDeploy's own stop-flag path (reported per runner, not for all)."""
-        key = id(runner)
-        with self._lock:
-            self._stood_down[key] = (weakref.ref(runner), reason)
-        weakref.finalize(runner, self._stood_down.pop, key, None)
-
-    def report(self) -> dict | None:
-        """Per-runner state and an aggregate that never claims more than what runs."""
-        with self._lock:
-            patched = [r for r in (ref() for ref in self._runners.values()) if r is not None]
-            standing = [(ref(), why) for ref, why in self._stood_down.values() if ref() is not None]
-        if not standing:
-            return None
-        runners = [{"runner": _describe(r), "state": "applied", "reason": ""} for r in patched]
-        runners += [{"runner": _describe(r), "state": "passthrough", "reason": why} for r, why in standing]
-        reasons = "; ".join(sorted({why for _, why in standing}))
-        if not patched:
-            return {"state": "passthrough", "reason": reasons, "runners": runners}
-        return {
-            "state": "partial",
-            "reason": f"{len(patched)} of {len(runners)} runners patched; the others keep FastDeploy's "
-                      f"own path: {reasons}",
-            "runners": runners,
-        }
-
-    def detach_all(self) -> None:
-        for runner in self.runners:
-            state = runner.__dict__.pop("_fdac_stop", None)
-            if state is not None:
-                state.detach(runner.share_inputs)
-                _DETACHED.add(runner)
-        with self._lock:
-            self._runners.clear()
-            self.by_flag.clear()
-            self._stood_down.clear()
 
     def for_flag(self, flag) -> StopFlagState | None:
-        entry = self.by_flag.get(id(flag))
-        return entry[1] if entry is not None and entry[0] is flag else None
+        for state in self.parts():
+            if state.legacy is flag:
+                return state
+        return None
 
     def for_tokens(self, tokens) -> StopFlagState | None:
-        for state in self.all():
+        for state in self.parts():
             if state.token_source is not None and state.token_source is tokens:
                 return state
         return None
 
-    def all(self):
-        with self._lock:
-            return [state for _, state in self.by_flag.values()]
+    def all(self) -> list:
+        return self.parts()
 
     def substitute(self, value, reader: str):
         """For the save consumers: FastDeploy's flag made current (same object), the step's device
@@ -289,9 +204,11 @@ def build_init_share_inputs(original, ctx):
             )
             _stand_down(ctx, self, reason)
             return
-        state = StopFlagState(self.share_inputs, int(max_num_seqs), ctx.backend, registry.ops, registry.copy_tokens)
-        registry.add(state, self)
-        self._fdac_stop = state
+        from .runner import runner_state
+
+        state = StopFlagState(self.share_inputs, int(max_num_seqs), ctx.backend, registry.ops, registry.copy_tokens,
+                              runner_state(self, create=True))
+        registry.add(self, state)
 
     return _init_share_inputs
 
@@ -341,14 +258,13 @@ def _stand_down(ctx, runner, reason: str) -> None:
     for this runner only: other runners of the process may run patched (``status()`` reports each)."""
     if ctx.strict:
         raise ValueError(f"fd_async_copy stop_flag: {reason}")
-    log.error("fd_async_copy: %s; this runner keeps FastDeploy's own stop-flag path", reason)
-    ctx.state.stand_down_runner(runner, reason)
+    ctx.state.stand_down(runner, reason)
 
 
 def build_reset_share_inputs(original, ctx):
     @wraps(original)
     def reset_share_inputs(self, *args, **kwargs):
-        state = getattr(self, "_fdac_stop", None)
+        state = part(self, "stop")
         if state is None:
             return original(self, *args, **kwargs)
         # FastDeploy 2.4's reset fill_()s every key it names, sampled_token_ids included: a Paddle
@@ -367,7 +283,7 @@ def build_reset_share_inputs(original, ctx):
 def build_insert(original, ctx):
     @wraps(original)
     def insert(self, *args, **kwargs):
-        state = getattr(self, "_fdac_stop", None)
+        state = part(self, "stop")
         if state is not None:
             state.sync(original.__name__)  # the insertion's write must be the last one
         result = original(self, *args, **kwargs)
@@ -381,7 +297,7 @@ def build_insert(original, ctx):
 def build_not_need_stop(original, ctx):
     @wraps(original)
     def not_need_stop(self) -> bool:
-        state = getattr(self, "_fdac_stop", None)
+        state = part(self, "stop")
         if state is None:
             return original(self)
         state.sync("not_need_stop")
@@ -467,7 +383,7 @@ def build_post_process(original, ctx):
             # Dummy runs and pooling skip the save: the flag is still made current before any code
             # outside post_process can read share_inputs["not_need_stop"].
             for state in registry.all():
-                if not state.defer_sync:
+                if not state.runner.save_deferred():
                     state.sync("post_process")
 
     return post_process

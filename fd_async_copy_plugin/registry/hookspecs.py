@@ -1,8 +1,10 @@
-"""The plugin surface of fd-async-copy, as pluggy hook specifications (project ``fd_async_copy``).
+"""What a patch set provides, as pluggy hook specifications (project ``fd_async_copy``).
 
-This module is the table of contents: every extension point is here. The built-in patch sets
-(``fd_async_copy_plugin.patches``) implement these hooks and are registered through the
-``fd_async_copy`` entry-point group, exactly like a third-party patch set would be.
+pluggy does one job here: it finds the patch sets. The built-ins (``fd_async_copy_plugin.patches``)
+and any third-party set are modules registered through the ``fd_async_copy`` entry-point group, and
+pluggy calls the two hooks below on each. The feature lifecycle itself - the declared targets, the
+checks, ``prepare``/``report``/``quiesce``/``teardown`` - is the ``Feature`` class protocol in
+``registry/patch.py``, not a set of hooks: a patch set subclasses ``Feature``.
 """
 
 from __future__ import annotations
@@ -22,3 +24,10 @@ def fd_async_copy_features():
     across plugins. A feature's state is reported by ``status()``; there is no notification hook:
     observers read ``fd_async_copy_plugin.status()``.
     """
+
+
+@hookspec
+def fd_async_copy_order():
+    """Return ``{"module:attr": (feature, ...)}``: the order of the features' links around each
+    FastDeploy attribute several features touch, outermost first (``registry.patch.Junction``).
+    Two patch sets giving different rows for one attribute is an error."""

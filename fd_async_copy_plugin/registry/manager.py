@@ -65,6 +65,17 @@ def collect_features(pm: pluggy.PluginManager) -> dict[str, Feature]:
     return features
 
 
+def collect_order(pm: pluggy.PluginManager) -> dict[str, tuple[str, ...]]:
+    """The patch sets' order tables, merged (``hookspecs.fd_async_copy_order``)."""
+    order: dict[str, tuple[str, ...]] = {}
+    for table in pm.hook.fd_async_copy_order():
+        for target, names in (table or {}).items():
+            if order.get(target, tuple(names)) != tuple(names):
+                raise ValueError(f"two plugins order the features around {target} differently")
+            order[target] = tuple(names)
+    return order
+
+
 def available_features(pm: pluggy.PluginManager) -> dict[str, Feature] | str:
     """The installed features, or why they cannot be loaded (the patch sets need Paddle)."""
     try:
@@ -109,6 +120,7 @@ class PatchManager:
         self.requested: tuple[str, ...] = ()
         self.requested_backend = "auto"
         self.settings = None  # config.RunSettings of the last enable()
+        self._order: dict[str, tuple[str, ...]] = {}
 
     def add_plugin(self, plugin, name: str | None = None) -> None:
         """Register a patch-set plugin object (what an ``fd_async_copy`` entry point provides)."""
@@ -151,6 +163,7 @@ class PatchManager:
             self.enabled = True
             available = available_features(self.pm)
             self._features = available if isinstance(available, dict) else {}
+            self._order = collect_order(self.pm) if self._features else {}
             self.profile = detect_profile(root)
             # The backend is created only if some feature gets that far in the plan.
             decisions = plan(features, available, self.profile, functools.partial(self._make_backend, backend))
@@ -162,10 +175,25 @@ class PatchManager:
             for name, decision in decisions.items():
                 if decision.option_of is None or decision.option_of not in decisions:
                     self._decide(name, decision)  # an option is decided with its feature
-            for name, decision in decisions.items():
-                if decision.state == APPLY and decision.option_of is None:
-                    self._schedule(self._features[name])
+            for name in self._apply_order([n for n, d in decisions.items() if d.state == APPLY and d.option_of is None]):
+                self._schedule(self._features[name])
             self._finish_strict()
+
+    def _apply_order(self, names: list[str]) -> list[str]:
+        """The order features are applied in, whatever order they were requested in: the patch sets'
+        order, each feature after the ones it builds on (``Feature.requires``)."""
+        ordered: list[str] = []
+
+        def visit(name: str) -> None:
+            if name in ordered or name not in names:
+                return
+            for required in self._features[name].requires:
+                visit(required)
+            ordered.append(name)
+
+        for name in self._features:
+            visit(name)
+        return ordered
 
     def _make_backend(self, backend: str) -> tuple[str, str]:
         try:
@@ -193,6 +221,7 @@ class PatchManager:
             options=frozenset(o for o in feature.options if o in self.requested),
             strict=self.strict,
             settings=self.settings,
+            order=self._order,
             stand_down=functools.partial(self._stand_down, feature.name),
         )
 

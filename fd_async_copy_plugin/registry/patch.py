@@ -13,6 +13,13 @@ waits for are exactly the modules of its required targets (``Feature.modules``).
 Reverting restores the exact original objects (``is``-identical), including class attributes that
 were inherited (those are deleted again rather than shadowed).
 
+One replacement per attribute, whatever number of features touch it: every patched attribute gets a
+``Junction``, the single function installed there. A feature's ``Patch.build(next, ctx)`` returns a
+*link*: its part of the work around ``next`` (the following link, or FastDeploy's original). The
+links of one attribute run in the order of the patch set's order table (``PatchContext.order``; the
+built-ins' is ``patches/runner.py``), outermost first - never in the order features were applied.
+Features without a row in the table run inside the listed ones, by name.
+
 ``from x import name`` re-bindings are handled one way: the importing module is declared as a
 target with ``required=False`` (e.g. the Metax/GCU runners importing ``post_process``). It is
 patched when it is loaded at apply time, imports the replacement itself when loaded later, and is
@@ -25,6 +32,7 @@ import functools
 import importlib
 import logging
 import sys
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -126,6 +134,9 @@ class PatchContext:
     stand_down: Callable[[str], None] = lambda reason: None
     #: the validated settings (``config.RunSettings``): the only way a patch reads configuration
     settings: Any = None
+    #: ``"module:attr"`` (relative, as in ``Target``) -> feature names, outermost first: the order of
+    #: the links around each attribute several features touch (see ``Junction``)
+    order: Any = None
 
     def module(self, relative: str):
         return sys.modules[f"{self.root}.{relative}" if relative else self.root]
@@ -182,6 +193,135 @@ class Feature:
         """Drop runtime state after revert."""
 
 
+# --- one replacement per attribute ------------------------------------------------------------------
+
+MARKER_PREFIX = "__fd_async_copy_"
+JUNCTION_MARK = "__fd_async_copy_junction__"
+_junctions: dict[tuple[int, str], "Junction"] = {}
+_junctions_lock = threading.RLock()
+
+
+class _Next:
+    """What a link calls to continue: the following link of its junction, or FastDeploy's original.
+    Looks like the original (name, doc, ``__wrapped__``) for the builders that name or inspect it."""
+
+    def __init__(self, junction: "Junction", feature: str) -> None:
+        self._junction, self._feature = junction, feature
+        functools.update_wrapper(self, junction.bottom, updated=())
+
+    def __call__(self, *args, **kwargs):
+        return self._junction.following(self._feature)(*args, **kwargs)
+
+
+class Junction:
+    """The one function installed on a patched attribute: it calls the first active link."""
+
+    def __init__(self, owner: Any, name: str, original: Any, own: bool, order: tuple[str, ...]) -> None:
+        self.owner, self.name, self.original, self.own = owner, name, original, own
+        self.order = tuple(order)
+        #: a staticmethod/classmethod keeps its kind; the links work on its function
+        self.descriptor = type(original) if isinstance(original, (staticmethod, classmethod)) else None
+        function = original.__func__ if self.descriptor else original
+        self.links: dict[str, Callable] = {}
+        self.next_of: dict[str, Callable] = {}
+        self.head: Callable = function
+        #: what the last link calls: FastDeploy's original, unless instrumentation (device tracking in
+        #: tests) put itself beneath the links (``set_bottom``)
+        self.bottom: Any = function
+        junction = self
+
+        @wraps(function)
+        def installed(*args, **kwargs):
+            return junction.head(*args, **kwargs)
+
+        setattr(installed, JUNCTION_MARK, self)
+        self.function = installed
+        self.installed = self.descriptor(installed) if self.descriptor else installed
+
+    @staticmethod
+    def at(owner: Any, name: str) -> "Junction | None":
+        """The junction installed on ``owner.name`` now, if any."""
+        found = _junctions.get((id(owner), name))
+        if found is not None and found.owner is owner and _raw_attr(owner, name) is found.installed:
+            return found
+        return None
+
+    def _rank(self, feature: str) -> tuple:
+        return (self.order.index(feature), "") if feature in self.order else (len(self.order), feature)
+
+    def features(self, links: dict | None = None) -> list[str]:
+        """The features with a link here, outermost first."""
+        return sorted(self.links if links is None else links, key=self._rank)
+
+    def following(self, feature: str) -> Callable:
+        """What comes after ``feature``'s place: its next link, or - once its link was taken out (a
+        save captured before ``disable()`` and run after it) - the first active link ranked after it."""
+        found = self.next_of.get(feature)
+        if found is not None:
+            return found
+        rank = self._rank(feature)
+        links = self.links
+        for other in self.features(links):
+            if self._rank(other) > rank:
+                return links[other]
+        return self.bottom
+
+    def set_bottom(self, bottom: Any) -> None:
+        """What the last link calls from now on (``original`` again to undo)."""
+        with _junctions_lock:
+            self.bottom = bottom
+            self._relink()
+
+    def _relink(self) -> None:
+        following, next_of, links = self.bottom, {}, self.links
+        for feature in reversed(self.features(links)):
+            next_of[feature] = following
+            following = links[feature]
+        self.next_of, self.head = next_of, following  # the head last: a call in flight sees a whole chain
+
+    def attach(self, feature: str, build: Callable[[Any], Any]) -> None:
+        with _junctions_lock:
+            if feature in self.links:
+                raise IncompatibleError(f"{self.name}: feature {feature!r} declares two patches of it")
+            link = build(_Next(self, feature))
+            if isinstance(link, (staticmethod, classmethod)):
+                link = link.__func__
+            self.links = {**self.links, feature: link}  # copied, never changed in place: readers iterate it
+            # markers a link carries (``__fd_async_copy_*``, e.g. "gathers host data") are visible
+            # on the installed function
+            for key, value in getattr(link, "__dict__", {}).items():
+                if key.startswith(MARKER_PREFIX) and key != JUNCTION_MARK:
+                    setattr(self.function, key, value)
+            self._relink()
+            if len(self.links) == 1:
+                _junctions[(id(self.owner), self.name)] = self
+                _set(self.owner, self.name, self.installed)
+
+    def detach(self, feature: str) -> None:
+        with _junctions_lock:
+            links = dict(self.links)
+            link = links.pop(feature, None)
+            self.links = links
+            for key in getattr(link, "__dict__", {}):
+                if key.startswith(MARKER_PREFIX) and key != JUNCTION_MARK and hasattr(self.function, key) \
+                        and not any(key in getattr(other, "__dict__", {}) for other in self.links.values()):
+                    delattr(self.function, key)
+            self._relink()
+            if not self.links:
+                if _junctions.get((id(self.owner), self.name)) is self:
+                    del _junctions[(id(self.owner), self.name)]
+                if self.own:
+                    _set(self.owner, self.name, self.original)
+                elif self.name in vars(self.owner):
+                    delattr(self.owner, self.name)
+
+
+def installed_junctions() -> list[Junction]:
+    """Every junction in place now (tests: each patched attribute has exactly one)."""
+    with _junctions_lock:
+        return [j for j in _junctions.values() if Junction.at(j.owner, j.name) is j]
+
+
 @dataclass
 class _Applied:
     owner: Any
@@ -191,6 +331,8 @@ class _Applied:
     own: bool  # the original lived in owner's own __dict__ (else it was inherited)
     producer: bool = False
     target: Target | None = None
+    junction: Junction | None = None
+    feature: str = ""
 
 
 class AppliedFeature:
@@ -241,8 +383,9 @@ class AppliedFeature:
         for record in ordered:
             if not record.producer:
                 _restore(record)
-        # Importers loaded after apply imported a replacement themselves: point them back too.
-        originals = {id(r.replacement): r.original for r in self.records}
+        # Importers loaded after apply imported a replacement themselves: point them back too (once
+        # no feature has a link left in that junction).
+        originals = {id(r.replacement): r.original for r in self.records if not r.junction.links}
         for target in self.importers:
             module = sys.modules.get(target.module_name(self.ctx.root))
             current = getattr(module, target.attr, None) if module is not None else None
@@ -267,10 +410,8 @@ def _set(owner: Any, name: str, value: Any) -> None:
 
 
 def _restore(record: _Applied) -> None:
-    if record.own:
-        _set(record.owner, record.name, record.original)
-    else:
-        delattr(record.owner, record.name)
+    """Take the feature's link out; the last one out puts FastDeploy's original back."""
+    record.junction.detach(record.feature)
 
 
 def apply_feature(feature: Feature, ctx: PatchContext) -> AppliedFeature:
@@ -281,19 +422,29 @@ def apply_feature(feature: Feature, ctx: PatchContext) -> AppliedFeature:
     for patch in patches:
         if not patch.target.required and patch.target.module_name(ctx.root) not in sys.modules:
             continue  # an importer of the name that is not loaded: it will import the replacement
-        owner, name, original = patch.target.resolve(ctx.root)
+        owner, name, current = patch.target.resolve(ctx.root)
+        junction = Junction.at(owner, name)
+        # checks see FastDeploy's own object, not the junction another feature installed
+        original = junction.original if junction is not None else current
         if patch.check is not None:
             patch.check(original, ctx)
-        own = (name in vars(owner)) if isinstance(owner, type) else True
-        resolved.append((patch, owner, name, original, own))
+        if original is None:
+            continue  # FastDeploy's ops import resolved to None (ops not compiled): nothing to wrap
+        resolved.append((patch, owner, name, current))
     feature.check(ctx)
     ctx.state = feature.prepare(ctx)
     records: list[_Applied] = []
+    order = ctx.order or {}
     try:
-        built = [(p, o, n, orig, own, p.build(orig, ctx)) for p, o, n, orig, own in resolved]
-        for patch, owner, name, original, own, replacement in built:
-            _set(owner, name, replacement)
-            records.append(_Applied(owner, name, original, replacement, own, patch.producer, patch.target))
+        for patch, owner, name, current in resolved:
+            junction = Junction.at(owner, name)
+            if junction is None:
+                own = (name in vars(owner)) if isinstance(owner, type) else True
+                key = f"{patch.target.module}:{patch.target.attr}"
+                junction = Junction(owner, name, current, own, order.get(key, ()))
+            junction.attach(feature.name, lambda nxt, patch=patch: patch.build(nxt, ctx))
+            records.append(_Applied(owner, name, junction.original, junction.installed, junction.own,
+                                    patch.producer, patch.target, junction, feature.name))
     except BaseException:
         for record in reversed(records):
             _restore(record)

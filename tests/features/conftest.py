@@ -205,6 +205,7 @@ import fd_async_copy_plugin  # noqa: E402,F811
 from fd_async_copy_plugin import runtime  # noqa: E402,F811
 from fd_async_copy_plugin.testing.reference import ROOTS  # noqa: E402,F811
 from fd_async_copy_plugin.testing.reference.driver import DecodeResult, DriverConfig, Request, run_decode  # noqa: E402,F811
+from fd_async_copy_plugin.patches.runner import part
 
 SF_FEATURES = ("stop_flag", "sampled_tokens")
 SF_EOS_NEVER = 9999  # an eos id outside every test vocabulary: requests run to max_tokens
@@ -218,7 +219,7 @@ class SFRunnerSnapshot:
     def __init__(self, runner) -> None:
         self._runner = runner
         self.share_inputs = dict(runner.share_inputs)
-        self._fdac_stop = getattr(runner, "_fdac_stop", None)
+        self.stop_part = part(runner, "stop")
 
     def __getattr__(self, name):
         return getattr(self._runner, name)
@@ -350,7 +351,7 @@ class SFKit:
     @staticmethod
     def state(runner):
         """The plugin's ``StopFlagState`` of ``runner`` (None when it made none)."""
-        return getattr(runner, "_fdac_stop", None)
+        return vars(runner)["stop_part"] if "stop_part" in vars(runner) else part(runner, "stop")
 
     @staticmethod
     def raw(t) -> _sf_np.ndarray:

@@ -12,6 +12,7 @@ import pytest
 import fd_async_copy_plugin
 from fd_async_copy_plugin.testing.reference import ROOTS
 from fd_async_copy_plugin.testing.reference.placement import host_view
+from fd_async_copy_plugin.patches.runner import part
 
 FD24 = ROOTS["fd24"]
 
@@ -87,7 +88,7 @@ def test_stop_flag_makes_every_flag_current_before_its_save_guards_go(sfkit, mon
     fd_async_copy_plugin.enable(features=list(sfkit.FEATURES), backend="sim", root=sfkit.FD24)
     try:
         (runner,) = sfkit.build_runners([DriverConfig(max_num_seqs=4, vocab_size=64, max_model_len=16, hidden_size=8)])
-        state = runner._fdac_stop
+        state = part(runner, "stop")
         state.after_update(None)  # a step's flag copy in flight
         seen = []
         real_restore = patch_module._restore

@@ -21,7 +21,7 @@ import dataclasses
 import pytest
 
 from fd_async_copy_plugin.patches import overlap as overlap_patch
-from fd_async_copy_plugin.patches._runners import per_runner
+from fd_async_copy_plugin.patches.runner import part, per_runner
 from fd_async_copy_plugin.patches import stop_flag as stop_flag_patch
 from fd_async_copy_plugin.registry.patch import Patch
 from fd_async_copy_plugin.runtime import collecting
@@ -89,10 +89,11 @@ def _run_plugin(cfg, requests, arrivals, backend, features, max_steps):
     served, fallbacks = collections.Counter(), collections.Counter()
 
     def on_step(step, runner):
-        state = runner.__dict__.get("_fdac_overlap")
+        state = part(runner, "overlap")
         if state is not None:
             served.clear(), served.update(state.served)
-            served.update({f"syncs: {k}": v for k, v in state.shadow.served.items() if k.startswith("S1")})
+            served.update({f"syncs: {k}": v for k, v in part(runner, "syncs").shadow.served.items()
+                           if k.startswith("S1")})
             fallbacks.clear(), fallbacks.update(state.fallbacks)
             mode = state.count_mode
             served["count mode: " + mode] = 1
@@ -213,7 +214,7 @@ def test_planted_dropping_the_pending_step_of_a_preempted_slot_is_caught(monkeyp
     dropped = []
 
     def build_dropping(original, ctx):
-        @per_runner(original, "_fdac_overlap")
+        @per_runner(original, "overlap")
         def insert_tasks_v1(state, self, tasks, *args, **kwargs):
             if any(t.task_type.name == "PREEMPTED" for t in tasks) and state.pending:
                 state.pending = []
@@ -312,7 +313,7 @@ def test_the_worker_loop_does_not_spin_once_flushed(count_mode):
     seen = []
     with device_for("host"), plugin_state(Variant("p", FD24, True, OVERLAP), "host"), collecting():
         run_decode(FD24, config(), [_req(0, 4, 3)], on_step=lambda s, r: seen.append(
-            (bool(r._fdac_overlap.pending), bool(r.not_need_stop()))))
+            (bool(part(r, "overlap").pending), bool(r.not_need_stop()))))
     assert seen[-1] == (False, False), seen
     assert all(flag for pending, flag in seen if pending), seen
 
@@ -361,7 +362,7 @@ def _flush_without_refresh_at_insert(self, why):
         args = [a.host(self.backend, why) if isinstance(a, overlap_patch._StepFlag) else a for a in args]
         op(*args)
     if pending:
-        self.shadow.refresh(f"overlap.{why}")
+        self.runner.step_saved(f"overlap.{why}")
 
 
 def test_two_chunk_prompt_with_overlap_does_not_stall(count_mode):
@@ -413,7 +414,7 @@ def test_the_worker_taking_a_task_batch_finishes_the_pending_save(monkeypatch):
     seen = []
 
     def on_step(step, runner):
-        state = runner._fdac_overlap
+        state = part(runner, "overlap")
         if state.pending:
             EngineWorkerQueue().get_tasks()
             seen.append(bool(state.pending))

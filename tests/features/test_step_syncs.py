@@ -8,6 +8,7 @@ quietly handed the step back to FastDeploy cannot pass as identical.
 from __future__ import annotations
 
 import collections
+import dataclasses
 
 import numpy as np
 import pytest
@@ -19,6 +20,7 @@ from fd_async_copy_plugin.runtime.backend import BufferInUseError
 from fd_async_copy_plugin.testing.harness import Variant, device_for, host_waits, plugin_state, run_variant
 from fd_async_copy_plugin.testing.reference import ROOTS
 from fd_async_copy_plugin.testing.reference.driver import DriverConfig, Request, run_decode
+from fd_async_copy_plugin.patches.runner import part
 
 pytestmark = pytest.mark.usefixtures("plugin_off")
 
@@ -74,7 +76,7 @@ def run_pair(cfg, requests, arrivals, backend, features=WITH_SYNCS, max_steps=12
     fallbacks = collections.Counter()
 
     def on_step(step, runner):
-        state = runner.__dict__.get("_fdac_syncs")
+        state = part(runner, "syncs")
         if state is not None:
             served.clear()
             served.update(state.shadow.served)
@@ -172,12 +174,32 @@ def test_census_one_host_wait_per_plain_decode_step(logprobs):
     assert unpatched["total"] == (7 if logprobs is None else 10), unpatched
 
 
-def test_non_v1_scheduler_falls_back_by_cause_with_identical_outputs():
-    requests = [_req(i, 4 + i, 10, top_p=0.8, seed=i, bad_words=[5, 6]) for i in range(4)]
-    cfg = config(8, use_v1_scheduler=False, chunk_size=None)
-    result, served, fallbacks = run_pair(cfg, requests, {}, "sim")
-    assert fallbacks["non-V1 scheduler (step_cuda rewrites the step state on the device)"] >= result.executed_steps - 1
-    assert served["S2 bad_tokens_len"] > 0 and served["S1 token count"] == 0
+@pytest.mark.parametrize("cfg", [config(8, use_v1_scheduler=False, chunk_size=None),
+                                 dataclasses.replace(BLOCKY, use_v1_scheduler=False, chunk_size=None)],
+                         ids=["plain", "block-steps"])
+def test_non_v1_scheduler_stands_down_and_answers_as_fastdeploy(cfg):
+    """Issue 25 item 3: with ENABLE_V1_KVCACHE_SCHEDULER=0, ``step_cuda`` rewrites the step state on
+    the device, so no shadow answer may be served: ``exist_prefill()`` after every step is FD's own
+    answer, the runner keeps FastDeploy's seed (nothing touched) and the feature says why."""
+    from fd_async_copy_plugin.registry.patch import Junction
+    from fd_async_copy_plugin.testing.reference.fd24.worker import gpu_model_runner as runner_module
+
+    requests = [_req(i, 4 + 3 * i, 30, top_p=0.8, seed=i, bad_words=[5, 6]) for i in range(6)]
+    answers, entries = [], []
+
+    def on_step(step, runner):
+        fd_own = Junction.at(runner_module.GPUModelRunner, "exist_prefill").original
+        answers.append((step, runner.exist_prefill(), fd_own(runner)))
+        assert part(runner, "syncs") is None  # nothing made: FastDeploy's seed and state untouched
+        entries.append(fd_async_copy_plugin.status()["features"]["step_syncs"])
+
+    base = run_variant(Variant("fd24-unpatched", FD24, False), cfg, requests, backend="sim", max_steps=200)
+    with device_for("sim"), plugin_state(Variant("p", FD24, True, WITH_SYNCS), "sim"), collecting():
+        plugin = run_decode(FD24, cfg, requests, max_steps=200, on_step=on_step)
+    base.result.assert_same(plugin)
+    assert answers and [a for a in answers if a[1] != a[2]] == [], answers
+    entry = entries[-1]
+    assert entry["state"] == "passthrough" and "non-V1 scheduler" in entry["reason"], entry
 
 
 def test_dummy_run_takes_fastdeploys_path_then_the_shadow_resumes():
@@ -266,7 +288,7 @@ def test_count_mismatch_stands_s1_down_for_the_runner():
     seen, reports = {}, []
 
     def on_step(step, runner):
-        shadow = runner._fdac_syncs.shadow
+        shadow = part(runner, "syncs").shadow
         if step == 3:
             original = shadow.refresh
 

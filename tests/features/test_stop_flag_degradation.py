@@ -18,6 +18,7 @@ from fd_async_copy_plugin.testing.reference.driver import DriverConfig, Request
 from fd_async_copy_plugin.ops import OpsUnavailable
 from fd_async_copy_plugin.patches import stop_flag as stop_flag_patch
 from fd_async_copy_plugin.registry.manager import StrictModeError
+from fd_async_copy_plugin.patches.runner import part
 
 pytestmark = pytest.mark.usefixtures("plugin_off")
 
@@ -170,7 +171,7 @@ def test_disable_hands_live_runners_back_to_fastdeploys_own_path(sfkit):
         assert "not_need_stop_pinned" in runner.share_inputs
     for key in ("not_need_stop_device", "not_need_stop_gpu", "not_need_stop_pinned", "sampled_token_ids"):
         assert key not in runner.share_inputs, key
-    assert not hasattr(runner, "_fdac_stop")
+    assert part(runner, "stop") is None
     runner.reset_share_inputs()  # FastDeploy's own reset, on a clean dict
     assert bool(runner.not_need_stop()) is False
 

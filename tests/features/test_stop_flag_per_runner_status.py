@@ -10,6 +10,7 @@ import pytest
 
 import fd_async_copy_plugin
 from fd_async_copy_plugin.testing.reference.driver import DriverConfig
+from fd_async_copy_plugin.patches.runner import part
 
 pytestmark = pytest.mark.usefixtures("plugin_off")
 
@@ -21,7 +22,7 @@ def test_one_runner_standing_down_does_not_unpatch_the_others_in_status(sfkit):
     fd_async_copy_plugin.enable(features=list(sfkit.FEATURES), backend="host", root=sfkit.FD24)
     try:
         small, large = sfkit.build_runners([SMALL, LARGE])
-        assert hasattr(small, "_fdac_stop") and not hasattr(large, "_fdac_stop")
+        assert part(small, "stop") is not None and part(large, "stop") is None
         entry = fd_async_copy_plugin.status()["features"]["stop_flag"]
         assert entry["state"] == "partial", entry
         assert "1 of 2 runners patched" in entry["reason"] and "max_num_seqs=1025" in entry["reason"]
@@ -39,7 +40,7 @@ def test_a_live_runner_left_on_fastdeploys_path_by_disable_is_not_reported_appli
         assert fd_async_copy_plugin.status()["features"]["stop_flag"]["state"] == "applied"
         fd_async_copy_plugin.disable()
         fd_async_copy_plugin.enable(features=list(sfkit.FEATURES), backend="host", root=sfkit.FD24)
-        assert not hasattr(runner, "_fdac_stop")  # the live runner runs FastDeploy's own path
+        assert part(runner, "stop") is None  # the live runner runs FastDeploy's own path
         entry = fd_async_copy_plugin.status()["features"]["stop_flag"]
         assert entry["state"] != "applied", entry
         assert entry["runners"][0]["state"] == "passthrough" and "disable()" in entry["runners"][0]["reason"]

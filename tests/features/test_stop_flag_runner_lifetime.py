@@ -10,6 +10,7 @@ import pytest
 
 import fd_async_copy_plugin
 from fd_async_copy_plugin.testing.reference.driver import DriverConfig, run_decode
+from fd_async_copy_plugin.patches.runner import part
 
 pytestmark = pytest.mark.usefixtures("plugin_off")
 
@@ -24,7 +25,7 @@ def test_thirty_runners_do_not_stay_alive_while_the_plugin_is_enabled(sfkit):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             refs.append(weakref.ref(self))
-            states.append(weakref.ref(self._fdac_stop))
+            states.append(weakref.ref(part(self, "stop")))
 
     config = DriverConfig(max_num_seqs=4, vocab_size=64, max_model_len=16, hidden_size=8)
     fd_async_copy_plugin.enable(features=list(sfkit.FEATURES), backend="host", root=sfkit.FD24)

@@ -27,9 +27,7 @@ class DemoFeature(Feature):
 
     def _declare(self):
         def replace(tag):
-            def build(original, ctx):
-                if isinstance(original, staticmethod):
-                    return staticmethod(lambda: f"{tag}")
+            def build(original, ctx):  # a link: its part, then the rest of the chain
                 return lambda *a, **k: (tag, original(*a, **k))
 
             return build
@@ -96,7 +94,8 @@ def test_apply_patches_every_target_including_importers(fakefd, manager, as_prof
     runner = sys.modules[f"{fakefd}.worker.gpu_model_runner"]
     assert runner.GPUModelRunner().execute_model() == ("exec", ("post-import", ("post", "runner")))
     assert runner.GPUModelRunner().not_need_stop() == ("stop", "base")
-    assert runner.GPUModelRunner.helper() == "helper"
+    assert runner.GPUModelRunner.helper() == ("helper", "helper")
+    assert isinstance(vars(runner.GPUModelRunner)["helper"], staticmethod)  # keeps its kind
 
 
 def test_planted_failure_in_last_target_leaves_every_original(fakefd, manager, as_profile):

@@ -35,7 +35,7 @@ RUNTIME = {
     f"{PACKAGE}.patches.sync_scope",
     f"{PACKAGE}.patches.step_syncs",
     f"{PACKAGE}.patches._tensor_watch",
-    f"{PACKAGE}.patches._runners",
+    f"{PACKAGE}.patches.runner",
     f"{PACKAGE}.patches.overlap",
     f"{PACKAGE}.patches.flag_race",
     f"{PACKAGE}.runtime",

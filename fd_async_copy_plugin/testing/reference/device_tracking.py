@@ -65,6 +65,7 @@ import paddle
 from ...runtime import census
 from ...runtime.backend import CopyBackend
 from ...runtime.glue import PaddleGlue
+from fd_async_copy_plugin.registry.patch import Junction
 
 MARK = "_fd_reference_on_device"
 
@@ -102,6 +103,11 @@ _PLACEMENT = os.path.join(os.path.dirname(_HERE), "placement.py")
 #: passes through it belongs to its caller (its handlers' own reads are in ``patches/step_syncs.py``)
 _WATCH = importlib.util.find_spec("fd_async_copy_plugin.patches._tensor_watch")
 _SKIPPED_FILES = {_HERE, _PLACEMENT, os.path.abspath(functools.__file__), os.path.abspath(contextlib.__file__)}
+#: the plugin's junctions (one replacement per patched attribute) dispatch to the links: a read that
+#: passes through one belongs to its caller too
+_JUNCTIONS = importlib.util.find_spec("fd_async_copy_plugin.registry.patch")
+if _JUNCTIONS is not None and _JUNCTIONS.origin:
+    _SKIPPED_FILES.add(os.path.abspath(_JUNCTIONS.origin))
 if _WATCH is not None and _WATCH.origin:
     _SKIPPED_FILES.add(os.path.abspath(_WATCH.origin))
 # sites are named relative to the scaffolding (``reference/...``), the plugin (``runtime/...``) or
@@ -554,11 +560,23 @@ def tracking() -> Iterator[Tracker]:
     if _ACTIVE is not None:
         raise RuntimeError("device tracking is already active")
     saved: list[tuple[object, str, object, bool]] = []
+    beneath: list[tuple[Junction, object]] = []
 
     def patch(owner, name, replacement):
         had = name in vars(owner) if isinstance(owner, type) else True
         saved.append((owner, name, getattr(owner, name) if not isinstance(owner, type) else vars(owner).get(name), had))
         setattr(owner, name, replacement)
+
+    def patch_method(owner, name, make):
+        """Where the plugin's junction holds the attribute, the tracking wrapper goes beneath its
+        links (tracking stands for the device, which the links reach last): a read a link serves on
+        the host is never judged a device read."""
+        junction = Junction.at(owner, name)
+        if junction is None:
+            patch(owner, name, make(getattr(owner, name)))
+        else:
+            beneath.append((junction, junction.bottom))
+            junction.set_bottom(make(junction.bottom))
 
     tracker = Tracker()
     try:
@@ -569,7 +587,7 @@ def tracking() -> Iterator[Tracker]:
                 replacement = wrapped[id(fn)] = _wrap_function(name, fn, name in CREATION)
             patch(module, name, replacement)
         for name in _tensor_method_names():
-            patch(paddle.Tensor, name, _wrap_method(name, getattr(paddle.Tensor, name)))
+            patch_method(paddle.Tensor, name, functools.partial(_wrap_method, name))
         for owner, name, replacement in _backend_wrappers():
             patch(owner, name, replacement)
         original_place = inspect.getattr_static(paddle.Tensor, "place")
@@ -582,7 +600,16 @@ def tracking() -> Iterator[Tracker]:
         yield tracker
     finally:
         _ACTIVE = None
+        for junction, bottom in reversed(beneath):
+            junction.set_bottom(bottom)
         for owner, name, original, had in reversed(saved):
+            # the plugin enabled during tracking wrapped a tracking wrapper: it gets Paddle's back
+            junction = Junction.at(owner, name)
+            if junction is not None:  # made during tracking: its original is the tracking wrapper
+                if junction.bottom is junction.original:
+                    junction.set_bottom(original)
+                junction.original = original
+                continue
             if had:
                 setattr(owner, name, original)
             else:
