@@ -289,7 +289,12 @@ class PatchManager:
 
     # -- reporting -----------------------------------------------------------------------------
     def status(self) -> dict:
-        """What this process's plugin did; reads state only (loads nothing, fires nothing)."""
+        """What this process's plugin did; reads state only (loads nothing, fires nothing). Taken
+        under the manager's lock: never the half of an ``enable()``/``disable()`` in progress."""
+        with self._lock:
+            return self._status()
+
+    def _status(self) -> dict:
         profile = self.profile or detect_profile(self.root)
         return {
             "enabled": self.enabled,
