@@ -125,7 +125,13 @@ class _StagedTable(Watched):
             shadow.lose("tables", "a block-table write with a device value or mask")
             return False
         if not shadow.dirty:
-            shadow.backend.before_host_write(shadow.tables, "insert.block_tables")
+            backend = shadow.backend
+            if backend.h2d_in_flight(shadow.tables):
+                # rows staged at an insert before a step that never reached the update op (an idle
+                # step: no event covers their copy): wait for that copy before rewriting the mirror
+                shadow.fallback("I1: the last staged rows had no step event; their copy was waited for")
+                backend.wait(backend.record("step_syncs.block_tables"), "insert.block_tables")
+            backend.before_host_write(shadow.tables, "insert.block_tables")
         rows = rows_of(key, shadow.arrays["tables"].shape[0])
         try:
             shadow.arrays["tables"][key] = v

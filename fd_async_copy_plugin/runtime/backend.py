@@ -259,6 +259,11 @@ class CopyBackend:
                     break
         self._h2d_still_read(buf, writer, entry[1], event)
 
+    def h2d_in_flight(self, buf) -> bool:
+        """An H2D copy reading the pinned ``buf`` may still run (no wait covering it returned)."""
+        entry = self._h2d_seq.get(id(buf))
+        return entry is not None and entry[2]() is buf and entry[0] > self._completed
+
     def _h2d_still_read(self, buf, writer: str, copy_label: str, event: CopyEvent | None) -> None:
         if event is None:
             self.stream_synchronize(f"{writer}<-{copy_label}")

@@ -437,3 +437,29 @@ def test_selftest_overlap_scenario_passes_and_fails_when_overlap_stands_down():
     without = dataclasses.replace(scenario, features=tuple(f for f in scenario.features if f != "overlap"))
     base, plugin = run_scenario(without, "sim")
     assert any("first_token_step" in d for d in without.differences(base.result, plugin.result))
+
+
+@pytest.mark.parametrize("backend", ["host", "sim"])
+def test_staged_block_table_rows_after_an_idle_step_are_waited_for_before_a_rewrite(backend):
+    """Issue 25 item 6: one slot, overlap: the engine (a step behind) sends a task for a request
+    that already ended, that step is idle (no update op, no event), and the next insert would rewrite
+    the staged rows while their copy may still read them. The insert waits for that copy first (one
+    event wait, counted), never a stream synchronize, and the outputs are FD 2.4's."""
+    cfg = config(max_num_seqs=1, max_model_len=128, num_gpu_blocks=8)
+    requests = [Request(f"r{i}", [(7 * i + j) % 200 + 3 for j in range(3 + 5 * i)], max_tokens=3, eos_token_ids=EOS)
+                for i in range(4)]
+    base = run_variant(Variant("fd24-unpatched", FD24, False), cfg, requests, backend=backend).result
+    waited = []
+
+    def on_step(step, runner):
+        fallbacks = part(runner, "syncs").shadow.fallbacks
+        waited.append(fallbacks["I1: the last staged rows had no step event; their copy was waited for"])
+
+    with device_for(backend), plugin_state(Variant("p", FD24, True, OVERLAP), backend), collecting() as census:
+        plugin = run_decode(FD24, cfg, requests, on_step=on_step)
+    assert not plugin.truncated and set(base.outputs) == set(plugin.outputs)
+    for rid, a in base.outputs.items():  # one slot: each idle step delays the next request a step more
+        b = plugin.outputs[rid]
+        assert (a.token_ids, a.stop_reason, a.finished) == (b.token_ids, b.stop_reason, b.finished), rid
+    assert waited[-1] > 0, waited
+    assert not any(kind == "stream_sync" for step in census.steps for kind, _ in step.events), "a stream sync"
