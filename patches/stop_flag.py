@@ -147,9 +147,6 @@ class StopFlagRunners(FeatureRunners):
                 return state
         return None
 
-    def all(self) -> list:
-        return self.parts()
-
     def substitute(self, value, reader: str):
         """For the save consumers: FastDeploy's flag made current (same object), the step's device
         sampled tokens swapped for their pinned copy read after the event."""
@@ -382,7 +379,7 @@ def build_post_process(original, ctx):
         finally:
             # Dummy runs and pooling skip the save: the flag is still made current before any code
             # outside post_process can read share_inputs["not_need_stop"].
-            for state in registry.all():
+            for state in registry.parts():
                 if not state.runner.save_deferred():
                     state.sync("post_process")
 
@@ -450,7 +447,7 @@ class StopFlagFeature(Feature):
         # disable(): the update ops are FastDeploy's again; make every legacy flag current before the
         # save guards go (FD's own save reads it right away, maybe on another thread).
         if isinstance(ctx.state, StopFlagRunners):
-            for state in ctx.state.all():
+            for state in ctx.state.parts():
                 state.sync("disable")
 
     def teardown(self, ctx):

@@ -363,7 +363,7 @@ class AppliedFeature:
             if isinstance(owner, type) and isinstance(record.owner, type) and issubclass(owner, record.owner):
                 owner = record.owner
             current = _raw_attr(owner, record.name) if owner is not _MISSING else _MISSING
-            if not _binds(current, record.replacement):
+            if current is not record.replacement:  # one junction per attribute: nothing wraps it
                 lost.append(target.describe(self.ctx.root))
         return lost
 
@@ -392,17 +392,6 @@ class AppliedFeature:
             if current is not None and id(current) in originals:
                 setattr(module, target.attr, originals[id(current)])
         self.feature.teardown(self.ctx)
-
-
-def _binds(current: Any, replacement: Any) -> bool:
-    """``current`` is ``replacement`` or wraps it (another feature patched the same target on top)."""
-    for _ in range(16):
-        if current is replacement:
-            return True
-        current = getattr(current, "__wrapped__", None)
-        if current is None:
-            return False
-    return False
 
 
 def _set(owner: Any, name: str, value: Any) -> None:

@@ -42,7 +42,7 @@ def test_thirty_runners_do_not_stay_alive_while_the_plugin_is_enabled(sfkit):
         assert not alive, f"{len(alive)} of 30 runners are still alive after their last use"
         assert not [s for s in states if s() is not None], "the runners' stop-flag states (and buffers) stay alive"
         registry = fd_async_copy_plugin._get_manager().applied["stop_flag"].ctx.state
-        assert registry.all() == []
+        assert registry.parts() == []
         assert fd_async_copy_plugin.status()["features"]["stop_flag"]["state"] == "applied"
     finally:
         fd_async_copy_plugin.disable()
