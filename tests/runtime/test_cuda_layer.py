@@ -280,3 +280,49 @@ def test_host_backend_copies_by_address():
     strided = paddle.arange(8, dtype="int64").reshape([4, 2])[:, 1]
     backend.copy_d2h(buf, strided, "strided")  # not copyable by address: through the framework
     assert backend.read(buf, "r").tolist() == [1, 3, 5, 7]
+
+
+# Issue 25 item 9: FD_ASYNC_COPY_CUDART names the library, or the reason it cannot be used.
+def _not_cuda_library() -> str:
+    import ctypes.util
+
+    name = ctypes.util.find_library("m")
+    assert name, "libm not found"
+    return name
+
+
+@pytest.mark.parametrize(
+    "value, cause",
+    [(None, "is not a CUDA runtime library: it lacks cudaHostAlloc"), ("/no/such/dir/libcudart.so.12", "cannot be loaded")],
+)
+def test_cudart_variable_names_itself_and_the_cause(monkeypatch, value, cause):
+    from fd_async_copy_plugin.runtime import cudart
+
+    value = value or _not_cuda_library()
+    monkeypatch.setenv(cudart.CUDART_ENV, value)
+    with pytest.raises(CudaUnavailable) as info:
+        CudaRuntime()
+    message = str(info.value)
+    assert f"FD_ASYNC_COPY_CUDART={value!r}" in message and cause in message, message
+
+
+def test_a_bad_cudart_variable_leaves_fastdeploy_unpatched_with_the_reason(monkeypatch):
+    """On a (pretended) GPU build, the cuda backend stands down with the variable's cause; nothing raises."""
+    import fd_async_copy_plugin
+    from fd_async_copy_plugin.runtime import cudart
+    from fd_async_copy_plugin.runtime.cuda import cuda_available
+
+    monkeypatch.setenv(cudart.CUDART_ENV, _not_cuda_library())
+    monkeypatch.setattr(cudart, "_runtime", None)
+    monkeypatch.setattr(paddle, "is_compiled_with_cuda", lambda: True)
+    monkeypatch.setattr(paddle.device.cuda, "device_count", lambda: 1)
+    ok, why = cuda_available()
+    assert not ok and "FD_ASYNC_COPY_CUDART=" in why and "not a CUDA runtime library" in why, why
+    try:
+        status = fd_async_copy_plugin.enable(features="logprobs", backend="cuda",
+                                             root="fd_async_copy_plugin.testing.reference.fd24")
+        entry = status["features"]["logprobs"]
+        assert entry["state"] == "skipped" and "FD_ASYNC_COPY_CUDART=" in entry["reason"], entry
+        assert status["backend"] == "none"
+    finally:
+        fd_async_copy_plugin.disable()
