@@ -252,8 +252,10 @@ class PatchManager:
             self._pending.clear()
             for name in reversed(list(self.applied)):
                 self.applied.pop(name).revert()
-            if self.backend is not None and runtime_module().current() is self.backend:
-                runtime_module().use(None)
+            if self.backend is not None:
+                self.backend.release_freed()  # the pinned memory of what the revert dropped
+                if runtime_module().current() is self.backend:
+                    runtime_module().use(None)
             self.enabled = False
             self.decisions = {}
             self.backend = None

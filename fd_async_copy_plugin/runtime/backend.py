@@ -40,12 +40,69 @@ class BufferInUseError(AsyncCopyError):
     """A copy into a buffer whose previous contents a consumer still holds."""
 
 
+#: Keepers of pinned memory whose tensor is gone, appended by the free path (see ``PinnedMemory``).
+_freed: deque = deque()
+#: id(keeper weakref) -> (that weakref, its PinnedMemory), for every allocation not yet released.
+_live: dict[int, tuple[weakref.ref, "PinnedMemory"]] = {}
+_live_lock = threading.Lock()
+_atexit_registered = False
+
+
+def release_freed() -> int:
+    """Release the memory of every pinned buffer whose tensor is gone; returns how many.
+
+    Plugin code at safe points calls it (the next allocation or free of a pinned buffer, ring
+    growth and release, ``CopyBackend.release_freed()`` from ``disable()``, interpreter exit) -
+    never Paddle's free routine (see ``PinnedMemory``)."""
+    released = 0
+    while True:
+        try:
+            keeper = _freed.popleft()
+        except IndexError:
+            return released
+        with _live_lock:
+            entry = _live.pop(id(keeper), None)
+        if entry is None:
+            continue
+        try:
+            entry[1].release()
+        except Exception as exc:  # never in a decode step's way; the memory stays allocated
+            log.warning("fd_async_copy: releasing pinned memory %#x failed: %s", entry[1].ptr, exc)
+        released += 1
+
+
+def pending_release() -> int:
+    """Pinned allocations whose tensor is gone and whose memory ``release_freed`` has not freed yet."""
+    return len(_freed)
+
+
+def _track(keeper, memory: "PinnedMemory") -> None:
+    global _atexit_registered
+    # The callback is a C method: when ``keeper`` dies, CPython calls ``deque.append`` directly -
+    # no Python frame runs, so nothing there can drop the GIL.
+    ref = weakref.ref(keeper, _freed.append)
+    with _live_lock:
+        _live[id(ref)] = (ref, memory)
+        if not _atexit_registered:
+            import atexit
+
+            atexit.register(release_freed)
+            _atexit_registered = True
+
+
 class PinnedMemory:
     """One host allocation behind a pinned buffer (``cudaHostAlloc``, or host memory on
-    ``host``/``sim``). It lives exactly as long as the buffer's tensor: tensor -> DLPack -> numpy
-    array -> this object. Released only after every copy into it: the last copy's stream is kept
-    (``fence``) and, unless the backend has seen that copy complete, an event recorded behind it is
-    waited on before the memory is freed (CUDA may otherwise hand it out while the DMA still writes).
+    ``host``/``sim``), referenced by the buffer's tensor through tensor -> DLPack -> numpy array ->
+    a ctypes view of the memory (the *keeper*). Released only after every copy into it: the last
+    copy's stream is kept (``fence``) and, unless the backend has seen that copy complete, an event
+    recorded behind it is waited on before the memory is freed (CUDA may otherwise hand it out while
+    the DMA still writes).
+
+    Not released where the tensor dies: that is inside Paddle's free routine, under a Paddle lock,
+    and Python code there (a ``__del__``, a ``weakref.finalize``) may drop the GIL - a ctypes
+    ``cudaFreeHost`` always does - letting another thread take the GIL and wait on that lock: a
+    process-wide deadlock (issue 25). The keeper's death only appends it to a queue (a C call, see
+    ``_track``); ``release_freed`` does the rest from plugin code.
     """
 
     def __init__(self, rt, ptr: int, nbytes: int, backend: "CopyBackend") -> None:
@@ -83,15 +140,6 @@ class PinnedMemory:
                 if current != self.fence_device:
                     self.rt.set_device(current)
         self.rt.host_free(self.ptr)
-
-    def __del__(self) -> None:
-        try:
-            self.release()
-        except Exception as exc:  # pragma: no cover - interpreter shutdown, CUDA already torn down
-            try:
-                log.debug("fd_async_copy: releasing pinned memory %#x: %s", self.ptr, exc)
-            except Exception:
-                pass
 
 
 class CopyEvent:
@@ -144,6 +192,7 @@ class CopyBackend:
         """A host buffer of ``shape``, allocated once through the runtime (``cudaHostAlloc`` on
         ``cuda``) and wrapped zero-copy as a host tensor of the glue's framework."""
         census.record("pinned_alloc", label)
+        release_freed()
         t = self._alloc([int(s) for s in shape], dtype)
         self._pinned[id(t)] = t
         return t
@@ -156,6 +205,12 @@ class CopyBackend:
         self._copy_seq.pop(id(t), None)
         self._h2d_seq.pop(id(t), None)
         self._memory.pop(id(t), None)
+        release_freed()  # what went earlier (``t`` itself is still referenced here)
+
+    def release_freed(self) -> int:
+        """Release the memory of pinned buffers whose tensors are gone (``disable()``, tests); the
+        backend stays usable. Returns how many allocations were released."""
+        return release_freed()
 
     def _alloc(self, shape: list[int], dtype: str):
         np_dtype = np_dtype_of(dtype)
@@ -163,7 +218,7 @@ class CopyBackend:
         nbytes = count * np_dtype.itemsize
         memory = PinnedMemory(self.rt, self.rt.host_alloc(nbytes), nbytes, self)
         raw = (ctypes.c_byte * max(1, nbytes)).from_address(memory.ptr)
-        raw.memory = memory  # the numpy array below keeps ``raw`` alive, and ``raw`` the memory
+        _track(raw, memory)  # the numpy array below keeps ``raw`` alive as long as the tensor lives
         array = np.frombuffer(raw, dtype=np_dtype, count=count).reshape(shape)
         t = self.glue.wrap(array)
         del raw, array

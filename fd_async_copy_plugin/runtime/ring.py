@@ -29,7 +29,7 @@ from math import prod
 
 import numpy as np
 
-from .backend import BufferInUseError, CopyBackend
+from .backend import BufferInUseError, CopyBackend, release_freed
 
 log = logging.getLogger("fd_async_copy")
 
@@ -190,6 +190,7 @@ class PinnedRing:
                     slot.index = index
                 self._next %= min(self.base_slots, len(self.slots))
                 self.released_slots += released
+                release_freed()  # the memory of the buffers just dropped
                 log.info("fd_async_copy: pinned ring %s released %d idle slot(s); %d left (%d bytes)",
                          self.name, released, len(self.slots), self.nbytes)
             return released
@@ -242,6 +243,7 @@ class PinnedRing:
                 self._new_buffer(slot, name, elements)
                 self.backend.free_pinned(old, f"{self.name}[{slot.index}].{name}")
                 del old
+                release_freed()
                 log.info("fd_async_copy: pinned ring %s slot %d: %s grew to %d elements", self.name, slot.index, name, elements)
         self._next = (slot.index + 1) % max(1, min(self.base_slots, len(self.slots)))
         slot.generation += 1
