@@ -54,6 +54,7 @@ class PinnedSlot:
     baseline: dict[str, int] = field(default_factory=dict)
     generation: int = 0
     last_acquired: int = 0  # the ring's acquire count when this slot was last handed out
+    idle_since: int | None = None  # the acquire count when it was first seen idle (None: in use)
 
 
 class PinnedRing:
@@ -170,14 +171,24 @@ class PinnedRing:
         return self.is_free(slot) and not any(self.backend.copy_in_flight(b) for b in slot.buffers.values())
 
     def release_idle(self, min_idle: int = IDLE_ACQUIRES) -> int:
-        """Release slots beyond the initial ones that are idle and were last used ``min_idle`` or
-        more acquires ago; returns how many were released."""
+        """Release slots beyond the initial ones that have been idle (unreferenced, copies landed)
+        for ``min_idle`` or more acquires; returns how many were released.
+
+        Idle time counts from when a slot was first *seen* idle, not from its last use: a consumer
+        31+ steps behind frees each slot 31+ acquires after it was filled, and counting from the
+        fill released that slot at once, only for the step to allocate a new one - 3 pinned
+        allocations and 3 frees per step (issue 25). Such a slot is reused instead."""
         with self.lock:
             released = 0
+            for slot in self.slots[self.base_slots:]:
+                if not self._idle(slot):
+                    slot.idle_since = None
+                elif slot.idle_since is None:
+                    slot.idle_since = self._acquires
             for slot in sorted(self.slots, key=lambda s: s.last_acquired):
                 if len(self.slots) <= self.base_slots:
                     break
-                if self._acquires - slot.last_acquired < min_idle or not self._idle(slot):
+                if slot.idle_since is None or self._acquires - slot.idle_since < min_idle:
                     continue
                 self.slots.remove(slot)
                 for name in list(slot.buffers):
@@ -248,6 +259,7 @@ class PinnedRing:
         self._next = (slot.index + 1) % max(1, min(self.base_slots, len(self.slots)))
         slot.generation += 1
         slot.last_acquired = self._acquires
+        slot.idle_since = None
         return slot
 
     @property
