@@ -16,8 +16,9 @@ FEATURES = ("logprobs", "stop_flag", "sampled_tokens", "sync_scope", "step_syncs
 #: features only applied when named (``all,overlap``): they change the step schedule
 OPT_IN_FEATURES = ("overlap",)
 KNOWN_FEATURES = FEATURES + OPT_IN_FEATURES
+#: The one list of backend names (``runtime.make_backend`` builds them). From the environment:
 BACKENDS = ("auto", "cuda", "host")
-#: Backends accepted from Python (``enable(backend=...)``): ``sim`` is for tests only.
+#: and from Python (``enable(backend=...)``): ``sim``, the race-detecting simulator, is for tests only.
 API_BACKENDS = BACKENDS + ("sim",)
 
 ENV_ENABLE = "FD_ASYNC_COPY"

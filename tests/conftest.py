@@ -4,16 +4,17 @@ import pytest
 
 import fd_async_copy_plugin
 from fd_async_copy_plugin import runtime
+from fd_async_copy_plugin.testing.reference import copy_backend as replica_backend
 
 
 @pytest.fixture
 def plugin_off():
     """The plugin disabled and the default copy backend current, before and after the test."""
     fd_async_copy_plugin.disable()
-    previous = runtime.use(None)
+    previous = replica_backend.use(None)
     yield
     fd_async_copy_plugin.disable()
-    runtime.use(previous)
+    replica_backend.use(previous)
 
 
 @pytest.fixture(scope="session")

@@ -268,6 +268,10 @@ class CopyBackend:
         """Why copies of ``src`` must not go through this backend ("" when they may)."""
         return ""
 
+    def reused_while_referenced(self, message: str, buffers: dict) -> None:
+        """A ring chose a slot whose ``buffers`` are still referenced (a reuse-policy bug; the ring
+        adds a slot instead). The simulator raises ``BufferInUseError`` here."""
+
     def internal_refs(self, buf) -> int:
         """References to ``buf`` the backend itself holds (so the ring can tell consumers' apart)."""
         return 0

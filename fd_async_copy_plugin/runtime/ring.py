@@ -14,13 +14,13 @@ elements than a slot has. Growth is bounded by ``max_bytes`` (the ring's total p
 step that would exceed it raises ``RingFull`` and the producer copies it another way (the logprobs
 feature: FastDeploy 2.4's blocking copies). Slots added while a consumer lagged are released again
 once they have been idle for ``IDLE_ACQUIRES`` acquires (or at once when the cap is reached) - only
-slots nothing references and whose copies have completed, never below the initial slot count. On the simulator backend a slot chosen while still referenced raises
-``BufferInUseError`` naming the referrers: that is how a too-early reuse is caught in tests.
+slots nothing references and whose copies have completed, never below the initial slot count. A
+slot chosen while still referenced is reported to the backend (``reused_while_referenced``): the
+simulator raises ``BufferInUseError`` naming the referrers - how a too-early reuse is caught in tests.
 """
 
 from __future__ import annotations
 
-import gc
 import logging
 import sys
 import threading
@@ -29,7 +29,7 @@ from math import prod
 
 import numpy as np
 
-from .backend import BufferInUseError, CopyBackend, release_freed
+from .backend import CopyBackend, release_freed
 
 log = logging.getLogger("fd_async_copy")
 
@@ -135,20 +135,9 @@ class PinnedRing:
         refs = self.external_refs(slot)
         if not refs:
             return True
-        if self.backend.name == "sim":
-            referrers = sorted(
-                {
-                    type(r).__name__
-                    for name in refs
-                    for r in gc.get_referrers(slot.buffers[name])
-                    if r is not slot.buffers
-                }
-            )
-            raise BufferInUseError(
-                f"{writer!r} is about to overwrite slot {slot.index} of pinned ring {self.name!r} whose "
-                f"previous contents are still referenced ({refs}; referrers: {referrers}): the slot was "
-                "reused too early"
-            )
+        self.backend.reused_while_referenced(  # the simulator raises here
+            f"{writer!r} is about to overwrite slot {slot.index} of pinned ring {self.name!r} whose previous "
+            f"contents are still referenced ({refs})", slot.buffers)
         log.error("fd_async_copy: ring %s chose a referenced slot; adding a slot instead", self.name)
         return False
 
