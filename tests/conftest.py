@@ -7,6 +7,15 @@ from fd_async_copy_plugin import runtime
 from fd_async_copy_plugin.testing.reference import copy_backend as replica_backend
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _bounded_backend_waits():
+    """Every copy-backend wait of the suite is bounded: a hang fails fast (testing/watchdog.py)."""
+    from fd_async_copy_plugin.testing.watchdog import bounded_waits
+
+    with bounded_waits():
+        yield
+
+
 @pytest.fixture
 def plugin_off():
     """The plugin disabled and the default copy backend current, before and after the test."""

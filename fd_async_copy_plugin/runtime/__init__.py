@@ -13,6 +13,7 @@ from .backend import (
     CopyBackend,
     CopyEvent,
     PendingCopyError,
+    WaitTimeout,
 )
 from .census import SyncCensus, collecting
 from .host import HostBackend
@@ -51,5 +52,5 @@ def __getattr__(name: str):
 __all__ = [
     "AsyncCopyError", "BACKENDS", "BufferInUseError", "CopyBackend", "CopyEvent", "HostBackend",
     "PendingCopyError", "PinnedRing", "PinnedSlot", "RingFull", "SimulatedBackend", "SyncCensus",
-    "collecting", "make_backend",
+    "WaitTimeout", "collecting", "make_backend",
 ]

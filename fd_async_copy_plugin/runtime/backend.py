@@ -13,6 +13,7 @@ host waits do not hold it.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import threading
@@ -38,6 +39,21 @@ class PendingCopyError(AsyncCopyError):
 
 class BufferInUseError(AsyncCopyError):
     """A copy into a buffer whose previous contents a consumer still holds."""
+
+
+class WaitTimeout(AsyncCopyError):
+    """A host wait outlived ``CopyBackend.wait_timeout`` (bounded in test runs: a hang fails fast)."""
+
+
+@contextlib.contextmanager
+def _bounded(lock, timeout: float, what: str):
+    """``lock`` taken by a wait, given up after ``timeout`` seconds with ``WaitTimeout``."""
+    if not lock.acquire(timeout=timeout):
+        raise WaitTimeout(f"{what}: the copy backend's lock was not free within {timeout:g} s (a hang)")
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 #: Keepers of pinned memory whose tensor is gone, appended by the free path (see ``PinnedMemory``).
@@ -163,6 +179,10 @@ class CopyBackend:
     """
 
     name = "abstract"
+    #: Seconds one host wait (on an event, or for the backend lock a wait or drain takes) may last
+    #: before it raises ``WaitTimeout``; None: unbounded (in production a wait lasts as long as the
+    #: GPU work it covers). Test runs bound it (``fd_async_copy_plugin.testing.watchdog``).
+    wait_timeout: float | None = None
 
     def __init__(self, glue=None, rt=None) -> None:
         if glue is None:
@@ -311,7 +331,7 @@ class CopyBackend:
         if entry is None or entry[2]() is not buf or entry[0] <= self._completed:
             return
         event = None
-        with self._lock:
+        with self._wait_lock(f"before_host_write({writer})"):
             for candidate in self._recent_events:
                 if candidate.seq >= entry[0]:
                     event = candidate
@@ -357,7 +377,7 @@ class CopyBackend:
         last = self._last_copy(buf)
         if last is None or last[0] <= self._completed:
             return None
-        with self._lock:  # another thread may be recording (FastDeploy's output thread)
+        with self._wait_lock("covering_event"):  # another thread may be recording (FD's output thread)
             events = list(self._recent_events)
         for event in events:
             if event.seq >= last[0]:
@@ -370,8 +390,13 @@ class CopyBackend:
             return
         census.record("event_wait", f"{reason}<-{event.label}")
         self._wait_native(event)
-        with self._lock:
+        with self._wait_lock(f"wait({reason}<-{event.label})"):
             self._completed = max(self._completed, event.seq)
+
+    def _wait_lock(self, what: str):
+        """The backend lock, for a wait: bounded by ``wait_timeout`` when it is set."""
+        timeout = self.wait_timeout
+        return self._lock if timeout is None else _bounded(self._lock, timeout, what)
 
     def device_synchronize(self, reason: str) -> None:
         census.record("device_sync", reason)
@@ -382,10 +407,10 @@ class CopyBackend:
         self._drain()
 
     def _drain(self, device: bool = False) -> None:
-        with self._lock:
+        with self._wait_lock("synchronize"):
             seq = self._seq
         self._drain_native(device)
-        with self._lock:
+        with self._wait_lock("synchronize"):
             self._completed = max(self._completed, seq)
 
     # -- host reads ----------------------------------------------------------------------------
