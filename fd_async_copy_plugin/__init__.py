@@ -117,16 +117,20 @@ def status() -> dict:
 
 
 def register() -> None:
-    """FastDeploy plugin entry point (group ``fastdeploy.model_register_plugins``)."""
+    """FastDeploy plugin entry point (group ``fastdeploy.model_register_plugins``).
+
+    FastDeploy calls it unguarded at import time of its models package, so it never raises
+    outside strict mode (``FD_ASYNC_COPY_STRICT=1``): a bad value is logged and FastDeploy runs
+    unpatched."""
     global _inactive_logged
     from .config import AsyncCopyConfig, ConfigError, strict_from_env
 
-    _ensure_log_handler()
     try:
+        _ensure_log_handler()
         config = AsyncCopyConfig.from_env()
-    except ConfigError as exc:
+    except Exception as exc:
         log.error("fd_async_copy: %s. FastDeploy runs unpatched.", exc)
-        if strict_from_env():
+        if strict_from_env() and isinstance(exc, ConfigError):
             raise
         return
     if not config.enabled:
@@ -137,12 +141,12 @@ def register() -> None:
             )
             _inactive_logged = True
         return
-    manager = _get_manager()
-    if manager.enabled:
-        return  # idempotent: a second call in the same process changes nothing
     try:
+        if _get_manager().enabled:
+            return  # idempotent: a second call in the same process changes nothing
         enable(config.features, backend=config.backend, strict=config.strict,
                ring_max_bytes=config.ring_max_bytes, overlap_count=config.overlap_count)
+        summary = ", ".join(f"{n}={s['state']}" for n, s in status()["features"].items())
     except Exception:
         # FastDeploy calls this at module level of its models package: an exception here would stop
         # the server from starting. Only strict mode asks for that.
@@ -151,5 +155,4 @@ def register() -> None:
         log.exception("fd_async_copy: enabling failed; FastDeploy runs unpatched")
         disable()
         return
-    summary = ", ".join(f"{n}={s['state']}" for n, s in status()["features"].items())
     log.info("fd_async_copy: %s", summary or "no features")

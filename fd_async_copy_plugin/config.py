@@ -8,6 +8,7 @@ FastDeploy unpatched (or re-raises in strict mode).
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -15,8 +16,9 @@ FEATURES = ("logprobs", "stop_flag", "sampled_tokens", "sync_scope", "step_syncs
 #: features only applied when named (``all,overlap``): they change the step schedule
 OPT_IN_FEATURES = ("overlap",)
 KNOWN_FEATURES = FEATURES + OPT_IN_FEATURES
+#: The one list of backend names (``runtime.make_backend`` builds them). From the environment:
 BACKENDS = ("auto", "cuda", "host")
-#: Backends accepted from Python (``enable(backend=...)``): ``sim`` is for tests only.
+#: and from Python (``enable(backend=...)``): ``sim``, the race-detecting simulator, is for tests only.
 API_BACKENDS = BACKENDS + ("sim",)
 
 ENV_ENABLE = "FD_ASYNC_COPY"
@@ -36,6 +38,9 @@ OVERLAP_COUNTS = ("exact", "bound")
 #: FastDeploy 2.4's blocking way instead of growing page-locked memory (issue 13).
 DEFAULT_RING_MAX_BYTES = 1 << 30
 _SIZE_SUFFIXES = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+#: ASCII digits only: ``str.isdigit()`` and ``int()`` also take superscripts, circled and
+#: Arabic-Indic digits ("²", "①", "١٢٣"), which are typos here, not sizes.
+_SIZE = re.compile(r"([0-9]+)([KMG]?)(?:I?B)?", re.ASCII)
 
 _BOOL = {"1": True, "0": False}
 
@@ -85,15 +90,13 @@ def parse_ring_max_bytes(raw: str | None, source: str = ENV_RING_MAX_BYTES) -> i
     """A positive byte count, optionally with a K, M or G suffix (binary); unset -> the default."""
     if raw is None or raw.strip() == "":
         return DEFAULT_RING_MAX_BYTES
-    value = raw.strip().upper().removesuffix("B").removesuffix("I")
-    suffix = value[-1:] if value[-1:] in ("K", "M", "G") else ""
-    digits = value[: len(value) - len(suffix)]
-    if not digits.isdigit() or int(digits) <= 0:
+    match = _SIZE.fullmatch(raw.strip().upper()) if raw.isascii() else None
+    if match is None or int(match.group(1)) <= 0:
         raise ConfigError(
             f"{source}={raw!r} is not valid; allowed values: a positive number of bytes, optionally with "
             f"a K, M or G suffix (e.g. 268435456 or 256M; default {DEFAULT_RING_MAX_BYTES >> 20}M)"
         )
-    return int(digits) * _SIZE_SUFFIXES[suffix]
+    return int(match.group(1)) * _SIZE_SUFFIXES[match.group(2)]
 
 
 def parse_overlap_count(raw: str | None, source: str = ENV_OVERLAP_COUNT) -> str:
@@ -162,6 +165,8 @@ class AsyncCopyConfig:
                 values[key] = parse()
             except ConfigError as exc:
                 problems.append(str(exc))
+            except Exception as exc:  # a parser bug must still name the variable, never escape
+                problems.append(f"cannot parse the value for {key}: {type(exc).__name__}: {exc}")
         if problems:
             raise ConfigError("; ".join(problems), tuple(problems))
         return cls(env=raw, **values)

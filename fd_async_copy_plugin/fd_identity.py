@@ -14,7 +14,8 @@ statement gives another digest, and the feature is ``incompatible`` with that di
 Only digests are stored here (hex), never FastDeploy code. ``tools/fd_identity_digests.py`` prints
 them for a FastDeploy source tree; the values below were computed from the real FastDeploy trees
 (2.4 ``r3_fix_int32_bug_2.4`` cd7a24511, 2.5 ``r3_fix_int32_bug_2.5`` a386642b8, ``develop``
-e53f5184a). The replica matches them, but for ``slice_rows`` (``REPLICA_ONLY``, below).
+e53f5184a). The test replica matches them but for ``slice_rows``, whose digests it registers itself
+(``accept``; ``testing/reference/identity.py``).
 """
 
 from __future__ import annotations
@@ -42,14 +43,17 @@ KNOWN: dict[str, dict[str, frozenset[str]]] = {
     },
 }
 
-#: The reference replica's bodies where they differ from FD's (census hooks: helpers only the replica
-#: defines). Accepted like ``KNOWN``; remove an entry once the replica carries FastDeploy's body.
-REPLICA_ONLY: dict[str, dict[str, frozenset[str]]] = {
-    "LogprobsTensors.slice_rows": {
-        "fastdeploy-2.4": frozenset({"a05466c44e924696e3682637663a34ee6583810aa1ce22967fb6a86bb579b2ab"}),
-        "fastdeploy-2.5": frozenset({"b9ff26640ea64d4f1cb23a324ff8c4063d22a88cb4bcc4c3a2e36e2225608c06"}),
-    },
-}
+#: Digests accepted beyond ``KNOWN``, added with ``accept`` by whoever vouches for a body (the
+#: testing package registers its replica's); empty in a FastDeploy worker.
+ACCEPTED: dict[str, dict[str, frozenset[str]]] = {}
+
+
+def accept(table: dict[str, dict[str, frozenset[str]]]) -> None:
+    """Accept the digests of ``table`` (name -> profile -> digests) like ``KNOWN``'s."""
+    for name, profiles in table.items():
+        for profile, digests in profiles.items():
+            known = ACCEPTED.setdefault(name, {})
+            known[profile] = known.get(profile, frozenset()) | frozenset(digests)
 
 
 class _StripDocstrings(ast.NodeTransformer):
@@ -134,7 +138,7 @@ def check(name: str, profile: str | None, found: str) -> str | None:
     """None when ``found`` is a known digest of ``name`` for ``profile`` (any profile when None);
     otherwise the reason, naming the digest found."""
     accepted = frozenset()
-    for table in (KNOWN, REPLICA_ONLY):
+    for table in (KNOWN, ACCEPTED):
         known = table.get(name, {})
         accepted |= known.get(profile, frozenset()) if profile else frozenset().union(*known.values())
     if found in accepted:

@@ -12,6 +12,8 @@ adds (e.g. the stop flag's substitutions) is registered with ``add_substitute``.
 
 from __future__ import annotations
 
+import threading
+
 from fd_async_copy_plugin.registry.patch import wraps
 
 GUARD_MARK = "__fd_async_copy_guard__"
@@ -67,3 +69,26 @@ def build_guard(reader: str):
         return host_inputs_guard(original, reader, ctx.backend)
 
     return build
+
+
+_prompt = threading.local()
+
+
+def prompt_runner():
+    """The runner whose ``_get_prompt_logprobs_list`` runs on this thread (None outside it): there
+    ``logprobs`` hands back host-owned results and ``sync_scope`` scopes FD's device synchronize."""
+    return getattr(_prompt, "runner", None)
+
+
+def build_prompt_scope(original, ctx):
+    """``GPUModelRunner._get_prompt_logprobs_list``, marking the thread (``prompt_runner``)."""
+
+    @wraps(original)
+    def _get_prompt_logprobs_list(self, hidden_states):
+        outer, _prompt.runner = prompt_runner(), self
+        try:
+            return original(self, hidden_states)
+        finally:
+            _prompt.runner = outer
+
+    return _get_prompt_logprobs_list

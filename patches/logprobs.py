@@ -35,7 +35,7 @@ from fd_async_copy_plugin import fd_identity, runtime
 from fd_async_copy_plugin.config import DEFAULT_RING_MAX_BYTES
 from fd_async_copy_plugin.registry.patch import Feature, IncompatibleError, Junction, Patch, Target, wraps
 
-from ._consumers import GUARD_MARK, build_guard
+from ._consumers import GUARD_MARK, build_guard, build_prompt_scope, prompt_runner
 
 log = logging.getLogger("fd_async_copy")
 
@@ -57,9 +57,8 @@ GATHERS_HOST_DATA = "__fd_async_copy_gathers_host_data__"
 _ITEM_BYTES = {field: np.dtype(dtype).itemsize for field, dtype in DTYPES.items()}
 
 #: What the statements after the maths may call: the copies the plugin replaces (FastDeploy's
-#: ``.cpu()`` / pinned ``empty_like`` + ``copy_``; the replica's counted stand-ins for the same).
-_COPY_CALLS = {"cpu", "empty_like", "pin_memory", "copy_", "is_cuda", "LogprobsTensors",
-               "as_device", "blocking_d2h", "copy_async"}
+#: ``.cpu()`` / pinned ``empty_like`` + ``copy_``).
+_COPY_CALLS = {"cpu", "empty_like", "pin_memory", "copy_", "is_cuda", "LogprobsTensors"}
 
 
 def _call_name(node: ast.Call) -> str | None:
@@ -116,7 +115,6 @@ class LogprobsCopier:
         self.AsyncLogprobsTensors = make_async_class(logprobs_tensors_cls, backend)
         self.rings: dict[str, runtime.PinnedRing] = {}
         self.max_rows = 0
-        self._prompt_mode = threading.local()
         self._lock = threading.RLock()  # producers on several threads (see ``copy``)
         #: Cap of each ring's pinned bytes (FD_ASYNC_COPY_RING_MAX_BYTES); steps beyond it are
         #: copied blocking and counted in ``capped_steps``.
@@ -131,15 +129,6 @@ class LogprobsCopier:
         with self._lock:
             self.closed = True
             self.backend.stream_synchronize("disable")
-
-    def prompt_mode(self) -> bool:
-        return getattr(self._prompt_mode, "depth", 0) > 0
-
-    def enter_prompt_mode(self) -> None:
-        self._prompt_mode.depth = getattr(self._prompt_mode, "depth", 0) + 1
-
-    def exit_prompt_mode(self) -> None:
-        self._prompt_mode.depth -= 1
 
     @property
     def ring(self) -> runtime.PinnedRing | None:
@@ -171,6 +160,10 @@ class LogprobsCopier:
             self.rings[kind] = ring
         return ring
 
+    def _blocking(self, sources: dict):
+        """FastDeploy 2.4's three blocking copies, as FastDeploy's own ``LogprobsTensors``."""
+        return self.base(*(self.backend.blocking_d2h(sources[f], f"gather_logprobs.{f}") for f in FIELDS))
+
     def copy(self, sampler, indices, top_logprobs, token_ranks):
         """Issue the three non-blocking copies and record one event; return the result."""
         sources = {"logprob_token_ids": indices, "logprobs": top_logprobs, "selected_token_ranks": token_ranks}
@@ -184,17 +177,17 @@ class LogprobsCopier:
                 if self.stand_down is not None:
                     self.stand_down(problem)
         if self.unusable:
-            return self.base(*(self.backend.blocking_d2h(sources[f], f"gather_logprobs.{f}") for f in FIELDS))
+            return self._blocking(sources)
         rows, columns = int(indices.shape[0]), int(indices.shape[-1])
-        prompt = self.prompt_mode()
+        prompt = prompt_runner() is not None
         if any(n * _ITEM_BYTES[f] > MAX_PINNED_BYTES for f, n in self._elements(rows, columns).items()):
             log.info("fd_async_copy: %d x %d logprobs exceed the pinned cap; copied blocking", rows, columns)
-            return self.base(*(self.backend.blocking_d2h(sources[f], f"gather_logprobs.{f}") for f in FIELDS))
+            return self._blocking(sources)
         # One producer at a time from acquire until the result references the slot: a slot is "free"
         # while nothing references it, so two threads must never pick the same one.
         with self._lock:
             if self.closed:  # disable() is restoring FastDeploy: a late call gets host-owned data
-                return self.base(*(self.backend.blocking_d2h(sources[f], f"gather_logprobs.{f}") for f in FIELDS))
+                return self._blocking(sources)
             try:
                 ring = self._ring_for(sampler, "prompt" if prompt else "decode", rows, columns)
                 shapes = {f: list(t.shape) for f, t in sources.items()}
@@ -206,7 +199,7 @@ class LogprobsCopier:
                 self.capped_steps += 1
                 level = logging.WARNING if self.capped_steps == 1 else logging.DEBUG
                 log.log(level, "fd_async_copy: %s; step copied blocking (%d so far)", exc, self.capped_steps)
-                return self.base(*(self.backend.blocking_d2h(sources[f], f"gather_logprobs.{f}") for f in FIELDS))
+                return self._blocking(sources)
             for name in FIELDS:
                 self.backend.copy_d2h(slot.buffers[name], sources[name], f"gather_logprobs.{name}")
             self.backend.record("gather_logprobs")
@@ -323,20 +316,6 @@ def build_gather_logprobs(original, ctx):
     return gather_logprobs
 
 
-def build_prompt_logprobs(original, ctx):
-    copier: LogprobsCopier = ctx.state
-
-    @wraps(original)
-    def _get_prompt_logprobs_list(self, hidden_states):
-        copier.enter_prompt_mode()
-        try:
-            return original(self, hidden_states)
-        finally:
-            copier.exit_prompt_mode()
-
-    return _get_prompt_logprobs_list
-
-
 def build_post_process_normal(original, ctx):
     copier: LogprobsCopier = ctx.state
 
@@ -361,7 +340,7 @@ class LogprobsFeature(Feature):
     patches = (
         Patch(Target(POSTPROC, "save_output_topk"), build_guard("save_output_topk")),
         Patch(Target(POSTPROC, "post_process_normal"), build_post_process_normal, profiles=("fastdeploy-2.4",)),
-        Patch(Target(RUNNER, "GPUModelRunner._get_prompt_logprobs_list"), build_prompt_logprobs),
+        Patch(Target(RUNNER, "GPUModelRunner._get_prompt_logprobs_list"), build_prompt_scope),
         Patch(Target(SAMPLER, "Sampler.gather_logprobs"), build_gather_logprobs, check_gather_logprobs,
               producer=True),
     )

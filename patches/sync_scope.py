@@ -22,7 +22,6 @@ from __future__ import annotations
 import ast
 import inspect
 import textwrap
-import threading
 
 import numpy as np
 import paddle
@@ -31,6 +30,7 @@ from fd_async_copy_plugin import fd_identity
 from fd_async_copy_plugin.registry.patch import Feature, IncompatibleError, Patch, Target, wraps
 from fd_async_copy_plugin.runtime.backend import host_view
 
+from ._consumers import build_prompt_scope, prompt_runner
 from .logprobs import GATHERS_HOST_DATA
 
 OUTPUT = "worker.output"
@@ -56,9 +56,6 @@ def check_prompt_logprobs(original, ctx) -> None:
         raise IncompatibleError("_get_prompt_logprobs_list has no paddle.device.synchronize() to scope")
 
 
-_scope = threading.local()  # the runner whose _get_prompt_logprobs_list runs on this thread
-
-
 def _gathers_host_data(runner) -> bool:
     """True when the runner's sampler is the plugin's ``gather_logprobs``: in prompt mode it hands
     back host-owned tensors after its own wait, so FastDeploy's synchronize has nothing to wait for."""
@@ -75,7 +72,7 @@ def build_device_synchronize(original, ctx):
 
     @wraps(original)
     def synchronize(*args, **kwargs):
-        runner = getattr(_scope, "runner", None)
+        runner = prompt_runner()
         if runner is None:
             return original(*args, **kwargs)
         if _gathers_host_data(runner):
@@ -84,19 +81,6 @@ def build_device_synchronize(original, ctx):
         return None
 
     return synchronize
-
-
-def build_prompt_logprobs(original, ctx):
-    @wraps(original)
-    def _get_prompt_logprobs_list(self, hidden_states):
-        outer = getattr(_scope, "runner", None)
-        _scope.runner = self
-        try:
-            return original(self, hidden_states)
-        finally:
-            _scope.runner = outer
-
-    return _get_prompt_logprobs_list
 
 
 def check_slice_rows(original, ctx) -> None:  # the replacement is FD's rows: only for FD's exact body
@@ -139,7 +123,7 @@ class SyncScopeFeature(Feature):
 
     patches = (
         Patch(Target("paddle.device", "synchronize", absolute=True), build_device_synchronize),
-        Patch(Target(RUNNER, "GPUModelRunner._get_prompt_logprobs_list"), build_prompt_logprobs, check_prompt_logprobs),
+        Patch(Target(RUNNER, "GPUModelRunner._get_prompt_logprobs_list"), build_prompt_scope, check_prompt_logprobs),
         Patch(Target(OUTPUT, "LogprobsTensors.slice_rows"), build_slice_rows, check_slice_rows),
     )
 

@@ -4,16 +4,26 @@ import pytest
 
 import fd_async_copy_plugin
 from fd_async_copy_plugin import runtime
+from fd_async_copy_plugin.testing.reference import copy_backend as replica_backend
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _bounded_backend_waits():
+    """Every copy-backend wait of the suite is bounded: a hang fails fast (testing/watchdog.py)."""
+    from fd_async_copy_plugin.testing.watchdog import bounded_waits
+
+    with bounded_waits():
+        yield
 
 
 @pytest.fixture
 def plugin_off():
     """The plugin disabled and the default copy backend current, before and after the test."""
     fd_async_copy_plugin.disable()
-    previous = runtime.use(None)
+    previous = replica_backend.use(None)
     yield
     fd_async_copy_plugin.disable()
-    runtime.use(previous)
+    replica_backend.use(previous)
 
 
 @pytest.fixture(scope="session")

@@ -167,10 +167,6 @@ class PatchManager:
             self.profile = detect_profile(root)
             # The backend is created only if some feature gets that far in the plan.
             decisions = plan(features, available, self.profile, functools.partial(self._make_backend, backend))
-            if self.backend is not None:
-                # The replica (FastDeploy's stand-in) and the tests find the active backend here;
-                # the patches get it from their PatchContext only.
-                runtime_module().use(self.backend)
             self.decisions = {}
             for name, decision in decisions.items():
                 if decision.option_of is None or decision.option_of not in decisions:
@@ -281,8 +277,8 @@ class PatchManager:
             self._pending.clear()
             for name in reversed(list(self.applied)):
                 self.applied.pop(name).revert()
-            if self.backend is not None and runtime_module().current() is self.backend:
-                runtime_module().use(None)
+            if self.backend is not None:
+                self.backend.release_freed()  # the pinned memory of what the revert dropped
             self.enabled = False
             self.decisions = {}
             self.backend = None

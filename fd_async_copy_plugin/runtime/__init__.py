@@ -6,20 +6,18 @@ it is imported only when asked for, never by ``enable()`` with a real backend.
 
 from __future__ import annotations
 
+from ..config import API_BACKENDS as BACKENDS  # the one list of backend names
 from .backend import (
     AsyncCopyError,
     BufferInUseError,
     CopyBackend,
     CopyEvent,
     PendingCopyError,
+    WaitTimeout,
 )
 from .census import SyncCensus, collecting
 from .host import HostBackend
 from .ring import PinnedRing, PinnedSlot, RingFull
-
-BACKENDS = ("auto", "cuda", "host", "sim")
-
-_current: CopyBackend | None = None
 
 
 def make_backend(name: str) -> CopyBackend:
@@ -43,21 +41,6 @@ def make_backend(name: str) -> CopyBackend:
     raise ValueError(f"unknown backend {name!r}; expected one of {BACKENDS}")
 
 
-def current() -> CopyBackend:
-    """The backend the patches and the reference replica use (``host`` until one is set)."""
-    global _current
-    if _current is None:
-        _current = HostBackend()
-    return _current
-
-
-def use(backend: CopyBackend | None) -> CopyBackend | None:
-    """Make ``backend`` current; returns the previous one (``None`` resets to the default)."""
-    global _current
-    previous, _current = _current, backend
-    return previous
-
-
 def __getattr__(name: str):
     if name == "SimulatedBackend":  # imported on first use only
         from .simulated import SimulatedBackend
@@ -67,20 +50,7 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "AsyncCopyError",
-    "BACKENDS",
-    "BufferInUseError",
-    "CopyBackend",
-    "CopyEvent",
-    "HostBackend",
-    "PendingCopyError",
-    "PinnedRing",
-    "PinnedSlot",
-    "RingFull",
-    "SimulatedBackend",
-    "SyncCensus",
-    "collecting",
-    "current",
-    "make_backend",
-    "use",
+    "AsyncCopyError", "BACKENDS", "BufferInUseError", "CopyBackend", "CopyEvent", "HostBackend",
+    "PendingCopyError", "PinnedRing", "PinnedSlot", "RingFull", "SimulatedBackend", "SyncCensus",
+    "WaitTimeout", "collecting", "make_backend",
 ]

@@ -13,6 +13,7 @@ host waits do not hold it.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import threading
@@ -40,12 +41,84 @@ class BufferInUseError(AsyncCopyError):
     """A copy into a buffer whose previous contents a consumer still holds."""
 
 
+class WaitTimeout(AsyncCopyError):
+    """A host wait outlived ``CopyBackend.wait_timeout`` (bounded in test runs: a hang fails fast)."""
+
+
+@contextlib.contextmanager
+def _bounded(lock, timeout: float, what: str):
+    """``lock`` taken by a wait, given up after ``timeout`` seconds with ``WaitTimeout``."""
+    if not lock.acquire(timeout=timeout):
+        raise WaitTimeout(f"{what}: the copy backend's lock was not free within {timeout:g} s (a hang)")
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+#: Keepers of pinned memory whose tensor is gone, appended by the free path (see ``PinnedMemory``).
+_freed: deque = deque()
+#: id(keeper weakref) -> (that weakref, its PinnedMemory), for every allocation not yet released.
+_live: dict[int, tuple[weakref.ref, "PinnedMemory"]] = {}
+_live_lock = threading.Lock()
+_atexit_registered = False
+
+
+def release_freed() -> int:
+    """Release the memory of every pinned buffer whose tensor is gone; returns how many.
+
+    Plugin code at safe points calls it (the next allocation or free of a pinned buffer, ring
+    growth and release, ``CopyBackend.release_freed()`` from ``disable()``, interpreter exit) -
+    never Paddle's free routine (see ``PinnedMemory``)."""
+    released = 0
+    while True:
+        try:
+            keeper = _freed.popleft()
+        except IndexError:
+            return released
+        with _live_lock:
+            entry = _live.pop(id(keeper), None)
+        if entry is None:
+            continue
+        try:
+            entry[1].release()
+        except Exception as exc:  # never in a decode step's way; the memory stays allocated
+            log.warning("fd_async_copy: releasing pinned memory %#x failed: %s", entry[1].ptr, exc)
+        released += 1
+
+
+def pending_release() -> int:
+    """Pinned allocations whose tensor is gone and whose memory ``release_freed`` has not freed yet."""
+    return len(_freed)
+
+
+def _track(keeper, memory: "PinnedMemory") -> None:
+    global _atexit_registered
+    # The callback is a C method: when ``keeper`` dies, CPython calls ``deque.append`` directly -
+    # no Python frame runs, so nothing there can drop the GIL.
+    ref = weakref.ref(keeper, _freed.append)
+    with _live_lock:
+        _live[id(ref)] = (ref, memory)
+        if not _atexit_registered:
+            import atexit
+
+            atexit.register(release_freed)
+            _atexit_registered = True
+
+
 class PinnedMemory:
     """One host allocation behind a pinned buffer (``cudaHostAlloc``, or host memory on
-    ``host``/``sim``). It lives exactly as long as the buffer's tensor: tensor -> DLPack -> numpy
-    array -> this object. Released only after every copy into it: the last copy's stream is kept
-    (``fence``) and, unless the backend has seen that copy complete, an event recorded behind it is
-    waited on before the memory is freed (CUDA may otherwise hand it out while the DMA still writes).
+    ``host``/``sim``), referenced by the buffer's tensor through tensor -> DLPack -> numpy array ->
+    a ctypes view of the memory (the *keeper*). Released only after every copy into it: the last
+    copy's stream is kept (``fence``) and, unless the backend has seen that copy complete, an event
+    recorded behind it is waited on before the memory is freed (CUDA may otherwise hand it out while
+    the DMA still writes).
+
+    Not released where the tensor dies: that is inside Paddle's free routine, under a Paddle lock,
+    and Python code there (a ``__del__``, a ``weakref.finalize``) may drop the GIL - a ctypes
+    ``cudaFreeHost`` always does - letting another thread take the GIL and wait on that lock: a
+    process-wide deadlock (issue 25). The keeper's death only appends it to a queue (a C call, see
+    ``_track``); ``release_freed`` does the rest from plugin code.
     """
 
     def __init__(self, rt, ptr: int, nbytes: int, backend: "CopyBackend") -> None:
@@ -84,15 +157,6 @@ class PinnedMemory:
                     self.rt.set_device(current)
         self.rt.host_free(self.ptr)
 
-    def __del__(self) -> None:
-        try:
-            self.release()
-        except Exception as exc:  # pragma: no cover - interpreter shutdown, CUDA already torn down
-            try:
-                log.debug("fd_async_copy: releasing pinned memory %#x: %s", self.ptr, exc)
-            except Exception:
-                pass
-
 
 class CopyEvent:
     """A point in the copy stream. ``seq`` orders events of one backend."""
@@ -115,6 +179,10 @@ class CopyBackend:
     """
 
     name = "abstract"
+    #: Seconds one host wait (on an event, or for the backend lock a wait or drain takes) may last
+    #: before it raises ``WaitTimeout``; None: unbounded (in production a wait lasts as long as the
+    #: GPU work it covers). Test runs bound it (``fd_async_copy_plugin.testing.watchdog``).
+    wait_timeout: float | None = None
 
     def __init__(self, glue=None, rt=None) -> None:
         if glue is None:
@@ -144,6 +212,7 @@ class CopyBackend:
         """A host buffer of ``shape``, allocated once through the runtime (``cudaHostAlloc`` on
         ``cuda``) and wrapped zero-copy as a host tensor of the glue's framework."""
         census.record("pinned_alloc", label)
+        release_freed()
         t = self._alloc([int(s) for s in shape], dtype)
         self._pinned[id(t)] = t
         return t
@@ -156,6 +225,12 @@ class CopyBackend:
         self._copy_seq.pop(id(t), None)
         self._h2d_seq.pop(id(t), None)
         self._memory.pop(id(t), None)
+        release_freed()  # what went earlier (``t`` itself is still referenced here)
+
+    def release_freed(self) -> int:
+        """Release the memory of pinned buffers whose tensors are gone (``disable()``, tests); the
+        backend stays usable. Returns how many allocations were released."""
+        return release_freed()
 
     def _alloc(self, shape: list[int], dtype: str):
         np_dtype = np_dtype_of(dtype)
@@ -163,7 +238,7 @@ class CopyBackend:
         nbytes = count * np_dtype.itemsize
         memory = PinnedMemory(self.rt, self.rt.host_alloc(nbytes), nbytes, self)
         raw = (ctypes.c_byte * max(1, nbytes)).from_address(memory.ptr)
-        raw.memory = memory  # the numpy array below keeps ``raw`` alive, and ``raw`` the memory
+        _track(raw, memory)  # the numpy array below keeps ``raw`` alive as long as the tensor lives
         array = np.frombuffer(raw, dtype=np_dtype, count=count).reshape(shape)
         t = self.glue.wrap(array)
         del raw, array
@@ -213,6 +288,10 @@ class CopyBackend:
         """Why copies of ``src`` must not go through this backend ("" when they may)."""
         return ""
 
+    def reused_while_referenced(self, message: str, buffers: dict) -> None:
+        """A ring chose a slot whose ``buffers`` are still referenced (a reuse-policy bug; the ring
+        adds a slot instead). The simulator raises ``BufferInUseError`` here."""
+
     def internal_refs(self, buf) -> int:
         """References to ``buf`` the backend itself holds (so the ring can tell consumers' apart)."""
         return 0
@@ -252,7 +331,7 @@ class CopyBackend:
         if entry is None or entry[2]() is not buf or entry[0] <= self._completed:
             return
         event = None
-        with self._lock:
+        with self._wait_lock(f"before_host_write({writer})"):
             for candidate in self._recent_events:
                 if candidate.seq >= entry[0]:
                     event = candidate
@@ -303,7 +382,7 @@ class CopyBackend:
         last = self._last_copy(buf)
         if last is None or last[0] <= self._completed:
             return None
-        with self._lock:  # another thread may be recording (FastDeploy's output thread)
+        with self._wait_lock("covering_event"):  # another thread may be recording (FD's output thread)
             events = list(self._recent_events)
         for event in events:
             if event.seq >= last[0]:
@@ -316,8 +395,13 @@ class CopyBackend:
             return
         census.record("event_wait", f"{reason}<-{event.label}")
         self._wait_native(event)
-        with self._lock:
+        with self._wait_lock(f"wait({reason}<-{event.label})"):
             self._completed = max(self._completed, event.seq)
+
+    def _wait_lock(self, what: str):
+        """The backend lock, for a wait: bounded by ``wait_timeout`` when it is set."""
+        timeout = self.wait_timeout
+        return self._lock if timeout is None else _bounded(self._lock, timeout, what)
 
     def device_synchronize(self, reason: str) -> None:
         census.record("device_sync", reason)
@@ -328,10 +412,10 @@ class CopyBackend:
         self._drain()
 
     def _drain(self, device: bool = False) -> None:
-        with self._lock:
+        with self._wait_lock("synchronize"):
             seq = self._seq
         self._drain_native(device)
-        with self._lock:
+        with self._wait_lock("synchronize"):
             self._completed = max(self._completed, seq)
 
     # -- host reads ----------------------------------------------------------------------------

@@ -177,7 +177,7 @@ class RuntimeBackend(CopyBackend):
         if device:
             self.rt.device_synchronize()
             return
-        with self._lock:
+        with self._wait_lock("stream_synchronize"):
             streams = list(self._streams)
         for stream in streams:
             self.rt.stream_synchronize(stream)

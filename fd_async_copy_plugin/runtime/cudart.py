@@ -76,8 +76,14 @@ def find_cudart() -> tuple[ctypes.CDLL, str]:
     """The process's CUDA runtime library and how it was found; raises ``CudaUnavailable``."""
     tried = []
     explicit = os.environ.get(CUDART_ENV)
-    candidates = [(explicit, f"${CUDART_ENV}", 0)] if explicit else []
-    candidates += [(p, "already loaded (/proc/self/maps)", 0) for p in loaded_cudart_paths()]
+    if explicit:
+        # Asked for by name: that library or none (a silent fallback would run another runtime).
+        try:
+            return ctypes.CDLL(explicit, mode=os.RTLD_GLOBAL), f"{explicit} (${CUDART_ENV})"
+        except OSError as exc:
+            raise CudaUnavailable(f"{CUDART_ENV}={explicit!r} cannot be loaded: {exc}; point it at the "
+                                  "libcudart.so that Paddle loads, or unset it") from None
+    candidates = [(p, "already loaded (/proc/self/maps)", 0) for p in loaded_cudart_paths()]
     noload = getattr(os, "RTLD_NOLOAD", 0)
     candidates += [(name, "already loaded (RTLD_NOLOAD)", noload) for name in SONAMES]
     candidates += [(name, "loaded by soname", 0) for name in SONAMES]
@@ -117,6 +123,13 @@ class CudaRuntime:
             "cudaDriverGetVersion": [ctypes.POINTER(I)],
             "cudaGetLastError": [],
         }
+        missing = [name for name in (*signatures, "cudaGetErrorString") if not hasattr(lib, name)]
+        if missing:
+            what = f"{CUDART_ENV}={lib._name!r}" if CUDART_ENV in origin else (origin or lib._name)
+            raise CudaUnavailable(
+                f"{what} is not a CUDA runtime library: it lacks {', '.join(missing[:3])}"
+                f"{' and more' if len(missing) > 3 else ''}; point {CUDART_ENV} at libcudart.so, or unset it"
+            )
         self._f = {}
         for name, argtypes in signatures.items():
             fn = getattr(lib, name)

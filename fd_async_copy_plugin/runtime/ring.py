@@ -14,13 +14,13 @@ elements than a slot has. Growth is bounded by ``max_bytes`` (the ring's total p
 step that would exceed it raises ``RingFull`` and the producer copies it another way (the logprobs
 feature: FastDeploy 2.4's blocking copies). Slots added while a consumer lagged are released again
 once they have been idle for ``IDLE_ACQUIRES`` acquires (or at once when the cap is reached) - only
-slots nothing references and whose copies have completed, never below the initial slot count. On the simulator backend a slot chosen while still referenced raises
-``BufferInUseError`` naming the referrers: that is how a too-early reuse is caught in tests.
+slots nothing references and whose copies have completed, never below the initial slot count. A
+slot chosen while still referenced is reported to the backend (``reused_while_referenced``): the
+simulator raises ``BufferInUseError`` naming the referrers - how a too-early reuse is caught in tests.
 """
 
 from __future__ import annotations
 
-import gc
 import logging
 import sys
 import threading
@@ -29,7 +29,7 @@ from math import prod
 
 import numpy as np
 
-from .backend import BufferInUseError, CopyBackend
+from .backend import CopyBackend, release_freed
 
 log = logging.getLogger("fd_async_copy")
 
@@ -54,6 +54,7 @@ class PinnedSlot:
     baseline: dict[str, int] = field(default_factory=dict)
     generation: int = 0
     last_acquired: int = 0  # the ring's acquire count when this slot was last handed out
+    idle_since: int | None = None  # the acquire count when it was first seen idle (None: in use)
 
 
 class PinnedRing:
@@ -134,20 +135,9 @@ class PinnedRing:
         refs = self.external_refs(slot)
         if not refs:
             return True
-        if self.backend.name == "sim":
-            referrers = sorted(
-                {
-                    type(r).__name__
-                    for name in refs
-                    for r in gc.get_referrers(slot.buffers[name])
-                    if r is not slot.buffers
-                }
-            )
-            raise BufferInUseError(
-                f"{writer!r} is about to overwrite slot {slot.index} of pinned ring {self.name!r} whose "
-                f"previous contents are still referenced ({refs}; referrers: {referrers}): the slot was "
-                "reused too early"
-            )
+        self.backend.reused_while_referenced(  # the simulator raises here
+            f"{writer!r} is about to overwrite slot {slot.index} of pinned ring {self.name!r} whose previous "
+            f"contents are still referenced ({refs})", slot.buffers)
         log.error("fd_async_copy: ring %s chose a referenced slot; adding a slot instead", self.name)
         return False
 
@@ -170,14 +160,24 @@ class PinnedRing:
         return self.is_free(slot) and not any(self.backend.copy_in_flight(b) for b in slot.buffers.values())
 
     def release_idle(self, min_idle: int = IDLE_ACQUIRES) -> int:
-        """Release slots beyond the initial ones that are idle and were last used ``min_idle`` or
-        more acquires ago; returns how many were released."""
+        """Release slots beyond the initial ones that have been idle (unreferenced, copies landed)
+        for ``min_idle`` or more acquires; returns how many were released.
+
+        Idle time counts from when a slot was first *seen* idle, not from its last use: a consumer
+        31+ steps behind frees each slot 31+ acquires after it was filled, and counting from the
+        fill released that slot at once, only for the step to allocate a new one - 3 pinned
+        allocations and 3 frees per step (issue 25). Such a slot is reused instead."""
         with self.lock:
             released = 0
+            for slot in self.slots[self.base_slots:]:
+                if not self._idle(slot):
+                    slot.idle_since = None
+                elif slot.idle_since is None:
+                    slot.idle_since = self._acquires
             for slot in sorted(self.slots, key=lambda s: s.last_acquired):
                 if len(self.slots) <= self.base_slots:
                     break
-                if self._acquires - slot.last_acquired < min_idle or not self._idle(slot):
+                if slot.idle_since is None or self._acquires - slot.idle_since < min_idle:
                     continue
                 self.slots.remove(slot)
                 for name in list(slot.buffers):
@@ -190,6 +190,7 @@ class PinnedRing:
                     slot.index = index
                 self._next %= min(self.base_slots, len(self.slots))
                 self.released_slots += released
+                release_freed()  # the memory of the buffers just dropped
                 log.info("fd_async_copy: pinned ring %s released %d idle slot(s); %d left (%d bytes)",
                          self.name, released, len(self.slots), self.nbytes)
             return released
@@ -242,10 +243,12 @@ class PinnedRing:
                 self._new_buffer(slot, name, elements)
                 self.backend.free_pinned(old, f"{self.name}[{slot.index}].{name}")
                 del old
+                release_freed()
                 log.info("fd_async_copy: pinned ring %s slot %d: %s grew to %d elements", self.name, slot.index, name, elements)
         self._next = (slot.index + 1) % max(1, min(self.base_slots, len(self.slots)))
         slot.generation += 1
         slot.last_acquired = self._acquires
+        slot.idle_since = None
         return slot
 
     @property

@@ -20,6 +20,7 @@ backend makes such bugs deterministic and loud:
 from __future__ import annotations
 
 import ctypes
+import gc
 
 import numpy as np
 
@@ -52,6 +53,11 @@ class SimulatedBackend(CopyBackend):
 
     def label_of(self, buf) -> str:
         return self._labels.get(id(buf), f"<unlabelled buffer {id(buf):#x}>")
+
+    def reused_while_referenced(self, message, buffers):
+        referrers = sorted({type(r).__name__ for b in buffers.values() for r in gc.get_referrers(b)
+                            if r is not buffers})
+        raise BufferInUseError(f"{message}; referrers: {referrers}: the slot was reused too early")
 
     def internal_refs(self, buf) -> int:
         return 1 if id(buf) in self._pending else 0
@@ -87,7 +93,7 @@ class SimulatedBackend(CopyBackend):
         )
 
     def _land(self, upto: int) -> None:
-        with self._lock:  # never called with the lock held (waits and drains release it)
+        with self._wait_lock(f"landing copies up to #{upto}"):  # never called with the lock held
             self._land_locked(upto)
 
     def _land_locked(self, upto: int) -> None:

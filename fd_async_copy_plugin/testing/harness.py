@@ -18,6 +18,7 @@ from .. import disable, enable
 from .reference import ROOTS
 from .reference.driver import DecodeResult, DriverConfig, Request, run_decode
 from .. import runtime
+from fd_async_copy_plugin.testing.reference import copy_backend as replica_backend
 from ..runtime import SyncCensus, census as census_module, collecting
 
 #: Census sites on the paths the plugin patches (gather_logprobs, update op, save ops, ZMQ
@@ -112,12 +113,12 @@ def plugin_state(variant: Variant, backend: str):
             status = enable(features=variant.features, backend=backend, root=variant.root)
         else:
             # Unpatched FastDeploy's own copies (2.5's pinned buffers and events) run on the same backend.
-            previous = runtime.use(runtime.make_backend(backend))
+            previous = replica_backend.use(runtime.make_backend(backend))
         yield status
     finally:
         disable()
         if not variant.plugin:
-            runtime.use(previous)
+            replica_backend.use(previous)
         for name, value in saved_env.items():
             if value is None:
                 os.environ.pop(name, None)

@@ -17,6 +17,7 @@ import pytest
 
 import fd_async_copy_plugin
 from fd_async_copy_plugin import runtime
+from fd_async_copy_plugin.testing.reference import copy_backend as replica_backend
 from fd_async_copy_plugin.testing.reference import ROOTS
 from fd_async_copy_plugin.testing.reference.driver import DecodeResult, DriverConfig, Request, run_decode
 
@@ -81,7 +82,7 @@ def run_replica(
     previous = None
     try:
         if features is None:
-            previous = runtime.use(runtime.make_backend(backend))
+            previous = replica_backend.use(runtime.make_backend(backend))
         else:
             fd_async_copy_plugin.enable(features=list(features), backend=backend, root=root)
         with runtime.collecting() as census:
@@ -93,7 +94,7 @@ def run_replica(
     finally:
         fd_async_copy_plugin.disable()
         if features is None:
-            runtime.use(previous)
+            replica_backend.use(previous)
 
 
 _BASELINES: dict[Any, LogprobRun] = {}
@@ -291,7 +292,7 @@ class SFKit:
         base_class = module.GPUModelRunner
         try:
             if features is None:
-                previous = runtime.use(runtime.make_backend(backend))
+                previous = replica_backend.use(runtime.make_backend(backend))
             else:
                 fd_async_copy_plugin.enable(features=list(features), backend=backend, root=self.FD24, strict=strict)
             module.GPUModelRunner = _sf_runner_subclass(base_class, captured, record, probe)
@@ -306,7 +307,7 @@ class SFKit:
             module.GPUModelRunner = base_class
             fd_async_copy_plugin.disable()
             if features is None:
-                runtime.use(previous)
+                replica_backend.use(previous)
 
     @_sf_contextlib.contextmanager
     def enabled_runner(self, config: DriverConfig, *, features=SF_FEATURES, backend: str = "host", strict: bool = False):

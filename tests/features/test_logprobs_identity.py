@@ -185,7 +185,7 @@ def test_the_slice_rows_check_looks_through_the_plugins_own_replacement():
 
 
 @pytest.mark.xfail(strict=True, reason="the replica's slice_rows carries census hooks, not FastDeploy's body "
-                   "(fd_identity.REPLICA_ONLY); strict: remove the allowance once the replica matches")
+                   "(testing/reference/identity.py); strict: remove the allowance once the replica matches")
 @pytest.mark.parametrize("version, profile", [("fd24", "fastdeploy-2.4"), ("fd25", "fastdeploy-2.5")])
 def test_replicas_slice_rows_match_the_digest_of_real_fastdeploy(version, profile):
     tensors = importlib.import_module(f"{ROOTS[version]}.{OUTPUT}").LogprobsTensors
@@ -195,10 +195,48 @@ def test_replicas_slice_rows_match_the_digest_of_real_fastdeploy(version, profil
 def test_the_replica_only_digests_are_exactly_the_replicas_and_never_fastdeploys():
     """The allowance names the replica's current bodies and nothing else: each profile's entry is
     that replica's digest, and none is a digest of real FastDeploy."""
-    allowed = fd_identity.REPLICA_ONLY["LogprobsTensors.slice_rows"]
+    from fd_async_copy_plugin.testing.reference.identity import REPLICA_ONLY
+
+    allowed = REPLICA_ONLY["LogprobsTensors.slice_rows"]
     for version, profile in (("fd24", "fastdeploy-2.4"), ("fd25", "fastdeploy-2.5")):
         tensors = importlib.import_module(f"{ROOTS[version]}.{OUTPUT}").LogprobsTensors
         assert allowed[profile] == {fd_identity.slice_rows_digest(tensors.slice_rows)}
     real = frozenset().union(*fd_identity.KNOWN["LogprobsTensors.slice_rows"].values())
     assert not real & frozenset().union(*allowed.values())
-    assert set(fd_identity.REPLICA_ONLY) <= set(fd_identity.KNOWN)
+    assert set(REPLICA_ONLY) <= set(fd_identity.KNOWN)
+
+
+def test_the_shipped_module_knows_only_fastdeploys_digests():
+    """Issue 21: the replica's digests live in the testing package and are accepted only once the
+    replica is loaded; a FastDeploy worker's fd_identity accepts FastDeploy's bodies only."""
+    import subprocess
+    import sys
+
+    from fd_async_copy_plugin.testing.reference.identity import REPLICA_ONLY
+
+    (digest,) = REPLICA_ONLY["LogprobsTensors.slice_rows"]["fastdeploy-2.4"]
+    code = (
+        "import sys\n"
+        "from fd_async_copy_plugin import fd_identity as i\n"
+        f"before = i.check('LogprobsTensors.slice_rows', 'fastdeploy-2.4', {digest!r})\n"
+        "assert not any(m.startswith('fd_async_copy_plugin.testing') for m in sys.modules)\n"
+        "import fd_async_copy_plugin.testing.reference.fd24.worker.output\n"
+        f"after = i.check('LogprobsTensors.slice_rows', 'fastdeploy-2.4', {digest!r})\n"
+        "print(before is not None, after is None)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.stdout.split() == ["True", "True"], done.stdout + done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("helper", ["blocking_d2h", "copy_async", "as_device"])
+def test_the_copy_tail_accepts_fastdeploys_call_names_only(fd24_copy, helper):
+    """Issue 21: the replica spells its copies with FastDeploy's names (``cpu``, ``pin_memory``,
+    ``copy_``); the shipped check no longer knows the replica's own helpers, so a tail calling one
+    is more than FastDeploy's copies: incompatible, FD unpatched."""
+    root, sampler_py = fd24_copy
+    old = 'indices = cpu(indices, "Sampler.gather_logprobs.logprob_token_ids")'
+    new = f'indices = cpu({helper}(indices, "x") if False else indices, "Sampler.gather_logprobs.logprob_token_ids")'
+    _edit_gather(sampler_py, old, new)
+    state, untouched = _enable(root)
+    assert state["state"] == "incompatible" and helper in state["reason"], state
+    assert untouched

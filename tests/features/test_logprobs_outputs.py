@@ -20,6 +20,7 @@ import pytest
 
 import fd_async_copy_plugin
 from fd_async_copy_plugin import runtime
+from fd_async_copy_plugin.testing.reference import copy_backend as replica_backend
 from fd_async_copy_plugin.testing.harness import selftest_scenarios
 from fd_async_copy_plugin.testing.reference import ROOTS
 from fd_async_copy_plugin.testing.reference.driver import DriverConfig, Request
@@ -194,7 +195,7 @@ def patched_sampler(request, plugin_off, lpkit):
     fd_async_copy_plugin.enable(features=["logprobs"], backend=request.param, root=FD24)
     assert fd_async_copy_plugin.status()["features"]["logprobs"]["state"] == "applied"
     assert sampler_mod.Sampler.gather_logprobs is not original
-    yield sampler_mod.Sampler(fd_config=None), original, runtime.current()
+    yield sampler_mod.Sampler(fd_config=None), original, replica_backend.current()
     fd_async_copy_plugin.disable()
     assert sampler_mod.Sampler.gather_logprobs is original
 
@@ -244,7 +245,7 @@ def test_simulated_copies_are_really_pending_until_a_consumer_waits(plugin_off, 
     sampler_mod = lpkit.replica_module(FD24, "model_executor.layers.sample.sampler")
     lpkit.replica_module(FD24, "worker.gpu_model_runner")
     fd_async_copy_plugin.enable(features=["logprobs"], backend="sim", root=FD24)
-    sim = runtime.current()
+    sim = replica_backend.current()
     logprobs, tokens = _inputs(3, VOCAB, seed=2)
     result = sampler_mod.Sampler(fd_config=None).gather_logprobs(logprobs, 5, tokens)
     assert np.isnan(result.logprobs.numpy()).all()
@@ -260,7 +261,7 @@ def test_fd25_gather_logprobs_matches_native_2_5(num_logprobs, plugin_off, fd25_
     original = sampler_mod.Sampler.gather_logprobs
     fd_async_copy_plugin.enable(features=["logprobs"], backend="sim", root=FD25)
     assert fd_async_copy_plugin.status()["features"]["logprobs"]["state"] == "applied"
-    backend = runtime.current()
+    backend = replica_backend.current()
     sampler = sampler_mod.Sampler(fd_config=None)
     logprobs, tokens = _inputs(5, VOCAB, seed=3)
     expected = original(sampler, logprobs.clone(), num_logprobs, tokens)

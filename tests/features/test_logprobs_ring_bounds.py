@@ -108,3 +108,33 @@ def test_the_cap_variable_is_validated(raw):
         AsyncCopyConfig.from_env({ENV_RING_MAX_BYTES: raw})
     assert AsyncCopyConfig.from_env({ENV_RING_MAX_BYTES: "256M"}).ring_max_bytes == 256 << 20
     assert logprobs_patch.LogprobsCopier  # the feature reads the same variable
+
+
+@pytest.mark.parametrize("backend", ["host", "sim"])
+@pytest.mark.parametrize("lag", [IDLE_ACQUIRES - 1, IDLE_ACQUIRES, 40])
+def test_a_consumer_steps_behind_causes_no_pinned_churn_after_warm_up(lpkit, backend, lag):
+    """Issue 25 item 8: a consumer 31+ steps behind made every step release the slot it had just
+    freed (idle since its last use 31+ acquires ago) and allocate a new one: 3 pinned allocations
+    and 3 frees per step (each free a hidden device sync on a GPU). Now a slot counts as idle from
+    when it was first seen unreferenced: the ring keeps the slots the lag needs, allocating nothing."""
+    from collections import deque
+
+    sampler, original, copier = _patched(lpkit, backend)
+    try:
+        rt = copier.backend.rt
+        logprobs, tokens = _inputs(0)
+        want = _host(original(sampler, logprobs.clone(), WIDTH, tokens))
+        pending = deque()
+        counts = []
+        for step in range(2 * lag + IDLE_ACQUIRES + 40):
+            counts.append((rt.allocations, rt.frees))
+            pending.append(sampler.gather_logprobs(logprobs.clone(), WIDTH, tokens))
+            if len(pending) > lag:  # the consumer reads the result of `lag` steps ago
+                oldest = pending.popleft()
+                assert all(np.array_equal(g, w) for g, w in zip(_host(oldest), want))
+                del oldest
+        warm = counts[2 * lag + IDLE_ACQUIRES]
+        assert counts[-1] == warm, f"pinned allocations/frees after warm-up: {counts[-1]} vs {warm}"
+        assert copier.ring.size <= lag + 3 and copier.capped_steps == 0
+    finally:
+        fd_async_copy_plugin.disable()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 
 from fd_async_copy_plugin import runtime
+from fd_async_copy_plugin.testing.reference import copy_backend as replica_backend
 from fd_async_copy_plugin.testing.reference.driver import Request
 
 pytestmark = pytest.mark.usefixtures("plugin_off")
@@ -44,7 +45,7 @@ def test_save_consumers_get_an_owned_host_copy_of_the_final_tokens(sfkit, monkey
     handed = []
 
     def spy(tokens, *args, **kwargs):
-        handed.append((runtime.current().is_pinned(tokens), tokens.numpy().reshape(-1).tolist()))
+        handed.append((replica_backend.current().is_pinned(tokens), tokens.numpy().reshape(-1).tolist()))
         return original(tokens, *args, **kwargs)
 
     monkeypatch.setattr(postproc, name, spy)  # before enable(): the plugin's guard wraps the spy

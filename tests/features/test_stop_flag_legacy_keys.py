@@ -14,6 +14,7 @@ import paddle
 import pytest
 
 from fd_async_copy_plugin import runtime
+from fd_async_copy_plugin.testing.reference import copy_backend as replica_backend
 
 pytestmark = pytest.mark.usefixtures("plugin_off")
 
@@ -102,7 +103,7 @@ def _reset_mid_run(sfkit, backend, monkeypatch, before_reset=None):
     original_fill = runner_module.fill_paddle_tensor
 
     def spy(shared_inputs, key, value):
-        filled.append((key, runtime.current().is_pinned(shared_inputs.get(key))))
+        filled.append((key, replica_backend.current().is_pinned(shared_inputs.get(key))))
         return original_fill(shared_inputs, key, value)
 
     monkeypatch.setattr(runner_module, "fill_paddle_tensor", spy)

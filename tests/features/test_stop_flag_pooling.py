@@ -14,6 +14,7 @@ import pytest
 
 import fd_async_copy_plugin
 from fd_async_copy_plugin import runtime
+from fd_async_copy_plugin.testing.reference import copy_backend as replica_backend
 from fd_async_copy_plugin.testing.reference import ROOTS
 from fd_async_copy_plugin.testing.reference.driver import DriverConfig, Request, run_decode
 
@@ -42,7 +43,7 @@ def pooling_snapshots(backend: str, plugin: bool, pool_at_step: int) -> list:
                                                                  "seq_lens_decoder", "seq_lens_encoder")}
         snap["not_need_stop()"] = bool(runner.not_need_stop())
         if plugin:
-            backend_ = runtime.current()
+            backend_ = replica_backend.current()
             snap["device"] = bool(si["not_need_stop_device"].numpy()[0])
             snap["pinned"] = bool(backend_.read(si["not_need_stop_pinned"], "test")[0])
         snapshots.append(snap)
@@ -53,14 +54,14 @@ def pooling_snapshots(backend: str, plugin: bool, pool_at_step: int) -> list:
         if plugin:
             fd_async_copy_plugin.enable(features=FEATURES, backend=backend, root=ROOT)
         else:
-            previous = runtime.use(runtime.make_backend(backend))
+            previous = replica_backend.use(runtime.make_backend(backend))
         config = DriverConfig(max_num_seqs=4, vocab_size=256, max_model_len=64, hidden_size=16)
         requests = [Request(f"r{i}", [5 + i, 7, 9], max_tokens=6, eos_token_ids=[2]) for i in range(3)]
         run_decode(ROOT, config, requests, max_steps=12, on_step=on_step)
     finally:
         fd_async_copy_plugin.disable()
         if previous is not None:
-            runtime.use(previous)
+            replica_backend.use(previous)
     assert snapshots, "the pooling post-process did not run"
     return snapshots
 

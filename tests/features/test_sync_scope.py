@@ -11,6 +11,7 @@ import pytest
 
 import fd_async_copy_plugin
 from fd_async_copy_plugin import runtime
+from fd_async_copy_plugin.testing.reference import copy_backend as replica_backend
 from fd_async_copy_plugin.testing.reference import ROOTS
 from fd_async_copy_plugin.testing.reference.driver import DriverConfig, Request
 from fd_async_copy_plugin.runtime.backend import CopyBackend
@@ -160,7 +161,7 @@ def fd25_sync_scope(plugin_off, lpkit):
     fd_async_copy_plugin.enable(features=["sync_scope"], backend="sim", root=FD25)
     assert fd_async_copy_plugin.status()["features"]["sync_scope"]["state"] == "applied"
     assert output.LogprobsTensors.slice_rows is not original
-    yield output.LogprobsTensors, original, runtime.current()
+    yield output.LogprobsTensors, original, replica_backend.current()
     fd_async_copy_plugin.disable()
     assert output.LogprobsTensors.slice_rows is original
 

@@ -11,6 +11,7 @@ import paddle
 import pytest
 
 from fd_async_copy_plugin import runtime
+from fd_async_copy_plugin.testing.reference import copy_backend as replica_backend
 from fd_async_copy_plugin.testing.reference import device_tracking as dt
 from fd_async_copy_plugin.testing.reference.placement import as_device
 from fd_async_copy_plugin.runtime import collecting
@@ -201,7 +202,7 @@ def test_a_wait_after_heavy_device_work_is_long_and_the_next_one_short(tr):
 
 def test_async_copy_into_a_pinned_buffer_and_its_read_are_not_host_waits(tr):
     backend = runtime.make_backend("sim")
-    previous = runtime.use(backend)
+    previous = replica_backend.use(backend)
     try:
         t = dev([1, 2])
         buf = backend.new_pinned([2], "int64", "buf")
@@ -212,7 +213,7 @@ def test_async_copy_into_a_pinned_buffer_and_its_read_are_not_host_waits(tr):
         assert backend.read(buf, "reader").tolist() == [1, 2]
         assert [w.mechanism for w in tr.waits] == ["event"]
     finally:
-        runtime.use(previous)
+        replica_backend.use(previous)
 
 
 def test_everything_is_restored_on_exit():

@@ -113,12 +113,13 @@ def test_slice_rows_copies_whole_fields_per_call(host_backend):
 
 def _simulated_and_synchronous(config, make_requests):
     from fd_async_copy_plugin import runtime
+    from fd_async_copy_plugin.testing.reference import copy_backend as replica_backend
 
-    previous = runtime.use(runtime.SimulatedBackend())
+    previous = replica_backend.use(runtime.SimulatedBackend())
     try:
         simulated = run_decode(FD25, config, make_requests())
     finally:
-        runtime.use(previous)
+        replica_backend.use(previous)
     return simulated, run_decode(FD25, config, make_requests())
 
 

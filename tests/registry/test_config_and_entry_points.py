@@ -141,17 +141,6 @@ def test_doctor_json_has_the_status_shape():
         assert entry["state"] in ("apply", "native", "skipped", "failed")
 
 
-def test_doctor_human_output_reports_bad_env_and_exits_non_zero():
-    done = subprocess.run(
-        [sys.executable, "-m", "fd_async_copy_plugin.cli", "doctor"],
-        capture_output=True,
-        text=True,
-        env={**__import__("os").environ, "FD_ASYNC_COPY_BACKEND": "gpu"},
-    )
-    assert done.returncode == 1
-    assert "CONFIG ERROR" in done.stdout and "FD_ASYNC_COPY_BACKEND='gpu'" in done.stdout
-
-
 def test_enable_with_an_empty_feature_list_is_an_error_not_everything():
     with pytest.raises(ConfigError, match=r"features=\[\]"):
         fd_async_copy_plugin.enable(features=[])
@@ -188,3 +177,67 @@ def test_dependencies_apply_first_whatever_order_is_asked():
         assert states == {"sampled_tokens": "applied", "stop_flag": "applied"}, (status, states)
     finally:
         fd_async_copy_plugin.disable()
+
+
+# Issue 25 item 4: values that pass str.isdigit() (or int()) but are not ASCII digits.
+NON_ASCII_SIZES = ("²", "①", "١٢٣M", "1²M", "٣")
+
+
+@pytest.mark.parametrize("value", NON_ASCII_SIZES)
+def test_ring_max_bytes_takes_ascii_digits_only(value):
+    with pytest.raises(ConfigError) as info:
+        AsyncCopyConfig.from_env({"FD_ASYNC_COPY_RING_MAX_BYTES": value})
+    assert f"FD_ASYNC_COPY_RING_MAX_BYTES={value!r}" in str(info.value) and "positive number of bytes" in str(info.value)
+    with pytest.raises(ConfigError, match="ring_max_bytes="):
+        fd_async_copy_plugin.enable(backend="host", ring_max_bytes=value, root="no_such_fastdeploy")
+    assert fd_async_copy_plugin.status()["enabled"] is False
+
+
+@pytest.mark.parametrize("enabled", ["0", "1", None])
+@pytest.mark.parametrize("value", NON_ASCII_SIZES[:3])
+def test_register_never_raises_on_a_bad_size_outside_strict_mode(monkeypatch, caplog, enabled, value):
+    if enabled is None:
+        monkeypatch.delenv("FD_ASYNC_COPY", raising=False)
+    else:
+        monkeypatch.setenv("FD_ASYNC_COPY", enabled)
+    monkeypatch.setenv("FD_ASYNC_COPY_RING_MAX_BYTES", value)
+    monkeypatch.delenv("FD_ASYNC_COPY_STRICT", raising=False)
+    monkeypatch.setattr(logging.getLogger("fd_async_copy"), "propagate", True)
+    caplog.set_level(logging.INFO, logger="fd_async_copy")
+    fd_async_copy_plugin.register()
+    assert any(f"FD_ASYNC_COPY_RING_MAX_BYTES={value!r}" in r.getMessage() and "unpatched" in r.getMessage()
+               for r in caplog.records)
+    assert fd_async_copy_plugin.status()["enabled"] is False
+    monkeypatch.setenv("FD_ASYNC_COPY_STRICT", "1")
+    with pytest.raises(ConfigError, match="FD_ASYNC_COPY_RING_MAX_BYTES"):
+        fd_async_copy_plugin.register()
+
+
+def test_register_never_raises_when_config_parsing_itself_fails(monkeypatch, caplog):
+    from fd_async_copy_plugin import config
+
+    def broken(raw, source="x"):
+        raise ValueError("planted parser bug")
+
+    monkeypatch.setattr(config, "parse_ring_max_bytes", broken)
+    monkeypatch.setenv("FD_ASYNC_COPY", "1")
+    monkeypatch.delenv("FD_ASYNC_COPY_STRICT", raising=False)
+    monkeypatch.setattr(logging.getLogger("fd_async_copy"), "propagate", True)
+    caplog.set_level(logging.INFO, logger="fd_async_copy")
+    fd_async_copy_plugin.register()
+    assert any("planted parser bug" in r.getMessage() for r in caplog.records)
+    assert fd_async_copy_plugin.status()["enabled"] is False
+
+
+@pytest.mark.parametrize("name, value", [("FD_ASYNC_COPY_BACKEND", "gpu"), ("FD_ASYNC_COPY_RING_MAX_BYTES", "²")])
+def test_doctor_human_output_reports_bad_env_without_a_traceback_and_exits_non_zero(name, value):
+    done = subprocess.run(
+        [sys.executable, "-m", "fd_async_copy_plugin.cli", "doctor"],
+        capture_output=True,
+        text=True,
+        env={**__import__("os").environ, name: value},
+        timeout=120,
+    )
+    assert "Traceback" not in done.stdout + done.stderr, done.stderr
+    assert done.returncode == 1
+    assert "CONFIG ERROR" in done.stdout and f"{name}={value!r}" in done.stdout

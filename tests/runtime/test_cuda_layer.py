@@ -122,9 +122,11 @@ def test_pinned_buffer_is_a_zero_copy_host_tensor_that_owns_its_memory():
     assert buf.numpy().tolist() == list(range(8))  # Paddle reads the same memory
     del memory
     gc.collect()
+    backend.release_freed()  # released by plugin code, never in Paddle's free path
     assert "host_free" not in rt.kinds()  # the tensor keeps its memory alive
     del buf
     gc.collect()
+    backend.release_freed()  # released by plugin code, never in Paddle's free path
     assert rt.kinds().count("host_free") == 1
 
 
@@ -162,6 +164,7 @@ def test_release_of_a_buffer_with_a_copy_in_flight_waits_for_it_first():
     backend.free_pinned(buf, "b")
     del buf
     gc.collect()
+    backend.release_freed()  # released by plugin code, never in Paddle's free path
     tail = rt.log[rt.kinds().index("memcpy"):]
     kinds = [e[0] for e in tail]
     # an event recorded on the copy's stream and waited on, then the free
@@ -176,6 +179,7 @@ def test_release_on_a_thread_whose_device_differs_records_on_the_copy_device():
     rt.current = 1  # the last reference goes on a thread whose current device is gpu:1
     del buf
     gc.collect()
+    backend.release_freed()  # released by plugin code, never in Paddle's free path
     tail = [e for e in rt.log[rt.kinds().index("memcpy") + 1:]]
     assert [e[0] for e in tail] == ["set_device", "record", "sync", "set_device", "host_free"]
     assert tail[0] == ("set_device", 0) and tail[3] == ("set_device", 1)
@@ -199,6 +203,7 @@ def test_release_after_the_copy_was_waited_on_frees_at_once():
     before = len(rt.log)
     del buf
     gc.collect()
+    backend.release_freed()  # released by plugin code, never in Paddle's free path
     assert [e[0] for e in rt.log[before:]] == ["host_free"]
 
 
@@ -210,6 +215,7 @@ def test_ring_growth_frees_the_old_buffer_only_after_its_copy():
     old_ptr = backend.memory_of(slot.buffers["x"]).ptr
     slot = ring.acquire("w", {"x": [8]})  # grows: the old buffer goes, its copy still in flight
     gc.collect()
+    backend.release_freed()  # released by plugin code, never in Paddle's free path
     free = rt.log.index(("host_free", old_ptr))
     assert rt.log[free - 1][0] == "sync" and rt.log[free - 2][0] == "record"
 
@@ -280,3 +286,49 @@ def test_host_backend_copies_by_address():
     strided = paddle.arange(8, dtype="int64").reshape([4, 2])[:, 1]
     backend.copy_d2h(buf, strided, "strided")  # not copyable by address: through the framework
     assert backend.read(buf, "r").tolist() == [1, 3, 5, 7]
+
+
+# Issue 25 item 9: FD_ASYNC_COPY_CUDART names the library, or the reason it cannot be used.
+def _not_cuda_library() -> str:
+    import ctypes.util
+
+    name = ctypes.util.find_library("m")
+    assert name, "libm not found"
+    return name
+
+
+@pytest.mark.parametrize(
+    "value, cause",
+    [(None, "is not a CUDA runtime library: it lacks cudaHostAlloc"), ("/no/such/dir/libcudart.so.12", "cannot be loaded")],
+)
+def test_cudart_variable_names_itself_and_the_cause(monkeypatch, value, cause):
+    from fd_async_copy_plugin.runtime import cudart
+
+    value = value or _not_cuda_library()
+    monkeypatch.setenv(cudart.CUDART_ENV, value)
+    with pytest.raises(CudaUnavailable) as info:
+        CudaRuntime()
+    message = str(info.value)
+    assert f"FD_ASYNC_COPY_CUDART={value!r}" in message and cause in message, message
+
+
+def test_a_bad_cudart_variable_leaves_fastdeploy_unpatched_with_the_reason(monkeypatch):
+    """On a (pretended) GPU build, the cuda backend stands down with the variable's cause; nothing raises."""
+    import fd_async_copy_plugin
+    from fd_async_copy_plugin.runtime import cudart
+    from fd_async_copy_plugin.runtime.cuda import cuda_available
+
+    monkeypatch.setenv(cudart.CUDART_ENV, _not_cuda_library())
+    monkeypatch.setattr(cudart, "_runtime", None)
+    monkeypatch.setattr(paddle, "is_compiled_with_cuda", lambda: True)
+    monkeypatch.setattr(paddle.device.cuda, "device_count", lambda: 1)
+    ok, why = cuda_available()
+    assert not ok and "FD_ASYNC_COPY_CUDART=" in why and "not a CUDA runtime library" in why, why
+    try:
+        status = fd_async_copy_plugin.enable(features="logprobs", backend="cuda",
+                                             root="fd_async_copy_plugin.testing.reference.fd24")
+        entry = status["features"]["logprobs"]
+        assert entry["state"] == "skipped" and "FD_ASYNC_COPY_CUDART=" in entry["reason"], entry
+        assert status["backend"] == "none"
+    finally:
+        fd_async_copy_plugin.disable()

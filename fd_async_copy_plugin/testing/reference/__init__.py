@@ -13,7 +13,7 @@ module, apply to them unchanged:
   pinned logprob buffers.
 
 "Device" tensors are CPU tensors marked as device (``placement.py``); every host<->device
-interaction goes through the active copy backend (``fd_async_copy_plugin.runtime.current()``)
+interaction goes through the active copy backend (``copy_backend.current()``)
 so the sync census counts it. ``driver.py`` runs decode steps against either root.
 
 The replica is never importable as ``fastdeploy``.

@@ -3,7 +3,7 @@
 FastDeploy 2.5 calls ``paddle.device.synchronize()`` in ``_get_prompt_logprobs_list``, and the
 plugin's ``sync_scope`` feature swaps that attribute for the duration of the call, so the replica
 must spell the call the same way. On the CPU build the real function raises ("device should be
-gpu, xpu"); installing this routes it to ``runtime.current().device_synchronize(...)``, which the
+gpu, xpu"); installing this routes it to ``replica_backend.current().device_synchronize(...)``, which the
 census counts and which lands every pending copy in the simulator - what a device-wide sync does.
 
 Installed only while asked for - ``routed()``, which ``driver.run_decode`` enters for every run -
@@ -18,10 +18,11 @@ import contextlib
 import paddle
 
 from ... import runtime
+from fd_async_copy_plugin.testing.reference import copy_backend as replica_backend
 
 
 def _device_synchronize(device=None):
-    runtime.current().device_synchronize("paddle.device.synchronize")
+    replica_backend.current().device_synchronize("paddle.device.synchronize")
 
 
 _device_synchronize.fd_async_copy_replica = True

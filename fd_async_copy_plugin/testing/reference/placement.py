@@ -16,6 +16,7 @@ import numpy as np
 import paddle
 
 from ... import runtime
+from fd_async_copy_plugin.testing.reference import copy_backend as replica_backend
 from ...runtime import census
 from . import device_tracking
 from .device_tracking import device_code, device_op, heavy, phi_op  # noqa: F401  (tracking hooks)
@@ -34,7 +35,7 @@ def is_device(t) -> bool:
 
 
 def is_pinned(t) -> bool:
-    return isinstance(t, paddle.Tensor) and runtime.current().is_pinned(t)
+    return isinstance(t, paddle.Tensor) and replica_backend.current().is_pinned(t)
 
 
 def blocking_d2h(t: paddle.Tensor, site: str) -> paddle.Tensor:
@@ -75,7 +76,7 @@ def host_view(t: paddle.Tensor, site: str) -> np.ndarray:
     - pageable host tensor: a plain host read.
     """
     if is_pinned(t):
-        return runtime.current().read(t, site)
+        return replica_backend.current().read(t, site)
     if is_device(t):
         host = blocking_d2h(t, site)
         census.record("host_read", site)
@@ -109,12 +110,17 @@ def device_array(t) -> np.ndarray | None:
 
 def pin_memory(t: paddle.Tensor, site: str) -> paddle.Tensor:
     """``t.pin_memory()``: a **new** pinned buffer of ``t``'s shape and dtype (counted)."""
-    return runtime.current().new_pinned(t.shape, _dtype_name(t), site)
+    return replica_backend.current().new_pinned(t.shape, _dtype_name(t), site)
 
 
 def copy_async(dst: paddle.Tensor, src: paddle.Tensor, site: str) -> None:
     """``dst.copy_(src, False)`` of a device tensor into a pinned buffer: a non-blocking D2H."""
-    runtime.current().copy_d2h(dst, src, site)
+    replica_backend.current().copy_d2h(dst, src, site)
+
+
+#: FastDeploy's names, for replica code the plugin reads (``gather_logprobs``' copies: the plugin
+#: only replaces a tail that calls ``.cpu()``, ``.pin_memory()``, ``.copy_()`` and the like).
+cpu, copy_ = blocking_d2h, copy_async
 
 
 def _dtype_name(t: paddle.Tensor) -> str:

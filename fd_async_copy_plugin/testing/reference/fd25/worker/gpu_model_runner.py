@@ -34,7 +34,7 @@ from .. import envs
 from ...placement import as_device, blocking_d2h, copy_async, count_d2h, device_code
 from ...tiny_model import TinyModel
 from ...zmq_sink import AsyncOutputThread
-from .....runtime import current as current_backend
+from ...copy_backend import current as current_backend
 from ..engine.request import Request, RequestType
 from ..inter_communicator import ZmqIpcClient
 from ..model_executor.forward_meta import ForwardMeta

