@@ -43,3 +43,27 @@ def test_step_model_passes_only_when_both_modes_meet_both_targets():
     assert failures == [] and lines[-1] == "verdict: exact (default) meets the targets; bound meets the targets"
     lines, failures = _verdicts({"tpot11": both["tpot11"]})
     assert failures == ["hostheavy: not run"]
+
+
+README = (REPO / "README.md").read_text()
+
+
+def test_readme_never_claims_exact_is_bit_identical_on_any_gpu():
+    assert not re.search(r"bit-identical[^.|]{0,40}on any GPU", README)
+    assert "docs/bit-identity.md" in README and (REPO / "docs" / "bit-identity.md").is_file()
+
+
+def test_the_bit_identity_page_states_the_overlap_conditions_and_both_modes_speeds():
+    page = (REPO / "docs" / "bit-identity.md").read_text()
+    assert "Under load not exact" in page and "batch-invariant" in page
+    for figure in ("0.932x", "0.812x", "0.807x", "0.538x"):
+        assert figure in page
+
+
+def test_the_host_time_figure_says_it_times_the_producer_and_gives_wall_time():
+    line = next(line for line in README.splitlines() if "11.6-19x" in line)
+    assert "producer" in line and "wall time per step" in line
+
+
+def test_the_runtime_size_is_reported_in_code_and_physical_lines():
+    assert re.search(r"~4\.5k code lines.*\n?.*6\.7k physical lines", README)
