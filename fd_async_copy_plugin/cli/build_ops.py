@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 
-from ..ops import BuildError, build_ops, ops_status
+from pathlib import Path
+
+from ..ops import BuildError, build_ops, cache, ops_status
 from ..registry.plan import PADDLE_INSTALL_HINT
 
 #: the loader's advice for an unbuilt library; after a failed build it would send the user in a circle
@@ -73,16 +76,14 @@ def main_build_ops(argv: list[str] | None = None) -> int:
 
 
 def _clean(progress) -> list:
-    from ..ops import cache
-
     current = cache.ops_dir()
     removed = []
-    for folder, why in cache.orphaned_ops_dirs(current):
+    for folder, why in orphaned_ops_dirs(current):
         shutil.rmtree(folder, ignore_errors=True)
         progress(f"removed {folder} ({why})")
         removed.append(folder)
     if not removed:
-        progress(f"nothing to clean under {cache.cache_root()}")
+        progress(f"nothing to clean under {cache_root()}")
     return removed
 
 
@@ -113,3 +114,27 @@ def _after_failure(text: str, failed: bool) -> str:
         if hint in text:
             return text.replace(hint, "; fix the error above, then build again")
     return text
+
+
+def cache_root() -> Path:
+    """The folder that holds one ops folder per Paddle build (``ops_dir()``'s parent by default)."""
+    cache_home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache_home / "fd_async_copy"
+
+
+def orphaned_ops_dirs(current: Path) -> list[tuple[Path, str]]:
+    """Ops folders under ``cache_root()`` whose Paddle install is gone (a deleted venv), with why;
+    never ``current``. A folder whose build manifest cannot be read is kept (it may be in use)."""
+    found = []
+    root = cache_root()
+    if not root.is_dir():
+        return found
+    for folder in sorted(root.glob("paddle-*")):
+        if not folder.is_dir() or folder.resolve() == current.resolve():
+            continue
+        manifest = cache.read_manifest(folder / cache.PYBIND_FILE) or {}
+        build = manifest.get("fingerprint", {}).get("paddle_build", "")
+        location = build.partition("@")[2]
+        if location and not Path(location).is_dir():
+            found.append((folder, f"its Paddle ({location}) no longer exists"))
+    return found

@@ -158,26 +158,3 @@ def staleness(artifact: Path, fingerprint: dict) -> str | None:
             return f"{artifact.name} is stale ({key} changed since it was built)"
     return integrity(artifact, manifest)
 
-
-def cache_root() -> Path:
-    """The folder that holds one ops folder per Paddle build (``ops_dir()``'s parent by default)."""
-    cache_home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return cache_home / "fd_async_copy"
-
-
-def orphaned_ops_dirs(current: Path) -> list[tuple[Path, str]]:
-    """Ops folders under ``cache_root()`` whose Paddle install is gone (a deleted venv), with why;
-    never ``current``. A folder whose build manifest cannot be read is kept (it may be in use)."""
-    found = []
-    root = cache_root()
-    if not root.is_dir():
-        return found
-    for folder in sorted(root.glob("paddle-*")):
-        if not folder.is_dir() or folder.resolve() == current.resolve():
-            continue
-        manifest = read_manifest(folder / PYBIND_FILE) or {}
-        build = manifest.get("fingerprint", {}).get("paddle_build", "")
-        location = build.partition("@")[2]
-        if location and not Path(location).is_dir():
-            found.append((folder, f"its Paddle ({location}) no longer exists"))
-    return found

@@ -14,15 +14,11 @@ from pathlib import Path
 def find_nvcc() -> tuple[str | None, str]:
     """The nvcc to use and where it came from, or ``None`` and why none was found. A ``CUDA_HOME``
     or ``CUDA_PATH`` without ``bin/nvcc`` is named in the answer, never silently skipped."""
-    ignored = []
     for env in ("CUDA_HOME", "CUDA_PATH"):
         root = os.environ.get(env)
         if root and os.access(Path(root) / "bin" / "nvcc", os.X_OK):
             return str(Path(root) / "bin" / "nvcc"), f"${env}"
-        if root:
-            ignored.append(f"{env}={root!r} has no executable bin/nvcc")
-        if root and env == "CUDA_HOME":
-            break  # CUDA_PATH is only a fallback for an unset CUDA_HOME
+    ignored = ignored_cuda_roots()
     note = f"; {', '.join(ignored)}: ignored, fix or unset it" if ignored else ""
     on_path = shutil.which("nvcc")
     if on_path:
