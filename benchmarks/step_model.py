@@ -7,7 +7,7 @@ pinned buffers, asynchronous D2H copies, events and stream syncs go through the 
 layer (``runtime.cudart``), ``runtime.cuda.CudaBackend`` and ``runtime.ring.PinnedRing``, as
 ``benchmarks/cuda_layer_check.py`` does. It is a model of FastDeploy's step, not FastDeploy.
 
-One decode step (docs: ../shared/docs/fd24-step-syncs.md for the sites):
+One decode step (docs/fd24-step-syncs.md names the sites):
 
     host "prepare" (busy-wait)  -> prepare kernels (token count) -> GPU forward (F ms, queued)
     -> host "between forward and sampler" -> GPU sampler (Fs ms) -> post-process kernels
