@@ -60,10 +60,42 @@ def test_the_bit_identity_page_states_the_overlap_conditions_and_both_modes_spee
         assert figure in page
 
 
+def _paragraph(text: str, needle: str) -> str:
+    """The paragraph or list item of ``text`` holding ``needle``, on one line."""
+    block = next(b for b in re.split(r"\n\s*\n|\n(?=\s*- )", text) if needle in b)
+    return " ".join(block.split())
+
+
 def test_the_host_time_figure_says_it_times_the_producer_and_gives_wall_time():
-    line = next(line for line in README.splitlines() if "11.6-19x" in line)
-    assert "producer" in line and "wall time per step" in line
+    item = _paragraph(README, "11.6-19x")
+    assert "producer" in item and "wall time per step" in item
+
+
+def test_readme_says_which_overlap_mode_gives_which_speed_and_numerics():
+    assert re.search(r"`overlap`, `exact` \(default\) \| 0\.932x \| 0\.812x \| \*\*missed\*\*", README)
+    assert re.search(r"`overlap`, `bound` \| 0\.807x \| 0\.538x \| met \| FD 2\.5's overlap", README)
+
+
+def test_readme_lines_fit_100_columns():
+    long = [line for line in README.splitlines() if len(line) > 100]
+    assert long == [], long
 
 
 def test_the_runtime_size_is_reported_in_code_and_physical_lines():
     assert re.search(r"~4\.5k code lines.*\n?.*6\.7k physical lines", README)
+
+
+def test_docs_cite_no_file_a_user_does_not_have():
+    """The developers' shared notes and development paths are not cited; their facts live in docs/."""
+    for page in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        text = page.read_text()
+        assert "/work/" not in text and "../shared" not in text, page
+    for name in ("fastdeploy-surface.md", "fd24-step-syncs.md", "platform-facts.md", "README.md"):
+        assert (REPO / "docs" / name).is_file(), name
+
+
+def test_the_docs_index_lists_every_page():
+    index = (REPO / "docs" / "README.md").read_text()
+    for page in sorted((REPO / "docs").glob("*.md")):
+        if page.name != "README.md":
+            assert f"({page.name})" in index, page.name
