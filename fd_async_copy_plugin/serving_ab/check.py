@@ -120,8 +120,15 @@ def check_reachable(servers: dict[str, ServerURL], timeout: float = 10.0, api_ke
 
 
 def not_fastdeploy(url: ServerURL, timeout: float, api_key: str | None) -> str:
-    """Why ``url`` does not look like FastDeploy's api_server, or "" (raises OSError if unreachable)."""
+    """Why ``url`` does not look like FastDeploy's api_server, or "" (raises OSError if unreachable).
+
+    FastDeploy's ``fastdeploy/entrypoints/openai/api_server.py``: ``GET /health`` answers 200 when
+    healthy, 404 while the engine is not, 304 while its workers are not alive; ``GET /v1/models``
+    answers a ``ModelList`` (``{"object": "list", "data": [...]}``)."""
     status, _ = get_json(url, "/health", timeout=timeout, api_key=api_key)
+    if status in (304, 404):
+        return (f"GET /health answered {status}, expected 200 (FastDeploy answers {status} while its "
+                f"{'workers are' if status == 304 else 'engine is'} not ready; a plain web server answers 404)")
     if status != 200:
         return f"GET /health answered {status}, expected 200"
     status, payload = get_json(url, "/v1/models", timeout=timeout, api_key=api_key)
