@@ -91,7 +91,7 @@ def _add_not_requested(report: dict, requested: tuple, backend: str, root: str) 
         how = (f"opt-in: {ENV_FEATURES}=all,{name}" if name in OPT_IN_FEATURES
                else f"not in {ENV_FEATURES}; add it to request it")
         entry = would[name]
-        state = "apply" if entry["state"] == "apply" else entry["state"]
+        state = "would apply" if entry["state"] == "apply" else entry["state"]
         report["features"][name] = {"state": NOT_REQUESTED, "reason": f"{how}. If requested: {state} - {entry['reason']}"}
 
 
