@@ -9,8 +9,16 @@ DISTRIBUTION = "fd-async-copy-plugin"
 
 
 def package_version() -> str:
+    """The version of the code that runs: a checkout's pyproject.toml (installed metadata can be
+    stale there, e.g. an old egg-info in the working directory), else the installed distribution's."""
+    import re
     from importlib import metadata
 
+    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+    if pyproject.is_file():
+        found = re.search(r'^name = "fd-async-copy-plugin"\n(?:.*\n)*?version = "([^"]+)"', pyproject.read_text(), re.M)
+        if found:
+            return found.group(1)
     try:
         return metadata.version(DISTRIBUTION)
     except metadata.PackageNotFoundError:  # run from a source tree that was never installed
