@@ -3,7 +3,7 @@
 Registered as the ``pytest11`` entry point ``fd_async_copy``, so pytest loads it in every session
 of an environment where fd-async-copy-plugin is installed. Loading does nothing: **only
 ``--fd-async-copy`` activates it** (on the command line, in ``addopts``, or through
-``PYTEST_ADDOPTS="--fd-async-copy"``). ``-p fd_async_copy`` only makes sure it is loaded, which
+``PYTEST_ADDOPTS="--fd-async-copy"``). ``-p fd_async_copy`` is redundant then; it only makes sure it is loaded, which
 matters when autoloading is off (``PYTEST_DISABLE_PLUGIN_AUTOLOAD=1`` or
 ``--disable-plugin-autoload``). The ``FD_ASYNC_COPY`` variable does not activate it: that variable
 belongs to FastDeploy's plugin loader, and an exported ``FD_ASYNC_COPY=1`` must not silently
@@ -44,6 +44,8 @@ test module.)
 from __future__ import annotations
 
 import os
+import textwrap
+import warnings
 from dataclasses import dataclass, field
 
 import pytest
@@ -58,6 +60,8 @@ class Activation:
     features: str
     backend: str
     strict: bool
+    #: what the user set to ask for strict mode (the flag or the variable), named in strict errors
+    strict_source: str = "--fd-async-copy-strict"
     #: Variables this plugin set, and what they were before (None: unset).
     env_set: dict[str, str] = field(default_factory=dict)
     env_before: dict[str, str | None] = field(default_factory=dict)
@@ -81,8 +85,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         dest="fd_async_copy_features",
         metavar="all|LIST",
-        help="'all' or a comma list of logprobs,stop_flag,sampled_tokens,sync_scope "
-        "(default: $FD_ASYNC_COPY_FEATURES, else all)",
+        help=f"'all' (every feature but the opt-in {', '.join(_opt_in())}) or a comma list of "
+        f"{', '.join(_known_features())} (default: $FD_ASYNC_COPY_FEATURES, else all)",
     )
     group.addoption(
         "--fd-async-copy-backend",
@@ -106,6 +110,23 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         dest="fd_async_copy_strict",
         help="fail the session if any requested feature cannot be applied (default: $FD_ASYNC_COPY_STRICT)",
     )
+
+
+def _known_features() -> tuple[str, ...]:
+    from .config import KNOWN_FEATURES
+
+    return KNOWN_FEATURES
+
+
+def _opt_in() -> tuple[str, ...]:
+    from .config import OPT_IN_FEATURES
+
+    return OPT_IN_FEATURES
+
+
+def _source(flag: str, value, variable: str) -> str:
+    """What the user set: the flag when given, else the variable it fell back to."""
+    return flag if value else variable
 
 
 # --- activation --------------------------------------------------------------------------------
@@ -143,11 +164,12 @@ def _activate(config: pytest.Config, ns) -> None:
 
     try:
         features = fd_config.parse_features(
-            ns.fd_async_copy_features or os.environ.get(fd_config.ENV_FEATURES), source="--fd-async-copy-features"
+            ns.fd_async_copy_features or os.environ.get(fd_config.ENV_FEATURES),
+            source=_source("--fd-async-copy-features", ns.fd_async_copy_features, fd_config.ENV_FEATURES),
         )
         backend = fd_config.parse_backend(
             ns.fd_async_copy_backend or os.environ.get(fd_config.ENV_BACKEND),
-            source="--fd-async-copy-backend",
+            source=_source("--fd-async-copy-backend", ns.fd_async_copy_backend, fd_config.ENV_BACKEND),
             allowed=fd_config.API_BACKENDS,
         )
     except fd_config.ConfigError as exc:
@@ -158,6 +180,7 @@ def _activate(config: pytest.Config, ns) -> None:
         features=",".join(features),
         backend=backend,
         strict=strict,
+        strict_source="--fd-async-copy-strict" if ns.fd_async_copy_strict else f"{fd_config.ENV_STRICT}=1",
     )
     _export_env(activation, fd_config)
     try:
@@ -171,10 +194,20 @@ def _activate(config: pytest.Config, ns) -> None:
 def _enable(activation: Activation) -> None:
     import fd_async_copy_plugin as api
 
+    from .registry.manager import StrictModeError
+
     try:
-        status = api.enable(
-            features=activation.features, backend=activation.backend, strict=activation.strict, root=activation.root
-        )
+        with warnings.catch_warnings():  # Paddle's import warns about ccache: nothing the user can act on
+            warnings.filterwarnings("ignore", message=".*No ccache found", category=UserWarning)
+            status = api.enable(
+                features=activation.features, backend=activation.backend, strict=activation.strict,
+                root=activation.root,
+            )
+    except StrictModeError as exc:
+        why = str(exc).split(": ", 1)[-1]
+        raise pytest.UsageError(
+            f"{activation.strict_source}: not every requested feature applied (StrictModeError): {why}"
+        ) from exc
     except Exception as exc:
         raise pytest.UsageError(
             f"--fd-async-copy: enable(root={activation.root!r}, backend={activation.backend!r}) failed: "
@@ -184,10 +217,17 @@ def _enable(activation: Activation) -> None:
     from .registry.plan import REFUSED_IN_STRICT_MODE
 
     bad = {n: f for n, f in (status.get("features") or {}).items() if f.get("state") in REFUSED_IN_STRICT_MODE}
+    if status.get("profile") == "absent":
+        api.disable()
+        raise pytest.UsageError(
+            f"--fd-async-copy: no FastDeploy to patch at root {activation.root!r} "
+            f"({status.get('profile_reason') or 'not importable'}); the session would run FastDeploy-less "
+            "tests unpatched. Install FastDeploy in this environment, or name one with --fd-async-copy-root"
+        )
     if activation.strict and bad:
         api.disable()
         raise pytest.UsageError(
-            "--fd-async-copy-strict: feature(s) not applied: "
+            f"{activation.strict_source}: feature(s) not applied: "
             + "; ".join(f"{n}: {f.get('state')} ({f.get('reason', '')})" for n, f in bad.items())
         )
 
@@ -266,9 +306,17 @@ def _status_lines(activation: Activation) -> list[str]:
     return lines
 
 
+def _wrapped(line: str, width: int = 100) -> list[str]:
+    """A status line within ``width`` columns, continuation lines indented."""
+    indent = " " * (len(line) - len(line.lstrip()) + 4)
+    return textwrap.wrap(line, width, subsequent_indent=indent, break_on_hyphens=False) or [line]
+
+
 def pytest_report_header(config: pytest.Config) -> list[str] | None:
     activation = config.stash.get(_ACTIVATION, None)
-    return _status_lines(activation) if activation is not None else None
+    if activation is None:
+        return None
+    return [part for line in _status_lines(activation) for part in _wrapped(line)]
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:
@@ -277,4 +325,5 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
         return
     terminalreporter.write_sep("-", "fd-async-copy (state at session end)")
     for line in _status_lines(activation)[:-1]:
-        terminalreporter.write_line(line)
+        for part in _wrapped(line):
+            terminalreporter.write_line(part)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
+import warnings
 
 from ..registry.plan import PADDLE_INSTALL_HINT
 
@@ -16,6 +18,8 @@ DESCRIPTION = (
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fd-async-copy", description=DESCRIPTION)
+    parser.add_argument("--version", action=_VersionAction, nargs=0,
+                        help="print the plugin's version (and git describe in a checkout)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     doctor = sub.add_parser("doctor", help="inspect Paddle, FastDeploy and what the plugin would do (patches nothing)")
@@ -59,6 +63,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _VersionAction(argparse.Action):
+    """``--version``, computed only when asked (git describe runs a subprocess)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from .version import version_line
+
+        print(version_line())
+        parser.exit()
+
+
+#: warnings the plugin's own imports trigger, which say nothing to its user: Paddle's import of
+#: paddle.utils.cpp_extension warns about ccache (a 300-column line) whatever the command, and the
+#: replica builds tensors from tensors (``paddle.to_tensor(t)``) on purpose.
+QUIET_WARNINGS = ("No ccache found", "To copy construct from a tensor")
+
+
+def silence_own_warnings() -> None:
+    for text in QUIET_WARNINGS:
+        warnings.filterwarnings("ignore", message=f".*{text}", category=UserWarning)
+
+
 def _paddle_missing() -> str:
     """Why Paddle cannot be imported here, or "" when it can."""
     try:
@@ -79,17 +104,25 @@ def _positive(text: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    silence_own_warnings()
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra and args.command != "build-ops":
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        # the command's own usage, not the top-level one
+        subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        subparsers.choices[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command in ("selftest", "bench"):
         # Both decode on the replica, which runs on Paddle: without it, one line naming the Paddle
-        # to install (as doctor and build-ops say it), not a traceback.
+        # to install (as doctor and build-ops say it), not a traceback; with --json, a JSON object.
         missing = _paddle_missing()
         if missing:
-            print(f"fd-async-copy {args.command} FAILED: Paddle is not importable ({missing}): "
-                  f"{PADDLE_INSTALL_HINT}", file=sys.stderr)
+            error = f"Paddle is not importable ({missing}): {PADDLE_INSTALL_HINT}"
+            if args.json:
+                from .version import versions
+
+                print(json.dumps({"ok": False, "command": args.command, "error": error, "versions": versions()},
+                                 indent=2))
+            print(f"fd-async-copy {args.command} FAILED: {error}", file=sys.stderr)
             return 1
         # These enable and disable the plugin many times; its per-feature log lines would bury the report.
         logging.getLogger("fd_async_copy").setLevel(logging.WARNING)

@@ -52,7 +52,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     servers.add_argument("--candidate-features", metavar="FEATURES",
                          help="the launched candidate's FD_ASYNC_COPY_FEATURES (default: as in the environment)")
     servers.add_argument("--server-python", default=sys.executable, help="python that runs the launched servers")
-    servers.add_argument("--server-log-dir", default="fd-async-copy-ab-logs", help="launched servers' logs (base.log, candidate.log)")
+    servers.add_argument("--server-log-dir", default=None,
+                         help="launched servers' logs (base.log, candidate.log); default: a new folder under "
+                              "the temporary directory, named on stderr")
     servers.add_argument("--server-start-timeout", type=float, default=1200.0, help="seconds to wait for /health (default 1200)")
 
     req = p.add_argument_group("requests")
@@ -135,11 +137,17 @@ def launch_options_from_args(args):
         model_path=args.model_path,
         python=args.server_python,
         server_args=tuple(shlex.split(args.server_args)),
-        log_dir=Path(args.server_log_dir),
+        log_dir=Path(args.server_log_dir) if args.server_log_dir else _temporary_log_dir(),
         start_timeout=args.server_start_timeout,
         base_features=args.base_features,
         candidate_features=args.candidate_features,
     )
+
+
+def _temporary_log_dir() -> Path:
+    import tempfile
+
+    return Path(tempfile.mkdtemp(prefix="fd-async-copy-ab-logs-"))
 
 
 def run(args) -> int:

@@ -7,7 +7,7 @@ import os
 import platform
 import sys
 
-from ..config import ENV_VARS, AsyncCopyConfig, ConfigError
+from ..config import ENV_BACKEND, ENV_FEATURES, ENV_VARS, KNOWN_FEATURES, OPT_IN_FEATURES, AsyncCopyConfig, ConfigError
 from ..registry.plan import PADDLE_INSTALL_HINT
 
 
@@ -53,8 +53,46 @@ def diagnose(root: str = "fastdeploy", environ=None) -> dict:
     report["fd_plugins_lists_us"] = "fd_async_copy" in plugins
     report["enabled"] = bool(config.enabled and report["config_error"] is None)
     report.update(fd_async_copy_plugin.plan(config.features, backend=config.backend, root=root))
+    report["backend"], report["backend_reason"] = _backend(config.backend, report["config_error"], environ)
+    _add_not_requested(report, config.features, config.backend, root)
     report["ops"] = _ops_info(report["paddle"])
     return report
+
+
+NOT_REQUESTED = "not requested"
+
+
+def _backend(name: str, config_error: str | None, environ) -> tuple[str, str]:
+    """The backend ``enable()`` would use with this environment, and why (``none``: it stands down)."""
+    if config_error:
+        raw = environ.get(ENV_BACKEND)
+        bad = f"{ENV_BACKEND}={raw!r} is invalid" if raw is not None and ENV_BACKEND in config_error \
+            else "a variable is invalid"
+        return "none", f"{bad} (CONFIG ERROR below): FastDeploy would run unpatched"
+    from ..registry.manager import probe_backend
+
+    used, problem = probe_backend(name)
+    if problem:
+        return used, problem
+    if used == "cuda":
+        return used, f"{ENV_BACKEND}={name}: Paddle is compiled with CUDA and sees a GPU"
+    return used, f"{ENV_BACKEND}={name}: the patched code with synchronous host copies (no GPU needed)"
+
+
+def _add_not_requested(report: dict, requested: tuple, backend: str, root: str) -> None:
+    """Every known feature is listed: one not requested says how to request it and what it would do."""
+    import fd_async_copy_plugin
+
+    missing = [name for name in KNOWN_FEATURES if name not in report["features"]]
+    if not missing:
+        return
+    would = fd_async_copy_plugin.plan(tuple(requested) + tuple(missing), backend=backend, root=root)["features"]
+    for name in missing:
+        how = (f"opt-in: {ENV_FEATURES}=all,{name}" if name in OPT_IN_FEATURES
+               else f"not in {ENV_FEATURES}; add it to request it")
+        entry = would[name]
+        state = "would apply" if entry["state"] == "apply" else entry["state"]
+        report["features"][name] = {"state": NOT_REQUESTED, "reason": f"{how}. If requested: {state} - {entry['reason']}"}
 
 
 def _ops_info(paddle_info: dict) -> dict:
@@ -89,7 +127,7 @@ def format_report(report: dict) -> str:
     lines += _row("paddle", paddle_text)
     lines += _row("fastdeploy", f"{report['fastdeploy_version']} at root {report['root']!r}")
     lines += _row("profile", f"{report['profile']} - {report['profile_reason']}")
-    lines += _row("backend", report["backend"])
+    lines += _row("backend", f"{report['backend']} - {report['backend_reason']}")
     lines += _row("custom ops", _ops_line(report["ops"]))
     lines.append("  environment")
     width = max([24] + [len(name) + 2 for name in report["env"]])  # the longest name, then a gap
@@ -102,14 +140,12 @@ def format_report(report: dict) -> str:
     elif not report["enabled"]:
         lines += _row("note", "FD_ASYNC_COPY is not 1: the plugin loads but stays inactive")
     lines.append("  features")
-    shown = set()
+    previous = None
     for name, entry in report["features"].items():
-        state = "would apply" if entry["state"] == "apply" else entry["state"]
-        reason = entry["reason"]
-        if reason in shown:
-            reason = "(same reason as above)"
-        shown.add(entry["reason"])
-        lines += _row(name, f"{state:13s}{reason}", indent=4, width=16)
+        state = {"apply": "would apply", NOT_REQUESTED: "not requested"}.get(entry["state"], entry["state"])
+        reason = "(same reason as above)" if entry["reason"] == previous else entry["reason"]
+        previous = entry["reason"]
+        lines += _row(name, f"{state:14s}{reason}", indent=4, width=16)
     return "\n".join(lines)
 
 

@@ -31,18 +31,24 @@ def _backends(requested: str) -> tuple[list[str], str]:
 def run(args) -> int:
     from ..testing.harness import census_row, run_scenario, selftest_scenarios
 
+    from .version import versions
+
     backends, note = _backends(args.backend)
-    report = {"backends": backends, "note": note, "scenarios": [], "ok": True, "skipped": {}}
+    report = {"versions": versions(), "backends": backends, "note": note, "scenarios": [], "ok": True, "skipped": {}}
     started = time.perf_counter()
-    for scenario in selftest_scenarios(args.steps):
+    scenarios = list(selftest_scenarios(args.steps))
+    total = len(scenarios) * len(backends)
+    for scenario in scenarios:
         for backend in backends:
             entry = {"scenario": scenario.name, "backend": backend}
+            _progress(len(report["scenarios"]) + 1, total, entry, started)
             try:
                 base, plugin = run_scenario(scenario, backend)
             except Exception as exc:  # report, do not hide: a selftest failure is the signal
                 entry.update(ok=False, error=f"{type(exc).__name__}: {exc}")
                 report["ok"] = False
                 report["scenarios"].append(entry)
+                _done(entry)
                 continue
             features = (plugin.status or {}).get("features", {})
             # a scenario built for a feature that did not apply (e.g. overlap without the custom ops)
@@ -63,6 +69,7 @@ def run(args) -> int:
             )
             report["ok"] &= entry["ok"]
             report["scenarios"].append(entry)
+            _done(entry)
             for name, state in entry["features"].items():
                 if state in REFUSED_IN_STRICT_MODE:  # not tested by this run: say so
                     report["skipped"].setdefault(name, f"{state}: {entry['feature_reasons'][name]}")
@@ -70,6 +77,7 @@ def run(args) -> int:
     # and after enabling the plugin. Without one, it says that only the replica was checked.
     from ..testing.selftest_fd import checks as fd_checks
 
+    print("selftest: checking the installed FastDeploy, if any ...", file=sys.stderr, flush=True)
     report["environment"] = fd_checks.environment()
     report["fastdeploy"] = fd_checks.run(backends, root=getattr(args, "root", "fastdeploy"))
     report["ok"] &= report["fastdeploy"]["ok"]
@@ -83,6 +91,19 @@ def run(args) -> int:
     else:
         print(format_report(report))
     return 0 if report["ok"] and (report["allow_skip"] or not report["skipped"]) else 1
+
+
+def _progress(index: int, total: int, entry: dict, started: float) -> None:
+    """One line per workload on stderr as it runs (stdout keeps the report, or the JSON)."""
+    print(f"selftest [{index:2d}/{total}] {time.perf_counter() - started:5.1f} s  [{entry['backend']}] "
+          f"{entry['scenario']} ...", end="", file=sys.stderr, flush=True)
+
+
+def _done(entry: dict) -> None:
+    verdict = "ok" if entry["ok"] else ("ERROR" if "error" in entry else "MISMATCH")
+    if entry.get("not_compared"):
+        verdict = "not compared"
+    print(f" {verdict}", file=sys.stderr, flush=True)
 
 
 def result_line(report: dict) -> str:

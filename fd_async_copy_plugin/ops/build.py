@@ -83,13 +83,15 @@ def build_lock(directory: Path, timeout: float = LOCK_TIMEOUT_S):
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def build_ops(verbose: bool = False, force: bool = False, cuda: bool = True) -> dict:
+def build_ops(verbose: bool = False, force: bool = False, cuda: bool = True, progress=None) -> dict:
     """Build whatever is missing or stale; returns a JSON-serialisable report.
 
     Raises ``BuildError`` when the pybind module failed to build (after trying both artifacts),
     and ``FileNotFoundError`` when the sources are not installed. A failed CUDA build is reported
     (``report["cuda"]["status"] == "failed"``), not raised: the CUDA kernels are optional.
+    ``progress``: called with one line before and after each compilation (what is compiling).
     """
+    say = progress or (lambda line: None)
     src = cache.sources_dir()
     if src is None:
         raise FileNotFoundError(
@@ -113,7 +115,7 @@ def build_ops(verbose: bool = False, force: bool = False, cuda: bool = True) -> 
                 report[name] = {"status": "skipped", "reason": "disabled (--no-cuda)"}
                 continue
             try:
-                report[name] = step(src, directory, verbose, force)
+                report[name] = step(src, directory, verbose, force, say)
             except BuildError as exc:
                 report[name] = {"status": "failed", "error": str(exc)}
                 if name == "pybind":
@@ -148,7 +150,7 @@ def _remove_abandoned_staging(directory: Path) -> None:
         shutil.rmtree(leftover, ignore_errors=True)
 
 
-def _build_pybind(src: Path, directory: Path, verbose: bool, force: bool) -> dict:
+def _build_pybind(src: Path, directory: Path, verbose: bool, force: bool, say=print) -> dict:
     artifact = directory / cache.PYBIND_FILE
     fingerprint = cache.pybind_fingerprint()
     if not force and cache.staleness(artifact, fingerprint) is None:
@@ -157,6 +159,8 @@ def _build_pybind(src: Path, directory: Path, verbose: bool, force: bool) -> dic
     if cxx is None:
         raise BuildError(why)
     started = time.monotonic()
+    say(f"compiling {cache.PYBIND_FILE} ({', '.join(cache.PYBIND_SOURCES)}) with {cxx} through "
+        "paddle.utils.cpp_extension (about a minute) ...")
     with _staging(directory) as staging:
         out = staging / "out"
         script = staging / "setup_fd_async_copy_ops.py"
@@ -175,12 +179,16 @@ def _build_pybind(src: Path, directory: Path, verbose: bool, force: bool) -> dic
         identity = cache.file_identity(built)
         os.replace(built, artifact)
     cache.write_manifest(artifact, {"fingerprint": fingerprint, "built_at": time.time(), "artifact": identity})
+    say(f"built {cache.PYBIND_FILE} in {time.monotonic() - started:.0f} s")
     return {"status": "built", "path": str(artifact), "seconds": round(time.monotonic() - started, 1)}
 
 
 # Generated per build; mirrors what paddle.utils.cpp_extension.load() writes, without importing
 # the result into the building process.
 _PYBIND_SETUP = """\
+import warnings
+
+warnings.filterwarnings("ignore", message=".*No ccache found", category=UserWarning)
 from paddle.utils.cpp_extension import BuildExtension, CppExtension, setup
 
 setup(
@@ -197,7 +205,7 @@ setup(
 """
 
 
-def _build_cuda(src: Path, directory: Path, verbose: bool, force: bool) -> dict:
+def _build_cuda(src: Path, directory: Path, verbose: bool, force: bool, say=print) -> dict:
     artifact = directory / cache.CUDA_LIB_FILE
     fingerprint = cache.cuda_fingerprint()
     if not force and cache.staleness(artifact, fingerprint) is None:
@@ -207,6 +215,7 @@ def _build_cuda(src: Path, directory: Path, verbose: bool, force: bool) -> dict:
         return {"status": "skipped", "reason": origin}
     arch_flags = cuda_arch_flags()
     started = time.monotonic()
+    say(f"compiling {cache.CUDA_LIB_FILE} ({cache.CUDA_SOURCES[0]}) with {nvcc} (from {origin}) ...")
     with _staging(directory) as staging:
         built = staging / cache.CUDA_LIB_FILE
         command = [
@@ -227,6 +236,7 @@ def _build_cuda(src: Path, directory: Path, verbose: bool, force: bool) -> dict:
             "arch_flags": arch_flags,
         },
     )
+    say(f"built {cache.CUDA_LIB_FILE} in {time.monotonic() - started:.0f} s")
     return {
         "status": "built",
         "path": str(artifact),

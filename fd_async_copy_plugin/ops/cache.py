@@ -157,3 +157,4 @@ def staleness(artifact: Path, fingerprint: dict) -> str | None:
         if built_from.get(key) != want:
             return f"{artifact.name} is stale ({key} changed since it was built)"
     return integrity(artifact, manifest)
+

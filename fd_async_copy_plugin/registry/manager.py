@@ -87,16 +87,18 @@ def available_features(pm: pluggy.PluginManager) -> dict[str, Feature] | str:
 
 
 def probe_backend(name: str) -> tuple[str, str]:
-    """(backend ``name`` resolves to, why it cannot be used here or ""), without creating it."""
+    """(the backend ``enable()`` would use for ``name``, why it cannot be used here or ""), without
+    creating it. When it cannot be used, the name is ``none`` (what ``status()`` reports then) and
+    the reason says what ``name`` needed."""
     if name in ("auto", "cuda"):
         try:
             from ..runtime.cuda import cuda_available
 
             ok, why = cuda_available()  # imports Paddle
         except ImportError as exc:
-            return "cuda", f"Paddle is not importable ({exc}): {PADDLE_INSTALL_HINT}"
+            return "none", f"backend {name!r}: Paddle is not importable ({exc}): {PADDLE_INSTALL_HINT}"
         if not ok:
-            return "cuda", (
+            return "none", (
                 f"backend {name!r} needs CUDA: {why}. Use FD_ASYNC_COPY_BACKEND=host to run the "
                 "patched code with synchronous copies"
             )

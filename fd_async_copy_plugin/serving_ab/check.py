@@ -103,21 +103,52 @@ class ServerUnreachable(ServerStartError):
 
 
 def check_reachable(servers: dict[str, ServerURL], timeout: float = 10.0, api_key: str | None = None) -> None:
-    """Raise ``ServerUnreachable`` naming every server that does not answer HTTP (any status
-    counts as an answer), before a single request of the set is sent."""
+    """Raise ``ServerUnreachable`` naming every server that does not answer as a FastDeploy
+    OpenAI-compatible server - ``GET /health`` 200 and ``GET /v1/models`` 200 with an OpenAI model
+    list - before a single request of the set is sent (any other HTTP server is refused)."""
     down = []
     for name, url in servers.items():
         try:
-            get_json(url, "/health", timeout=timeout, api_key=api_key)
+            problem = not_fastdeploy(url, timeout, api_key)
         except (OSError, http.client.HTTPException) as exc:
             down.append(f"{name} server {url} is not reachable ({type(exc).__name__}: {exc})")
+            continue
+        if problem:
+            down.append(f"{name} server {url} is not a FastDeploy OpenAI-compatible server ({problem})")
     if down:
         raise ServerUnreachable("; ".join(down) + "; start it, or check --base-url/--candidate-url")
+
+
+def not_fastdeploy(url: ServerURL, timeout: float, api_key: str | None) -> str:
+    """Why ``url`` does not look like FastDeploy's api_server, or "" (raises OSError if unreachable).
+
+    FastDeploy's ``fastdeploy/entrypoints/openai/api_server.py``: ``GET /health`` answers 200 when
+    healthy, 404 while the engine is not, 304 while its workers are not alive; ``GET /v1/models``
+    answers a ``ModelList`` (``{"object": "list", "data": [...]}``)."""
+    status, _ = get_json(url, "/health", timeout=timeout, api_key=api_key)
+    if status in (304, 404):
+        return (f"GET /health answered {status}, expected 200 (FastDeploy answers {status} while its "
+                f"{'workers are' if status == 304 else 'engine is'} not ready; a plain web server answers 404)")
+    if status != 200:
+        return f"GET /health answered {status}, expected 200"
+    status, payload = get_json(url, "/v1/models", timeout=timeout, api_key=api_key)
+    if status != 200:
+        return f"GET /v1/models answered {status}, expected 200"
+    if not isinstance(payload, dict) or not isinstance(payload.get("data"), list):
+        return "GET /v1/models did not answer an OpenAI model list ({\"object\": \"list\", \"data\": [...]})"
+    return ""
+
+
+def same_server(base: ServerURL, candidate: ServerURL) -> bool:
+    return str(base).rstrip("/").lower() == str(candidate).rstrip("/").lower()
 
 
 def run_ab(base_url: str, candidate_url: str, opts: ABOptions, log: Callable[[str], None] = _stderr) -> ABReport:
     """A/B against two running servers (both checked to answer before anything is sent)."""
     base, candidate = ServerURL.parse(base_url), ServerURL.parse(candidate_url)
+    if same_server(base, candidate):
+        log(f"WARNING: --base-url and --candidate-url are the same server ({base}): this compares the "
+            "server with itself, not FastDeploy without the plugin with FastDeploy with it")
     check_reachable({"base": base, "candidate": candidate}, api_key=opts.api_key)
     return run_ab_servers(lambda: _Running(base), lambda: _Running(candidate), opts, log)
 

@@ -135,10 +135,10 @@ def test_doctor_json_has_the_status_shape():
     report = json.loads(out)
     for key in ("enabled", "fastdeploy_version", "profile", "backend", "features", "ops", "paddle", "env"):
         assert key in report, key
-    assert set(report["features"]) == set(FEATURES)
+    assert set(report["features"]) == set(FEATURES) | {"overlap"}  # the opt-in one as "not requested"
     for entry in report["features"].values():
         assert set(entry) == {"state", "reason"}
-        assert entry["state"] in ("apply", "native", "skipped", "failed")
+        assert entry["state"] in ("apply", "native", "skipped", "failed", "not requested")
 
 
 def test_enable_with_an_empty_feature_list_is_an_error_not_everything():

@@ -152,3 +152,79 @@ def test_features_per_side_are_validated_and_need_launched_servers():
     assert bad.returncode == 2 and "overlapp" in bad.stderr
     urls = ab("--base-url", "http://127.0.0.1:1", "--candidate-url", "http://127.0.0.1:2", "--base-features", "all")
     assert urls.returncode == 2 and "--model-path" in urls.stderr
+
+
+# --- first contact: only a FastDeploy server is sent requests; nothing left in the cwd unasked ------
+
+
+class _CountingFileServer:
+    """A plain HTTP server (404 for everything, HTML body), counting what it was asked."""
+
+    def __init__(self) -> None:
+        import http.server
+        import threading
+
+        hits = self.hits = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _answer(self):
+                hits.append((self.command, self.path))
+                body = b"<html><body>404 Not Found</body></html>"
+                self.send_response(404)
+                self.send_header("Content-Type", "text/html")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_GET = do_POST = _answer
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_ab_refuses_a_server_that_is_not_fastdeploy_before_sending_requests(capsys, fake_servers):
+    from fd_async_copy_plugin.cli import main
+
+    plain, fd = _CountingFileServer(), fake_servers()
+    try:
+        code = main(["ab", "--base-url", fd.url, "--candidate-url", plain.url, "--requests", "2"])
+    finally:
+        plain.close()
+    err = capsys.readouterr().err
+    assert code == 4
+    assert f"candidate server {plain.url} is not a FastDeploy OpenAI-compatible server" in err
+    assert "GET /health answered 404" in err
+    assert all(method == "GET" for method, _ in plain.hits), plain.hits  # no request of the set was sent
+
+
+def test_ab_warns_when_base_and_candidate_are_the_same_server(capsys, fake_servers):
+    from fd_async_copy_plugin.cli import main
+
+    server = fake_servers()
+    code = main(["ab", "--base-url", server.url, "--candidate-url", server.url + "/", "--requests", "2",
+                 "--max-tokens", "4", "--json"])
+    assert code == 0
+    assert "WARNING: --base-url and --candidate-url are the same server" in capsys.readouterr().err
+
+
+def test_ab_model_path_keeps_its_logs_out_of_the_current_directory():
+    import argparse
+    import tempfile
+
+    from fd_async_copy_plugin.cli import ab
+
+    parser = argparse.ArgumentParser(prog="fd-async-copy")
+    ab.add_parser(parser.add_subparsers(dest="command", required=True))
+    launch = ab.launch_options_from_args(parser.parse_args(["ab", "--model-path", "/m"]))
+    assert Path(tempfile.gettempdir()) in launch.log_dir.parents and launch.log_dir.name.startswith("fd-async-copy-ab-logs-")
+    launch.log_dir.rmdir()
+    asked = ab.launch_options_from_args(parser.parse_args(["ab", "--model-path", "/m", "--server-log-dir", "here"]))
+    assert asked.log_dir == Path("here")

@@ -157,6 +157,17 @@ def header_lines(stdout: str) -> list[str]:
     return [line for line in head.splitlines() if line.startswith(("fd-async-copy", "  "))]
 
 
+def unwrapped(lines: list[str], start: str) -> str:
+    """The status line starting with ``start``, its wrapped continuation lines (4 more spaces) joined."""
+    index = next(i for i, line in enumerate(lines) if line.startswith(start))
+    parts = [lines[index]]
+    for line in lines[index + 1:]:
+        if not line.startswith("    "):
+            break
+        parts.append(line.strip())
+    return " ".join(parts)
+
+
 def fake_api_calls(tmp_path: Path) -> list[list]:
     path = tmp_path / "calls.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
@@ -182,8 +193,9 @@ def test_active_session_patches_before_collection_exports_env_and_reverts(tmp_pa
     assert proc.returncode == 0, proc.stdout + proc.stderr
     header = header_lines(proc.stdout)
     assert header[0].startswith("fd-async-copy: enabled=True profile=")
-    assert "backend=host" in header[0] and f"root={ROOT}" in header[0]
-    features_line = next(line for line in header if line.startswith("fd-async-copy features: "))
+    first = unwrapped(header, "fd-async-copy: ")
+    assert "backend=host" in first and f"root={ROOT}" in first
+    features_line = " ".join(unwrapped(header, "fd-async-copy features: ").split())
     assert [f.split("=")[0] for f in features_line.split(": ", 1)[1].split(", ")] == ALL_FEATURES.split(",")
     exported = {
         "FD_PLUGINS": "other,fd_async_copy",
@@ -291,3 +303,54 @@ def test_an_enable_that_raises_stops_the_session(tmp_path):
     assert proc.returncode == USAGE_ERROR
     assert "RuntimeError: no FastDeploy here" in proc.stderr
     assert facts is None
+
+
+# --- first contact: what the user set is what the errors name; help and summary a user can read ---
+
+
+def test_features_help_lists_every_feature(tmp_path):
+    from fd_async_copy_plugin.config import KNOWN_FEATURES
+
+    proc, _ = run_pytest(tmp_path, "-p", "fd_async_copy", "--help")
+    assert proc.returncode == 0, proc.stderr
+    help_text = " ".join(proc.stdout.split("--fd-async-copy-features", 1)[1].split("--fd-async-copy-backend")[0].split())
+    for name in KNOWN_FEATURES:
+        assert name in help_text, (name, help_text)
+    assert "opt-in overlap" in help_text
+
+
+def test_an_invalid_backend_variable_is_named_not_the_flag(tmp_path):
+    proc, _ = run_pytest(tmp_path, "-p", "fd_async_copy", "--fd-async-copy", f"--fd-async-copy-root={ROOT}",
+                         env={"FD_ASYNC_COPY_BACKEND": "tpu"})
+    assert proc.returncode == USAGE_ERROR
+    assert "FD_ASYNC_COPY_BACKEND='tpu'" in proc.stderr and "--fd-async-copy-backend" not in proc.stderr
+    (tmp_path / "flag").mkdir()
+    proc, _ = run_pytest(tmp_path / "flag", *ACTIVE, "--fd-async-copy-backend=tpu")
+    assert proc.returncode == USAGE_ERROR and "--fd-async-copy-backend='tpu'" in proc.stderr
+
+
+@pytest.mark.skipif("_cuda_build()", reason="needs a CPU Paddle build, where the cuda backend cannot start")
+def test_strict_errors_name_what_the_user_set(tmp_path):
+    cuda = ("-p", "fd_async_copy", "--fd-async-copy", f"--fd-async-copy-root={ROOT}", "--fd-async-copy-backend=cuda")
+    (tmp_path / "env").mkdir()
+    (tmp_path / "flag").mkdir()
+    proc, _ = run_pytest(tmp_path / "env", *cuda, env={"FD_ASYNC_COPY_STRICT": "1"})
+    assert proc.returncode == USAGE_ERROR
+    assert "ERROR: FD_ASYNC_COPY_STRICT=1: " in proc.stderr and "--fd-async-copy-strict" not in proc.stderr
+    proc, _ = run_pytest(tmp_path / "flag", *cuda, "--fd-async-copy-strict")
+    assert proc.returncode == USAGE_ERROR
+    assert "ERROR: --fd-async-copy-strict: " in proc.stderr and "FD_ASYNC_COPY_STRICT" not in proc.stderr
+
+
+def test_no_fastdeploy_to_patch_is_a_usage_error_not_a_green_unpatched_run(tmp_path):
+    proc, facts = run_pytest(tmp_path, "-p", "fd_async_copy", "--fd-async-copy", "--fd-async-copy-backend=host",
+                             "--fd-async-copy-root=no_such_fastdeploy_here")
+    assert proc.returncode == USAGE_ERROR, proc.stdout + proc.stderr
+    assert "no FastDeploy to patch at root 'no_such_fastdeploy_here'" in proc.stderr and facts is None
+
+
+def test_header_and_summary_fit_100_columns(tmp_path):
+    proc, _ = run_pytest(tmp_path, *ACTIVE)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    ours = [line for line in proc.stdout.splitlines() if line.startswith(("fd-async-copy", "    "))]
+    assert ours and max(len(line) for line in ours) <= 100, max(ours, key=len)

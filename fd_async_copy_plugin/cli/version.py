@@ -1,0 +1,59 @@
+"""Which build of the plugin is running: the package version and, from a checkout, ``git describe``."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+DISTRIBUTION = "fd-async-copy-plugin"
+
+
+def package_version() -> str:
+    """The version of the code that runs: a checkout's pyproject.toml (installed metadata can be
+    stale there, e.g. an old egg-info in the working directory), else the installed distribution's."""
+    import re
+    from importlib import metadata
+
+    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+    if pyproject.is_file():
+        found = re.search(r'^name = "fd-async-copy-plugin"\n(?:.*\n)*?version = "([^"]+)"', pyproject.read_text(), re.M)
+        if found:
+            return found.group(1)
+    try:
+        return metadata.version(DISTRIBUTION)
+    except metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
+
+
+def git_describe() -> str | None:
+    """``git describe --always --dirty --tags`` of the checkout the package runs from, else None
+    (an installed wheel, no git, or a checkout of another project above site-packages)."""
+    repo = Path(__file__).resolve().parents[2]
+    if not (repo / ".git").exists() or not (repo / "pyproject.toml").is_file():
+        return None
+    try:
+        done = subprocess.run(["git", "-C", str(repo), "describe", "--always", "--dirty", "--tags"],
+                              capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.strip() or None if done.returncode == 0 else None
+
+
+def versions() -> dict:
+    """The versions a report records: plugin (and git describe), Python, Paddle, FastDeploy."""
+    import platform
+
+    report = {"fd_async_copy_plugin": package_version(), "git_describe": git_describe(),
+              "python": platform.python_version()}
+    try:
+        import paddle
+
+        report["paddle"] = str(paddle.__version__)
+    except Exception as exc:  # a report must still come out
+        report["paddle"] = f"not importable ({type(exc).__name__}: {exc})"
+    return report
+
+
+def version_line() -> str:
+    describe = git_describe()
+    return f"fd-async-copy {package_version()}" + (f" (git {describe})" if describe else "")
