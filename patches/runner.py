@@ -145,8 +145,10 @@ class FeatureRunners:
             self._runners[id(runner)] = weakref.ref(runner)
         weakref.finalize(runner, self._runners.pop, id(runner), None)
 
-    def stand_down(self, runner, reason: str) -> None:
-        log.error("fd_async_copy %s: %s; this runner keeps FastDeploy's own path", self.feature, reason)
+    def stand_down(self, runner, reason: str, level: int = logging.ERROR) -> None:
+        """``runner`` keeps FastDeploy's path (logged at ``level``: INFO where that is the runner's
+        configuration, not a problem)."""
+        log.log(level, "fd_async_copy %s: %s; this runner keeps FastDeploy's own path", self.feature, reason)
         self._record_stand_down(runner, reason)
 
     def _record_stand_down(self, runner, reason: str) -> None:

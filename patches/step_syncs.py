@@ -384,7 +384,7 @@ def build_init_share_inputs(original, ctx):
             return
         why = own_path_reason(self, runner_module)
         if why:  # the shadow could never be exact for this runner: touch nothing
-            registry.stand_down(self, f"{why}: the host cannot know this runner's step state")
+            registry.stand_down(self, f"{why}: the host cannot know this runner's step state", logging.INFO)
             return
         si = self.share_inputs
         try:

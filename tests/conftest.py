@@ -45,3 +45,33 @@ def host_stop_flag_library(tmp_path_factory):
         check=True,
     )
     return StopFlagLibrary(out, flavor="host")
+
+
+@pytest.fixture(scope="session")
+def checkout_wheel(tmp_path_factory):
+    """The wheel of this checkout, built once from a copy of its tracked files (links kept as links:
+    ``fd_async_copy_plugin/patches``), so no build output is left in the checkout."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    root = tmp_path_factory.mktemp("wheel")
+    source = root / "src"
+    names = subprocess.run(["git", "-C", str(repo), "ls-files", "-co", "--exclude-standard"], capture_output=True,
+                           text=True, check=True).stdout.split()
+    for name in names:
+        path, copy = repo / name, source / name
+        if path.is_symlink() or path.is_file():
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            if path.is_symlink():
+                os.symlink(os.readlink(path), copy)
+            else:
+                shutil.copy2(path, copy)
+    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(root), str(source)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (wheel,) = root.glob("fd_async_copy_plugin-*.whl")
+    return wheel

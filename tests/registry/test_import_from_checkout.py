@@ -43,12 +43,8 @@ def test_pythonpath_checkout(tmp_path):
     assert Path(found["patches"]).resolve() == CHECKOUT / "patches" / "__init__.py"
 
 
-def test_non_editable_install_run_from_the_repository_root(tmp_path):
-    wheels, site = tmp_path / "wheels", tmp_path / "site"
-    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(CHECKOUT)],
-                           capture_output=True, text=True, timeout=600)
-    assert build.returncode == 0, build.stderr[-3000:]
-    (wheel,) = wheels.glob("fd_async_copy_plugin-*.whl")
+def test_non_editable_install_run_from_the_repository_root(tmp_path, checkout_wheel):
+    wheel, site = checkout_wheel, tmp_path / "site"
     names = zipfile.ZipFile(wheel).namelist()
     assert "fd_async_copy_plugin/patches/stop_flag.py" in names and "patches/stop_flag.py" not in names
     with zipfile.ZipFile(wheel) as archive:
