@@ -14,6 +14,7 @@ Importing this package does not import Paddle or FastDeploy; ``enable()`` does w
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import threading
 
@@ -122,6 +123,10 @@ def register() -> None:
     from .config import AsyncCopyConfig, ConfigError, strict_from_env
 
     _ensure_log_handler()
+    if (os.environ.get("FD_ASYNC_COPY_SYNC_CHECK") or "off").lower() != "off":  # also with the plugin inactive
+        from .sync_check import install_from_env
+
+        install_from_env()  # never raises; off: not even imported
     try:
         config = AsyncCopyConfig.from_env()
     except ConfigError as exc:

@@ -11,6 +11,12 @@ from ..config import ENV_VARS, AsyncCopyConfig, ConfigError
 from ..registry.plan import PADDLE_INSTALL_HINT
 
 
+def _sync_check_vars() -> tuple[str, ...]:
+    from ..sync_check import ENV_VARS as SYNC_CHECK_VARS
+
+    return SYNC_CHECK_VARS
+
+
 def _paddle_info() -> dict:
     try:
         import paddle
@@ -39,7 +45,7 @@ def diagnose(root: str = "fastdeploy", environ=None) -> dict:
         "doctor": True,
         "python": platform.python_version(),
         "paddle": _paddle_info(),
-        "env": {name: environ.get(name) for name in ENV_VARS + ("FD_PLUGINS",)},
+        "env": {name: environ.get(name) for name in ENV_VARS + _sync_check_vars() + ("FD_PLUGINS",)},
         "config_error": None,
         "config_errors": [],
     }
@@ -54,7 +60,23 @@ def diagnose(root: str = "fastdeploy", environ=None) -> dict:
     report["enabled"] = bool(config.enabled and report["config_error"] is None)
     report.update(fd_async_copy_plugin.plan(config.features, backend=config.backend, root=root))
     report["ops"] = _ops_info(report["paddle"])
+    report["sync_check"] = _sync_check_info(environ)
     return report
+
+
+def _sync_check_info(environ) -> dict:
+    """FD_ASYNC_COPY_SYNC_CHECK as a worker would read it, and this process's figures if armed."""
+    from .. import sync_check
+
+    try:
+        settings = sync_check.Settings.from_env(environ)
+    except sync_check.SyncCheckConfigError as exc:
+        return {"mode": "off", "config_error": str(exc)}
+    info = {"mode": settings.mode, "warmup": settings.warmup, "allow": list(settings.allow),
+            "log_every": settings.log_every}
+    if sync_check.checker() is not None:
+        info["figures"] = sync_check.status()
+    return info
 
 
 def _ops_info(paddle_info: dict) -> dict:
@@ -101,6 +123,12 @@ def format_report(report: dict) -> str:
         lines += _row("note", "FD_PLUGINS does not list 'fd_async_copy': FastDeploy will not load the plugin")
     elif not report["enabled"]:
         lines += _row("note", "FD_ASYNC_COPY is not 1: the plugin loads but stays inactive")
+    sync = report.get("sync_check", {})
+    if sync.get("config_error"):
+        lines += _row("sync check", f"CONFIG ERROR {sync['config_error']}")
+    else:
+        lines += _row("sync check", sync.get("mode", "off") if sync.get("mode", "off") == "off" else
+                      f"{sync['mode']} (warm-up {sync['warmup']} steps; figures in status()['sync_check'])")
     lines.append("  features")
     shown = set()
     for name, entry in report["features"].items():
@@ -129,4 +157,5 @@ def run(args) -> int:
         sys.stdout.write("\n")
     else:
         print(format_report(report))
-    return 1 if report["config_error"] or not report["paddle"].get("installed") else 0
+    bad = report["config_error"] or report["sync_check"].get("config_error")
+    return 1 if bad or not report["paddle"].get("installed") else 0

@@ -59,21 +59,18 @@ import threading
 from dataclasses import dataclass
 from typing import Iterator, Optional
 
-import numpy as np
 import paddle
 
+from ... import sync_check
 from ...runtime import census
 from ...runtime.backend import CopyBackend
 from ...runtime.glue import PaddleGlue
 
 MARK = "_fd_reference_on_device"
 
-#: Tensor methods that read the tensor's values on the host.
-HOST_READS = frozenset({
-    "numpy", "item", "tolist", "__int__", "__float__", "__bool__", "__nonzero__", "__index__",
-    "__complex__", "__array__", "__format__", "__str__", "__repr__", "__reduce__", "__reduce_ex__",
-    "cpu", "pin_memory", "_copy_to", "__deepcopy__",
-})
+#: Tensor methods that read the tensor's values on the host (shared with the shipped sync check).
+HOST_READS = sync_check.HOST_READS
+
 #: Creation ops: on a GPU build the result lives on the device unless a host ``place`` is given.
 CREATION = frozenset({
     "full", "zeros", "ones", "empty", "to_tensor", "arange", "linspace", "eye", "rand", "randn",
@@ -94,8 +91,6 @@ _NOT_WRAPPED = frozenset({
 #: Modules whose public functions are wrapped (where ``paddle.X`` functions are defined).
 _FUNCTION_MODULES = ("paddle.tensor", "paddle.base.dygraph.generated_tensor_methods_patch", "paddle.nn.functional")
 
-_PADDLE_DIR = os.path.dirname(paddle.__file__)
-_NUMPY_DIR = os.path.dirname(np.__file__)
 _HERE = os.path.abspath(__file__)
 _PLACEMENT = os.path.join(os.path.dirname(_HERE), "placement.py")
 #: the step_syncs tensor watch is a dispatch layer in front of Paddle's Tensor methods: a read that
@@ -104,13 +99,6 @@ _WATCH = importlib.util.find_spec("fd_async_copy_plugin.patches._tensor_watch")
 _SKIPPED_FILES = {_HERE, _PLACEMENT, os.path.abspath(functools.__file__), os.path.abspath(contextlib.__file__)}
 if _WATCH is not None and _WATCH.origin:
     _SKIPPED_FILES.add(os.path.abspath(_WATCH.origin))
-# sites are named relative to the scaffolding (``reference/...``), the plugin (``runtime/...``) or
-# the checkout (``patches/...``)
-_TESTING_DIR = os.path.dirname(os.path.dirname(_HERE)) + os.sep
-_PLUGIN_DIR = os.path.dirname(os.path.dirname(os.path.dirname(_HERE))) + os.sep
-_PACKAGE_ROOT = os.path.dirname(os.path.dirname(_PLUGIN_DIR))
-_RUNTIME_DIR = os.path.join(_PLUGIN_DIR, "runtime") + os.sep
-
 
 @dataclass(frozen=True)
 class HostWait:
@@ -180,22 +168,7 @@ def _is_host_place(place) -> bool:
 def _site(skip: int = 2, backend_is_mechanism: bool = False) -> tuple[str, int, str]:
     """The first frame outside the tracker, the replica's placement helpers, Paddle and numpy
     (and, for event waits and synchronizes, the copy backend: its caller is the site)."""
-    frame = sys._getframe(skip)
-    skipped_dirs = (_PADDLE_DIR, _NUMPY_DIR, _RUNTIME_DIR) if backend_is_mechanism else (_PADDLE_DIR, _NUMPY_DIR)
-    while frame is not None:
-        filename = os.path.abspath(frame.f_code.co_filename)
-        if filename not in _SKIPPED_FILES and not filename.startswith(skipped_dirs):
-            if filename.startswith(_TESTING_DIR):
-                rel = os.path.relpath(filename, _TESTING_DIR)
-            elif filename.startswith(_PLUGIN_DIR):
-                rel = os.path.relpath(filename, _PLUGIN_DIR)
-            elif filename.startswith(_PACKAGE_ROOT):
-                rel = os.path.relpath(filename, _PACKAGE_ROOT)
-            else:
-                rel = filename
-            return rel, frame.f_lineno, frame.f_code.co_name
-        frame = frame.f_back
-    return "<unknown>", 0, "<unknown>"
+    return sync_check.site_of(sys._getframe(skip), _SKIPPED_FILES, skip_runtime=backend_is_mechanism)
 
 
 class Tracker:
@@ -234,6 +207,7 @@ class Tracker:
         with self._lock:
             self.waits.append(wait)
         census.record("host_wait", census.encode_host_wait(mechanism, long, wait.where, what))
+        sync_check.observe(mechanism, wait.where, what)  # the runtime sync check, when armed
         return wait
 
     def d2h(self, what: str) -> None:
@@ -579,7 +553,11 @@ def tracking() -> Iterator[Tracker]:
 
         patch(paddle.Tensor, "place", property(place))
         _ACTIVE = tracker
-        yield tracker
+        sync_check.external_source(True)  # the tracker reports the waits: the GPU source stands aside
+        try:
+            yield tracker
+        finally:
+            sync_check.external_source(False)
     finally:
         _ACTIVE = None
         for owner, name, original, had in reversed(saved):
