@@ -123,10 +123,10 @@ def register() -> None:
     from .config import AsyncCopyConfig, ConfigError, strict_from_env
 
     _ensure_log_handler()
-    if (os.environ.get("FD_ASYNC_COPY_SYNC_CHECK") or "off").lower() != "off":  # also with the plugin inactive
+    if (os.environ.get("FD_ASYNC_COPY_SYNC_CHECK") or "off").lower() != "off" or os.environ.get("FD_ASYNC_COPY_TRACE"):
         from .sync_check import install_from_env
 
-        install_from_env()  # never raises; off: not even imported
+        install_from_env()  # also with the plugin inactive; never raises; off: not even imported
     try:
         config = AsyncCopyConfig.from_env()
     except ConfigError as exc:

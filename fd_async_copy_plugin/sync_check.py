@@ -326,6 +326,7 @@ class Checker:
 
 _checker: Optional[Checker] = None
 _config_error: Optional[str] = None
+_tracer = None  # the step trace (trace.activate sets it)
 _external = 0  # >0 while device tracking (the replica) reports waits instead of the GPU source
 _state_lock = threading.Lock()
 
@@ -336,23 +337,36 @@ def checker() -> Optional[Checker]:
 
 def step_begin(runner=None) -> None:
     """Call when the runner starts a decode step (``execute_model`` entered)."""
-    c = _checker
+    c, t = _checker, _tracer
     if c is not None:
         c.step_begin(runner)
+    if t is not None:
+        t.step_begin(runner)
 
 
 def step_end(runner=None) -> None:
     """Call when the runner's decode step is over (``execute_model`` returned or raised)."""
-    c = _checker
+    c, t = _checker, _tracer
+    if t is not None:
+        t.step_end(runner)
     if c is not None:
         c.step_end(runner)
 
 
 def observe(mechanism: str, where: str, what: str) -> None:
-    """A source saw the host wait (``mechanism``: d2h, h2d, event, sync) at ``where``."""
-    c = _checker
+    """A source saw the host wait (``mechanism``: d2h, h2d, event, sync) at ``where``, before
+    waiting; ``wait_done()`` after it (the step trace's span)."""
+    c, t = _checker, _tracer
+    if t is not None:
+        t.wait_begin(site_label({"where": where, "mechanism": mechanism}), where, what)
     if c is not None:
         c.observe(mechanism, where, what)
+
+
+def wait_done() -> None:
+    t = _tracer
+    if t is not None:
+        t.wait_end()
 
 
 def external_source(active: bool) -> None:
@@ -398,12 +412,19 @@ def install_from_env(root: str = "fastdeploy", environ=None) -> Optional[Checker
         _config_error = str(exc)
         log.error("fd_async_copy: %s", exc)
         return None
+    tracing = bool((os.environ if environ is None else environ).get("FD_ASYNC_COPY_TRACE"))
+    if tracing and settings.mode == "off":
+        settings = Settings("count", settings.warmup, settings.allow, settings.log_every)  # the trace's waits
     if settings.mode == "off" or _checker is not None:
         return _checker
     c = start(settings)
     try:
         install_gpu_source()
         install_step_hook(root)
+        if tracing:
+            from . import trace
+
+            trace.install_from_env(environ)
     except Exception as exc:  # never stop the server for a diagnostic
         log.error("fd_async_copy sync check: cannot install (%s: %s); the check is off", type(exc).__name__, exc)
         stop()
@@ -510,13 +531,16 @@ def install_gpu_source(is_device: Callable = _on_device) -> None:
 
         @functools.wraps(fn)
         def wrapper(self, *args, **kwargs):
-            if active() and is_device(self):
+            counted = active() and is_device(self)
+            if counted:
                 _report("d2h", what)
             local.depth += 1
             try:
                 return fn(self, *args, **kwargs)
             finally:
                 local.depth -= 1
+                if counted:
+                    wait_done()
 
         return wrapper
 
@@ -524,16 +548,22 @@ def install_gpu_source(is_device: Callable = _on_device) -> None:
         @functools.wraps(fn)
         def copy_(self, src, *args, **kwargs):
             blocking = args[0] if args else kwargs.get("blocking", True)
-            if active() and blocking and isinstance(src, paddle.Tensor) and is_device(src) and not is_device(self):
+            counted = active() and blocking and isinstance(src, paddle.Tensor) and is_device(src) and not is_device(self)
+            if counted:
                 _report("d2h", "copy_ into host memory")
-            return fn(self, src, *args, **kwargs)
+            try:
+                return fn(self, src, *args, **kwargs)
+            finally:
+                if counted:
+                    wait_done()
 
         return copy_
 
     def sync_wrapper(fn, what, skip_runtime=False):
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
-            if active():
+            counted = active()
+            if counted:
                 reason = args[-1] if skip_runtime and args and isinstance(args[-1], str) else ""
                 _report("event" if "event" in what else "sync", f"{what} {reason}".strip(), skip_runtime)
             local.depth += 1
@@ -541,6 +571,8 @@ def install_gpu_source(is_device: Callable = _on_device) -> None:
                 return fn(*args, **kwargs)
             finally:
                 local.depth -= 1
+                if counted:
+                    wait_done()
 
         return wrapper
 

@@ -374,6 +374,7 @@ def _wrap_method(name: str, fn):
                     result = fn(self, *args, **kwargs)
                 finally:
                     _local.depth -= 1
+                    sync_check.wait_done()  # the step trace's wait span ends
                 if isinstance(result, paddle.Tensor) and (result is self or is_marked(result)):
                     result = _unmarked_copy(result) if result is self else result
                     setattr(result, MARK, False)
@@ -407,6 +408,7 @@ def _copy_(tracker: Tracker, fn, dst, args, kwargs):
         return fn(dst, *args, **kwargs)
     finally:
         _local.depth -= 1
+        sync_check.wait_done()
 
 
 def _setitem(tracker: Tracker, fn, self, args):
@@ -447,19 +449,28 @@ def _backend_wrappers() -> list[tuple[object, str, object]]:
         tracker = _ACTIVE
         if tracker is not None and not _local.device:
             tracker.event_waited(event, reason)
-        return original_wait(self, event, reason)
+        try:
+            return original_wait(self, event, reason)
+        finally:
+            sync_check.wait_done()
 
     def device_synchronize(self, reason):
         tracker = _ACTIVE
         if tracker is not None and not _local.device:
             tracker.synchronized(f"device synchronize {reason}")
-        return original_device_sync(self, reason)
+        try:
+            return original_device_sync(self, reason)
+        finally:
+            sync_check.wait_done()
 
     def stream_synchronize(self, reason):
         tracker = _ACTIVE
         if tracker is not None and not _local.device:
             tracker.synchronized(f"stream synchronize {reason}")
-        return original_stream_sync(self, reason)
+        try:
+            return original_stream_sync(self, reason)
+        finally:
+            sync_check.wait_done()
 
     def snapshot(self, t):
         # The modelled DMA: the simulator (and ``host`` for a non-contiguous source) snapshots the
