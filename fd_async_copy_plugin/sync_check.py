@@ -81,7 +81,15 @@ _EVENT_LABELS = {"_prepare_inputs": "token_num", "_postprocess": "token_num", "_
 
 def site_label(wait: dict) -> str:
     """The doc's name for a host wait (``""``: not a documented blocking point); ``wait`` has
-    ``where`` (``file:line function``) and ``mechanism`` (``d2h``, ``h2d``, ``event``, ``sync``)."""
+    ``where`` (``file:line function``) and ``mechanism`` (``d2h``, ``h2d``, ``event``, ``sync``),
+    and may have ``what`` (a compiled op's wait, ``OP_WAITS``, is named by the op)."""
+    label = _site_label(wait)
+    if not label and _OP_MARK in wait.get("what", ""):
+        label = OP_LABELS.get(wait["what"].split(" ", 1)[0], "")
+    return label
+
+
+def _site_label(wait: dict) -> str:
     where = wait["where"]
     function = where.rsplit(" ", 1)[-1]
     if wait["mechanism"] == "event":
@@ -95,6 +103,29 @@ def site_label(wait: dict) -> str:
             return "lp event"
         return _EVENT_LABELS.get(function, "")
     return SITE_LABELS.get(function, "")
+
+
+#: FastDeploy's compiled ops that wait for the device inside their C++ (a Python wrapper cannot see
+#: it), by profile: op -> (mechanism, what waits, FD source reference, index of the argument that
+#: must be on the device for the copy to wait, or None: always). Read from the FD 2.4 tree
+#: (gongshaotian/FastDeploy r3_fix_int32_bug_2.4, custom_ops/gpu_ops); ``*.copy_to(CPUPlace, false)``
+#: of a GPU tensor is a copy the host waits for (of a host tensor, e.g. the plugin's host token
+#: count or pinned ids, it is not).
+OP_WAITS = {
+    "fastdeploy-2.4": {
+        "get_padding_offset": ("d2h", "token_num to the host", "get_padding_offset.cu:80", 1),
+        "update_inputs": ("d2h", "not_need_stop back to the host", "update_inputs.cu:106", None),
+        "update_inputs_v1": ("d2h", "not_need_stop back to the host", "update_inputs_v1.cu:164", None),
+        "save_output": ("d2h", "sampled ids to the host", "save_with_output_msg.cc:112-121", 0),
+        "save_output_topk": ("d2h", "ids, logprobs and ranks to the host", "save_output_msg_with_topk.cc:46-49", 0),
+    },
+}
+#: labels of op waits (fd24-step-syncs.md), by op
+OP_LABELS = {"get_padding_offset": "S1", "update_inputs": "S5", "update_inputs_v1": "S5", "save_output": "S6",
+             "save_output_topk": "S6"}
+#: the FD modules whose imported op names are wrapped (where a decode step calls them)
+OP_MODULES = ("model_executor.pre_and_post_process",)
+_OP_MARK = " (op: "
 
 
 # ---- site naming (shared with device tracking) ----------------------------------------------
@@ -115,6 +146,10 @@ def _library_dirs() -> tuple[str, ...]:
     return tuple(dirs)
 
 
+#: files that are never a site (dispatch layers: device tracking, the replica's placement helpers)
+SKIPPED_FILES: set = set()
+
+
 def site_of(frame, skipped_files=frozenset(), skip_runtime: bool = False) -> tuple[str, int, str]:
     """``(file, line, function)`` of the first frame from ``frame`` outwards that is not in
     Paddle, numpy, ``skipped_files`` or this module (nor the copy backend, ``skip_runtime``: for an
@@ -123,7 +158,8 @@ def site_of(frame, skipped_files=frozenset(), skip_runtime: bool = False) -> tup
     skipped_dirs = _library_dirs() + ((_RUNTIME_DIR,) if skip_runtime else ())
     while frame is not None:
         filename = os.path.abspath(frame.f_code.co_filename)
-        if filename != _HERE and filename not in skipped_files and not filename.startswith(skipped_dirs):
+        if filename != _HERE and filename not in skipped_files and filename not in SKIPPED_FILES \
+                and not filename.startswith(skipped_dirs):
             if filename.startswith(_TESTING_DIR):
                 rel = os.path.relpath(filename, _TESTING_DIR)
             elif filename.startswith(_PLUGIN_DIR):
@@ -198,7 +234,7 @@ class Wait:
 
     @property
     def label(self) -> str:
-        return site_label({"where": self.where, "mechanism": self.mechanism})
+        return site_label({"where": self.where, "mechanism": self.mechanism, "what": self.what})
 
     def describe(self) -> str:
         label = self.label
@@ -358,7 +394,7 @@ def observe(mechanism: str, where: str, what: str) -> None:
     waiting; ``wait_done()`` after it (the step trace's span)."""
     c, t = _checker, _tracer
     if t is not None:
-        t.wait_begin(site_label({"where": where, "mechanism": mechanism}), where, what)
+        t.wait_begin(site_label({"where": where, "mechanism": mechanism, "what": what}), where, what)
     if c is not None:
         c.observe(mechanism, where, what)
 
@@ -438,6 +474,7 @@ def install_from_env(root: str = "fastdeploy", environ=None) -> Optional[Checker
 
 _RUNNER_MODULE = "{root}.worker.gpu_model_runner"
 _hooked: dict[str, tuple[type, object]] = {}
+_op_hooked: dict[str, tuple[object, str, object]] = {}
 
 
 def wrap_execute_model(original):
@@ -473,16 +510,63 @@ def install_step_hook(root: str = "fastdeploy") -> None:
         cls.execute_model = wrap_execute_model(original)
         _hooked[name] = (cls, original)
 
+    from .registry.imports import WATCHER
+
     module = sys.modules.get(name)
     if module is not None and getattr(module, "GPUModelRunner", None) is not None:
         hook(module)
-        return
-    from .registry.imports import WATCHER
+    else:
+        WATCHER.when_ready(name, lambda: hook(sys.modules[name]))
+    _install_op_hooks(root, WATCHER)
 
-    WATCHER.when_ready(name, lambda: hook(sys.modules[name]))
+
+def _install_op_hooks(root: str, watcher) -> None:
+    """Wrap the compiled ops of ``OP_WAITS`` for this FD's profile where a decode step calls them."""
+    from .profile import detect_profile
+
+    table = OP_WAITS.get(detect_profile(root).profile)
+    if not table:
+        return
+    for short in OP_MODULES:
+        name = f"{root}.{short}"
+
+        def hook(name=name) -> None:
+            module = sys.modules[name]
+            for op, (mechanism, what, source, arg) in table.items():
+                fn = module.__dict__.get(op)
+                if fn is not None and name + "." + op not in _op_hooked:
+                    setattr(module, op, _wrap_op(fn, mechanism, f"{op} (op: {what}, {source})", arg))
+                    _op_hooked[name + "." + op] = (module, op, fn)
+
+        if name in sys.modules:
+            hook()
+        else:
+            watcher.when_ready(name, hook)
+
+
+def _wrap_op(fn, mechanism: str, what: str, arg):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        counted = _source_active() and (arg is None or (len(args) > arg and _is_device(args[arg])))
+        if counted:
+            _report(mechanism, what)
+        _source_local.depth += 1  # the op's own copies are this wait (on CPU: the replica's stand-in)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _source_local.depth -= 1
+            if counted:
+                wait_done()
+
+    wrapper.__fd_sync_check_original__ = fn
+    return wrapper
 
 
 def uninstall_step_hooks() -> None:
+    for key, (module, op, original) in list(_op_hooked.items()):
+        if getattr(module.__dict__.get(op), "__fd_sync_check_original__", None) is original:
+            setattr(module, op, original)
+        del _op_hooked[key]
     for name, (cls, original) in list(_hooked.items()):
         current = cls.__dict__.get("execute_model")
         if getattr(current, "__fd_sync_check_original__", None) is original:
@@ -496,12 +580,30 @@ def uninstall_step_hooks() -> None:
 # ---- the GPU source: Paddle's host reads of GPU tensors, synchronizes, event waits --------------
 
 _gpu_saved: list[tuple[object, str, object]] = []
+_source_local = _Local()
+
+
+def _source_active() -> bool:
+    """A wrapper of the GPU source counts: an armed checker, a step open on this thread, not
+    inside another counted call, and no device tracking reporting instead."""
+    c = _checker
+    return c is not None and not _external and c.in_step() and _source_local.depth == 0
 
 
 def _on_device(t) -> bool:
     try:
         place = t.place
         return bool(place.is_gpu_place())
+    except Exception:
+        return False
+
+
+_is_device: Callable = _on_device  # the GPU source's predicate (install_gpu_source sets it)
+
+
+def _pinned(t) -> bool:
+    try:
+        return bool(t.place.is_cuda_pinned_place())
     except Exception:
         return False
 
@@ -520,11 +622,10 @@ def install_gpu_source(is_device: Callable = _on_device) -> None:
 
     from .runtime.backend import CopyBackend
 
-    local = _Local()
-
-    def active():
-        c = _checker
-        return c is not None and not _external and c.in_step() and local.depth == 0
+    global _is_device
+    _is_device = is_device
+    local = _source_local
+    active = _source_active
 
     def read_wrapper(name, fn):
         what = f".{name}()" if not name.startswith("__") else f"{name.strip('_')}()"
@@ -586,12 +687,41 @@ def install_gpu_source(is_device: Callable = _on_device) -> None:
             patch(paddle.Tensor, name, read_wrapper(name, fn))
     patch(paddle.Tensor, "copy_", copy_wrapper(paddle.Tensor.copy_))
     patch(paddle.device, "synchronize", sync_wrapper(paddle.device.synchronize, "paddle.device.synchronize"))
+
+    if getattr(paddle.tensor, "top_p_sampling", None) is not None:
+        patch(paddle.tensor, "top_p_sampling", wrap_pageable_input("top_p_sampling", paddle.tensor.top_p_sampling))
     for name, what in (("wait", "event wait"), ("device_synchronize", "device synchronize"),
                        ("stream_synchronize", "stream synchronize")):
         patch(CopyBackend, name, sync_wrapper(getattr(CopyBackend, name), what, skip_runtime=True))
 
 
+def wrap_pageable_input(name: str, fn):
+    """``fn``, a Paddle op, counted when called with a GPU tensor and a pageable host tensor:
+    Paddle's data transform synchronizes the stream and copies the host one (FD 2.4's host
+    ``topp_seed`` for ``paddle.tensor.top_p_sampling``: T)."""
+    import paddle
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, paddle.Tensor)]
+        counted = _source_active() and any(_is_device(t) for t in tensors) and any(
+            not _is_device(t) and not _pinned(t) for t in tensors)
+        if counted:
+            _report("h2d", f"{name}: pageable host input")
+        _source_local.depth += 1
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _source_local.depth -= 1
+            if counted:
+                wait_done()
+
+    return wrapper
+
+
 def uninstall_gpu_source() -> None:
+    global _is_device
+    _is_device = _on_device
     while _gpu_saved:
         owner, name, original = _gpu_saved.pop()
         if original is None:

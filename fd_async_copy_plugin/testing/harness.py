@@ -138,7 +138,8 @@ def run_variant(variant: Variant, config: DriverConfig, requests, *, backend: st
                 max_steps: int = 256, arrivals=None, track: bool = False, census: SyncCensus | None = None) -> VariantRun:
     """Run ``variant``; ``track`` adds device-value tracking (``host_wait`` census records: every
     blocking point of each step, see ``reference/device_tracking.py``; slower, tests/bench only);
-    ``census``: the census to collect into (the step trace's, which also emits instant events)."""
+    ``track="marks"``: tensors are marked, nothing recorded (the shipped sync check's GPU source
+    counts, with ``is_device=device_tracking.is_marked``); ``census``: the census to collect into (the step trace's, which also emits instant events)."""
     times: list[float] = []
     last = [time.perf_counter()]
 
@@ -152,7 +153,7 @@ def run_variant(variant: Variant, config: DriverConfig, requests, *, backend: st
     tracking = contextlib.nullcontext()
     if track:
         from .reference.device_tracking import tracking
-        tracking = tracking()
+        tracking = tracking(recording=track != "marks")
     with device_for(backend), plugin_state(variant, backend) as status, collecting(census) as census, tracking:
         last[0] = time.perf_counter()
         result = run_decode(variant.root, config, requests, arrivals=arrivals, max_steps=max_steps, on_step=on_step)

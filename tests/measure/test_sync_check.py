@@ -233,3 +233,65 @@ def test_register_arms_the_check_with_the_plugin_inactive(monkeypatch):
     monkeypatch.setenv("FD_ASYNC_COPY_SYNC_CHECK", "on")
     fd_async_copy_plugin.register()  # a bad value: logged, the check stays off, FD starts
     assert "expected one of off, count, warn, raise" in fd_async_copy_plugin.status()["sync_check"]["config_error"]
+
+
+# ---- the shipped GPU source, as it runs on a GPU, on the replica (tracking marks tensors only) ----
+
+TOP_P_MODULE = "fd_async_copy_plugin.testing.reference.fd24.model_executor.layers.sample.ops.top_k_top_p_sampling"
+
+
+def gpu_source_run(variant, config=PLAIN, requests=REQUESTS, mode="count", allow=(), monkeypatch=None):
+    """The GPU source's wrappers count (device tracking only marks which tensors are on the device).
+    The replica's stand-in for ``paddle.tensor.top_p_sampling`` gets the wrapper that Paddle's op
+    gets on a GPU."""
+    import importlib
+
+    from fd_async_copy_plugin.testing.reference import device_tracking
+
+    module = importlib.import_module(TOP_P_MODULE)
+    monkeypatch.setattr(module, "top_p_sampling", sync_check.wrap_pageable_input("top_p_sampling", module.top_p_sampling))
+    checker = sync_check.start(sync_check.Settings(mode, 2, tuple(allow)))
+    sync_check.install_gpu_source(is_device=device_tracking.on_device_for_host_code)
+    sync_check.install_step_hook(ROOTS["fd24"])  # with it, FD 2.4's compiled ops of OP_WAITS
+    run = run_variant(CENSUS_VARIANTS[variant], config, requests, max_steps=40, track="marks")
+    return checker, run
+
+
+@pytest.mark.parametrize("variant, config, requests, expected", [
+    ("fd24-unpatched", PLAIN, REQUESTS, 7),
+    ("fd24-plugin", PLAIN, REQUESTS, 1),
+    ("fd24-unpatched", LOGPROBS, LP_REQUESTS, 10),
+    ("fd24-plugin", LOGPROBS, LP_REQUESTS, 1),
+])
+def test_gpu_source_counts_what_the_census_counts(variant, config, requests, expected, monkeypatch):
+    checker, _ = gpu_source_run(variant, config, requests, monkeypatch=monkeypatch)
+    report = sync_check.status()
+    assert report["waits_per_step"] == expected, report
+    census = run_variant(CENSUS_VARIANTS[variant], config, requests, max_steps=40, track=True)
+    census_labels: dict = {}
+    for s in host_waits(census.census.steps)["sites"]:
+        census_labels[s["label"]] = census_labels.get(s["label"], 0) + round(s["per_step"])
+    assert labels(report) == census_labels
+    if variant == "fd24-unpatched":  # a compiled op's wait is named by the op, at its FD caller
+        op = next(s for s in report["sites"] if s["label"] == "S1")
+        assert op["what"].startswith("get_padding_offset (op: token_num to the host, get_padding_offset.cu:80")
+        assert op["site"].endswith("pre_and_post_process.py:70 pre_process")
+
+
+def test_gpu_source_finds_a_planted_sync_and_raise_fails_on_it(monkeypatch):
+    from fd_async_copy_plugin.testing.reference.fd24.worker import gpu_model_runner as module
+
+    original = module.GPUModelRunner._prepare_inputs
+
+    def planted(self, *args, **kwargs):
+        out = original(self, *args, **kwargs)
+        self.share_inputs["seq_lens_this_time"].tolist()  # a host read of a device value
+        return out
+
+    monkeypatch.setattr(module.GPUModelRunner, "_prepare_inputs", planted)
+    gpu_source_run("fd24-plugin", monkeypatch=monkeypatch)
+    assert sync_check.status()["waits_per_step"] == 2
+    sync_check.uninstall_step_hooks()
+    sync_check.uninstall_gpu_source()
+    with pytest.raises(sync_check.SyncCheckError, match=r"d2h at .*test_sync_check.py:\d+ planted \(.tolist\(\)\)"):
+        gpu_source_run("fd24-plugin", mode="raise", allow=("save event",), monkeypatch=monkeypatch)

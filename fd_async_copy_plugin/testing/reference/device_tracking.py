@@ -99,6 +99,7 @@ _WATCH = importlib.util.find_spec("fd_async_copy_plugin.patches._tensor_watch")
 _SKIPPED_FILES = {_HERE, _PLACEMENT, os.path.abspath(functools.__file__), os.path.abspath(contextlib.__file__)}
 if _WATCH is not None and _WATCH.origin:
     _SKIPPED_FILES.add(os.path.abspath(_WATCH.origin))
+sync_check.SKIPPED_FILES.update(_SKIPPED_FILES)  # the sync check's GPU source names the same sites
 
 @dataclass(frozen=True)
 class HostWait:
@@ -128,6 +129,12 @@ _ACTIVE: Optional["Tracker"] = None
 
 def is_marked(t) -> bool:
     return isinstance(t, paddle.Tensor) and getattr(t, MARK, False) is True
+
+
+def on_device_for_host_code(t) -> bool:
+    """The sync check's ``is_device`` on the replica: a marked tensor, read by host code (the
+    replica's stand-ins for compiled ops and the model compute on the CPU: not host reads)."""
+    return _local.device == 0 and is_marked(t)
 
 
 def _mark(t) -> None:
@@ -174,7 +181,8 @@ def _site(skip: int = 2, backend_is_mechanism: bool = False) -> tuple[str, int, 
 class Tracker:
     """The state of one ``tracking()`` block."""
 
-    def __init__(self) -> None:
+    def __init__(self, recording: bool = True) -> None:
+        self.recording = recording
         self.waits: list[HostWait] = []
         self._lock = threading.Lock()
         self._heavy = 0  # heavy device work launched so far
@@ -199,7 +207,9 @@ class Tracker:
             return long
 
     # -- records ------------------------------------------------------------------------------
-    def record(self, mechanism: str, what: str, long: bool, skip: int = 3) -> HostWait:
+    def record(self, mechanism: str, what: str, long: bool, skip: int = 3) -> Optional[HostWait]:
+        if not self.recording:
+            return None  # marks only: the shipped sync check's own wrappers count
         file, line, function = _site(skip, backend_is_mechanism=mechanism in ("event", "sync"))
         active = census.active()
         step = active.steps[-1].index if active is not None and active.steps else -1
@@ -533,8 +543,12 @@ def _function_targets() -> list[tuple[object, str, object]]:
 
 
 @contextlib.contextmanager
-def tracking() -> Iterator[Tracker]:
-    """Track device values for the duration of the block (one tracker at a time)."""
+def tracking(recording: bool = True) -> Iterator[Tracker]:
+    """Track device values for the duration of the block (one tracker at a time).
+
+    ``recording=False``: marks only - tensors are marked as on the device as usual, but nothing
+    is recorded; the shipped sync check's GPU source (``sync_check.install_gpu_source`` with
+    ``is_device=is_marked``) counts the waits, as it does on a GPU."""
     global _ACTIVE
     if _ACTIVE is not None:
         raise RuntimeError("device tracking is already active")
@@ -545,7 +559,7 @@ def tracking() -> Iterator[Tracker]:
         saved.append((owner, name, getattr(owner, name) if not isinstance(owner, type) else vars(owner).get(name), had))
         setattr(owner, name, replacement)
 
-    tracker = Tracker()
+    tracker = Tracker(recording)
     try:
         wrapped: dict[int, object] = {}
         for module, name, fn in _function_targets():
@@ -564,11 +578,13 @@ def tracking() -> Iterator[Tracker]:
 
         patch(paddle.Tensor, "place", property(place))
         _ACTIVE = tracker
-        sync_check.external_source(True)  # the tracker reports the waits: the GPU source stands aside
+        if recording:
+            sync_check.external_source(True)  # the tracker reports the waits: the GPU source stands aside
         try:
             yield tracker
         finally:
-            sync_check.external_source(False)
+            if recording:
+                sync_check.external_source(False)
     finally:
         _ACTIVE = None
         for owner, name, original, had in reversed(saved):
