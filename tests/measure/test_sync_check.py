@@ -295,3 +295,16 @@ def test_gpu_source_finds_a_planted_sync_and_raise_fails_on_it(monkeypatch):
     sync_check.uninstall_gpu_source()
     with pytest.raises(sync_check.SyncCheckError, match=r"d2h at .*test_sync_check.py:\d+ planted \(.tolist\(\)\)"):
         gpu_source_run("fd24-plugin", mode="raise", allow=("save event",), monkeypatch=monkeypatch)
+
+
+def test_with_the_check_off_register_does_not_even_import_it():
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FD_ASYNC_COPY")}
+    code = ("import sys, fd_async_copy_plugin as p; p.register(); "
+            "print('fd_async_copy_plugin.sync_check' in sys.modules, 'fd_async_copy_plugin.trace' in sys.modules, "
+            "p.status()['sync_check'])")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip().splitlines()[-1] == "False False {'mode': 'off'}", out.stderr[-2000:]
