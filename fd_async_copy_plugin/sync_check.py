@@ -265,8 +265,9 @@ class Checker:
         self.outside_steps = 0  # waits reported on a thread with no step open (not counted)
         self._warned: set = set()
         self.last_step: list[Wait] = []
-        #: called with (Wait, t0, t1) for every wait inside a step (the step trace)
-        self.listeners: list[Callable] = []
+        #: called with the waits of every counted step (the Prometheus export)
+        self.step_listeners: list[Callable] = []
+        self.metrics = "not exported"
 
     @property
     def armed(self) -> bool:
@@ -293,6 +294,12 @@ class Checker:
             self.site_counts.update(waits)
             self.last_step = list(waits)
             counted = self.steps_counted
+        for listener in list(self.step_listeners):
+            try:
+                listener(waits)
+            except Exception as exc:  # an exporter must never stop a step
+                log.warning("fd_async_copy sync check: %r failed (%s: %s); removed", listener, type(exc).__name__, exc)
+                self.step_listeners.remove(listener)
         every = self.settings.log_every
         if counted % every == 0:
             log.info("fd_async_copy sync check: %s", self.summary_line())
@@ -346,6 +353,7 @@ class Checker:
                 "histogram": {str(k): v for k, v in sorted(self.waits_histogram.items())},
                 "sites": sites,
                 "waits_outside_steps": self.outside_steps,
+                "metrics": self.metrics,
             }
 
     def summary_line(self) -> str:
@@ -457,6 +465,9 @@ def install_from_env(root: str = "fastdeploy", environ=None) -> Optional[Checker
     try:
         install_gpu_source()
         install_step_hook(root)
+        from .metrics import export
+
+        c.metrics = export(c)
         if tracing:
             from . import trace
 
