@@ -61,7 +61,7 @@ from typing import Iterator, Optional
 
 import paddle
 
-from ... import sync_check
+from fd_async_copy_plugin import sync_check  # absolute: one sync check per process, also for a copied replica
 from ...runtime import census
 from ...runtime.backend import CopyBackend
 from ...runtime.glue import PaddleGlue
