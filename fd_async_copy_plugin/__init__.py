@@ -14,6 +14,7 @@ Importing this package does not import Paddle or FastDeploy; ``enable()`` does w
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import threading
 
@@ -125,6 +126,11 @@ def register() -> None:
     global _inactive_logged
     from .config import AsyncCopyConfig, ConfigError, strict_from_env
 
+    _ensure_log_handler()
+    if (os.environ.get("FD_ASYNC_COPY_SYNC_CHECK") or "off").lower() != "off" or os.environ.get("FD_ASYNC_COPY_TRACE"):
+        from .sync_check import install_from_env
+
+        install_from_env()  # also with the plugin inactive; never raises; off: not even imported
     try:
         _ensure_log_handler()
         config = AsyncCopyConfig.from_env()

@@ -46,6 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--repeats", type=_positive, default=5, help="alternating off/on rounds (default 5)")
     bench.add_argument("--smoke", action="store_true", help="tiny sizes, for CI")
     bench.add_argument("--json", action="store_true", help="machine-readable output")
+    bench.add_argument("--trace", metavar="FILE", help="also write a Chrome trace-event JSON of decode steps, one track per variant (Perfetto)")
+    bench.add_argument("--trace-steps", type=_positive, default=8, help="decode steps per variant in --trace (default 8)")
 
     build = sub.add_parser(
         "build-ops",

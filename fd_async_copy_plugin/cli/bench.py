@@ -122,12 +122,54 @@ def run(args) -> int:
         from ..testing.gpu_copy_strategies import compare_copy_strategies
 
         report["copy_strategies"] = compare_copy_strategies(batch, top_k, vocab)
+    if getattr(args, "trace", None):
+        report["trace"] = write_trace(args.trace, steps=args.trace_steps)
     if args.json:
         json.dump(report, sys.stdout, indent=2, default=str)
         sys.stdout.write("\n")
     else:
         print(format_report(report, format_census))
+        if "trace" in report:
+            print(f"step trace: {report['trace']['file']} ({report['trace']['events']} events, "
+                  f"{', '.join(report['trace']['tracks'])}): open it in https://ui.perfetto.dev")
     return 0 if met else 1
+
+
+TRACE_VARIANTS = ("fd24-unpatched", "fd24-backport", "fd24-plugin", "fd24-overlap", "fd25-native")
+
+
+def write_trace(path: str, steps: int = 8, variants=TRACE_VARIANTS, batch: int = 8, vocab: int = 256) -> dict:
+    """``--trace``: ``steps`` decode steps of each variant on the replica (plain decode plus one
+    request with logprobs), device tracking as the wait source, one track per variant."""
+    from .. import sync_check, trace
+    from ..testing.harness import CENSUS_VARIANTS, run_variant
+
+    config, requests = plain_workload(batch, vocab, steps + 2)
+    config = replace(config, block_size=64)
+    recorder = trace.Trace("fd-async-copy bench (reference FastDeploy, CPU)")
+    tracer = trace.StepTracer(recorder, track=variants[0])
+    previous_tracer = trace.activate(tracer)
+    saved_record = trace.wrap_event_record()
+    try:
+        for name in variants:
+            variant = CENSUS_VARIANTS[name]
+            tracer.use_track(name)
+            sync_check.start(sync_check.Settings("count", 0))
+            sync_check.install_step_hook(variant.root)  # before enable(): overlap wraps the hook
+            try:
+                run_variant(variant, config, requests, backend="host", max_steps=steps, track=True,
+                            census=trace.census_class()())
+            finally:
+                sync_check.uninstall_step_hooks()
+                sync_check.stop()
+    finally:
+        trace.unwrap(saved_record)
+        trace.activate(previous_tracer)
+    recorder.write(path)
+    problems = trace.validate(recorder.to_json())
+    if problems:  # pragma: no cover - a bug in the tracer
+        raise RuntimeError(f"the step trace does not validate: {problems[:3]}")
+    return {"file": path, "events": len(recorder.events), "tracks": list(variants), "steps_per_variant": steps}
 
 
 def plain_workload(batch: int, vocab: int, steps: int):

@@ -11,6 +11,12 @@ from ..config import ENV_BACKEND, ENV_FEATURES, ENV_VARS, KNOWN_FEATURES, OPT_IN
 from ..registry.plan import PADDLE_INSTALL_HINT
 
 
+def _sync_check_vars() -> tuple[str, ...]:
+    from ..sync_check import ENV_VARS as SYNC_CHECK_VARS
+
+    return SYNC_CHECK_VARS
+
+
 def _paddle_info() -> dict:
     try:
         import paddle
@@ -39,7 +45,7 @@ def diagnose(root: str = "fastdeploy", environ=None) -> dict:
         "doctor": True,
         "python": platform.python_version(),
         "paddle": _paddle_info(),
-        "env": {name: environ.get(name) for name in ENV_VARS + ("FD_PLUGINS",)},
+        "env": {name: environ.get(name) for name in ENV_VARS + _sync_check_vars() + ("FD_PLUGINS",)},
         "config_error": None,
         "config_errors": [],
     }
@@ -56,6 +62,7 @@ def diagnose(root: str = "fastdeploy", environ=None) -> dict:
     report["backend"], report["backend_reason"] = _backend(config.backend, report["config_error"], environ)
     _add_not_requested(report, config.features, config.backend, root)
     report["ops"] = _ops_info(report["paddle"])
+    report["sync_check"] = _sync_check_info(environ)
     return report
 
 
@@ -93,6 +100,21 @@ def _add_not_requested(report: dict, requested: tuple, backend: str, root: str) 
         entry = would[name]
         state = "would apply" if entry["state"] == "apply" else entry["state"]
         report["features"][name] = {"state": NOT_REQUESTED, "reason": f"{how}. If requested: {state} - {entry['reason']}"}
+
+
+def _sync_check_info(environ) -> dict:
+    """FD_ASYNC_COPY_SYNC_CHECK as a worker would read it, and this process's figures if armed."""
+    from .. import sync_check
+
+    try:
+        settings = sync_check.Settings.from_env(environ)
+    except sync_check.SyncCheckConfigError as exc:
+        return {"mode": "off", "config_error": str(exc)}
+    info = {"mode": settings.mode, "warmup": settings.warmup, "allow": list(settings.allow),
+            "log_every": settings.log_every}
+    if sync_check.checker() is not None:
+        info["figures"] = sync_check.status()
+    return info
 
 
 def _ops_info(paddle_info: dict) -> dict:
@@ -139,6 +161,12 @@ def format_report(report: dict) -> str:
         lines += _row("note", "FD_PLUGINS does not list 'fd_async_copy': FastDeploy will not load the plugin")
     elif not report["enabled"]:
         lines += _row("note", "FD_ASYNC_COPY is not 1: the plugin loads but stays inactive")
+    sync = report.get("sync_check", {})
+    if sync.get("config_error"):
+        lines += _row("sync check", f"CONFIG ERROR {sync['config_error']}")
+    else:
+        lines += _row("sync check", sync.get("mode", "off") if sync.get("mode", "off") == "off" else
+                      f"{sync['mode']} (warm-up {sync['warmup']} steps; figures in status()['sync_check'])")
     lines.append("  features")
     previous = None
     for name, entry in report["features"].items():
@@ -165,4 +193,5 @@ def run(args) -> int:
         sys.stdout.write("\n")
     else:
         print(format_report(report))
-    return 1 if report["config_error"] or not report["paddle"].get("installed") else 0
+    bad = report["config_error"] or report["sync_check"].get("config_error")
+    return 1 if bad or not report["paddle"].get("installed") else 0

@@ -306,6 +306,8 @@ class PatchManager:
             "ops": ops_report(),
             # the cuda backend's startup probe per device (runtime/probe.py); {} before first use
             "accessor_probe": {str(d): r for d, r in getattr(self.backend, "probes", {}).items()},
+            # FD_ASYNC_COPY_SYNC_CHECK: host waits per decode step by site ({"mode": "off"} when off)
+            "sync_check": _sync_check_status(),
         }
 
 
@@ -335,6 +337,11 @@ class PatchManager:
                 if key in report and report[key]["state"] == APPLIED:
                     report[key] = dict(entry)
         return report
+
+
+def _sync_check_status() -> dict:
+    module = sys.modules.get("fd_async_copy_plugin.sync_check")  # not imported: never armed
+    return module.status() if module is not None else {"mode": "off"}
 
 
 def runtime_module():

@@ -136,9 +136,11 @@ class VariantRun:
 
 
 def run_variant(variant: Variant, config: DriverConfig, requests, *, backend: str = "host",
-                max_steps: int = 256, arrivals=None, track: bool = False) -> VariantRun:
+                max_steps: int = 256, arrivals=None, track: bool = False, census: SyncCensus | None = None) -> VariantRun:
     """Run ``variant``; ``track`` adds device-value tracking (``host_wait`` census records: every
-    blocking point of each step, see ``reference/device_tracking.py``; slower, tests/bench only)."""
+    blocking point of each step, see ``reference/device_tracking.py``; slower, tests/bench only);
+    ``track="marks"``: tensors are marked, nothing recorded (the shipped sync check's GPU source
+    counts, with ``is_device=device_tracking.is_marked``); ``census``: the census to collect into (the step trace's, which also emits instant events)."""
     times: list[float] = []
     last = [time.perf_counter()]
 
@@ -152,8 +154,8 @@ def run_variant(variant: Variant, config: DriverConfig, requests, *, backend: st
     tracking = contextlib.nullcontext()
     if track:
         from .reference.device_tracking import tracking
-        tracking = tracking()
-    with device_for(backend), plugin_state(variant, backend) as status, collecting() as census, tracking:
+        tracking = tracking(recording=track != "marks")
+    with device_for(backend), plugin_state(variant, backend) as status, collecting(census) as census, tracking:
         last[0] = time.perf_counter()
         result = run_decode(variant.root, config, requests, arrivals=arrivals, max_steps=max_steps, on_step=on_step)
     return VariantRun(variant, result, census, times, status)
@@ -178,42 +180,8 @@ def census_row(run: VariantRun, skip: int = 2) -> dict:
     return row
 
 
-#: fd24-step-syncs.md's names for the blocking points, by the function the site is in
-#: (feature-only points in lower case: the doc lists them, they are not counted there).
-SITE_LABELS = {
-    "get_padding_offset": "S1",
-    "_prepare_inputs": "S2",
-    "exist_prefill": "S3/S7",
-    "top_k_top_p_sampling": "T",
-    "_host_flag_from_kernel": "S5",
-    "save_output": "S6",
-    "save_output_topk": "S6",
-    "_build_stream_transfer_data": "S6",
-    "gather_logprobs": "L1-3",
-    "insert_tasks_v1": "I1",
-    "_get_prompt_logprobs_list": "prompt lp",
-    "_device_synchronize": "prompt lp",
-    "keep_sampling_mask": "ksm",
-    "_renormalize_logprobs": "ksm",
-}
-_EVENT_LABELS = {"_prepare_inputs": "token_num", "_postprocess": "token_num", "_save_model_output": "save event"}
-
-
-def site_label(wait: dict) -> str:
-    """The doc's name for a host wait (``""``: not a documented blocking point)."""
-    where = wait["where"]
-    function = where.rsplit(" ", 1)[-1]
-    if wait["mechanism"] == "event":
-        if where.startswith(("patches/stop_flag.py", "patches/overlap.py", "patches/step_syncs.py")):
-            # overlap: the previous step's, waited after this step's forward (bound) or, for its
-            # snapshot, before this step is prepared (step_syncs, the exact count)
-            return "save event"
-        if where.startswith("patches/flag_race.py"):
-            return "insert"  # 2.5 overlap: the wait an insert's synchronous H2D makes on a GPU anyway
-        if where.startswith("patches/logprobs.py"):
-            return "lp event"
-        return _EVENT_LABELS.get(function, "")
-    return SITE_LABELS.get(function, "")
+# fd24-step-syncs.md's names for the blocking points live with the shipped sync check.
+from ..sync_check import SITE_LABELS, site_label  # noqa: E402,F401
 
 
 def host_waits(steps, skip: int = 2) -> dict:

@@ -59,9 +59,9 @@ import threading
 from dataclasses import dataclass
 from typing import Iterator, Optional
 
-import numpy as np
 import paddle
 
+from fd_async_copy_plugin import sync_check  # absolute: one sync check per process, also for a copied replica
 from ...runtime import census
 from ...runtime.backend import CopyBackend
 from ...runtime.glue import PaddleGlue
@@ -69,12 +69,9 @@ from fd_async_copy_plugin.registry.patch import Junction
 
 MARK = "_fd_reference_on_device"
 
-#: Tensor methods that read the tensor's values on the host.
-HOST_READS = frozenset({
-    "numpy", "item", "tolist", "__int__", "__float__", "__bool__", "__nonzero__", "__index__",
-    "__complex__", "__array__", "__format__", "__str__", "__repr__", "__reduce__", "__reduce_ex__",
-    "cpu", "pin_memory", "_copy_to", "__deepcopy__",
-})
+#: Tensor methods that read the tensor's values on the host (shared with the shipped sync check).
+HOST_READS = sync_check.HOST_READS
+
 #: Creation ops: on a GPU build the result lives on the device unless a host ``place`` is given.
 CREATION = frozenset({
     "full", "zeros", "ones", "empty", "to_tensor", "arange", "linspace", "eye", "rand", "randn",
@@ -95,8 +92,6 @@ _NOT_WRAPPED = frozenset({
 #: Modules whose public functions are wrapped (where ``paddle.X`` functions are defined).
 _FUNCTION_MODULES = ("paddle.tensor", "paddle.base.dygraph.generated_tensor_methods_patch", "paddle.nn.functional")
 
-_PADDLE_DIR = os.path.dirname(paddle.__file__)
-_NUMPY_DIR = os.path.dirname(np.__file__)
 _HERE = os.path.abspath(__file__)
 _PLACEMENT = os.path.join(os.path.dirname(_HERE), "placement.py")
 #: the step_syncs tensor watch is a dispatch layer in front of Paddle's Tensor methods: a read that
@@ -110,13 +105,7 @@ if _JUNCTIONS is not None and _JUNCTIONS.origin:
     _SKIPPED_FILES.add(os.path.abspath(_JUNCTIONS.origin))
 if _WATCH is not None and _WATCH.origin:
     _SKIPPED_FILES.add(os.path.abspath(_WATCH.origin))
-# sites are named relative to the scaffolding (``reference/...``), the plugin (``runtime/...``) or
-# the checkout (``patches/...``)
-_TESTING_DIR = os.path.dirname(os.path.dirname(_HERE)) + os.sep
-_PLUGIN_DIR = os.path.dirname(os.path.dirname(os.path.dirname(_HERE))) + os.sep
-_PACKAGE_ROOT = os.path.dirname(os.path.dirname(_PLUGIN_DIR))
-_RUNTIME_DIR = os.path.join(_PLUGIN_DIR, "runtime") + os.sep
-
+sync_check.SKIPPED_FILES.update(_SKIPPED_FILES)  # the sync check's GPU source names the same sites
 
 @dataclass(frozen=True)
 class HostWait:
@@ -146,6 +135,12 @@ _ACTIVE: Optional["Tracker"] = None
 
 def is_marked(t) -> bool:
     return isinstance(t, paddle.Tensor) and getattr(t, MARK, False) is True
+
+
+def on_device_for_host_code(t) -> bool:
+    """The sync check's ``is_device`` on the replica: a marked tensor, read by host code (the
+    replica's stand-ins for compiled ops and the model compute on the CPU: not host reads)."""
+    return _local.device == 0 and is_marked(t)
 
 
 def _mark(t) -> None:
@@ -186,28 +181,14 @@ def _is_host_place(place) -> bool:
 def _site(skip: int = 2, backend_is_mechanism: bool = False) -> tuple[str, int, str]:
     """The first frame outside the tracker, the replica's placement helpers, Paddle and numpy
     (and, for event waits and synchronizes, the copy backend: its caller is the site)."""
-    frame = sys._getframe(skip)
-    skipped_dirs = (_PADDLE_DIR, _NUMPY_DIR, _RUNTIME_DIR) if backend_is_mechanism else (_PADDLE_DIR, _NUMPY_DIR)
-    while frame is not None:
-        filename = os.path.abspath(frame.f_code.co_filename)
-        if filename not in _SKIPPED_FILES and not filename.startswith(skipped_dirs):
-            if filename.startswith(_TESTING_DIR):
-                rel = os.path.relpath(filename, _TESTING_DIR)
-            elif filename.startswith(_PLUGIN_DIR):
-                rel = os.path.relpath(filename, _PLUGIN_DIR)
-            elif filename.startswith(_PACKAGE_ROOT):
-                rel = os.path.relpath(filename, _PACKAGE_ROOT)
-            else:
-                rel = filename
-            return rel, frame.f_lineno, frame.f_code.co_name
-        frame = frame.f_back
-    return "<unknown>", 0, "<unknown>"
+    return sync_check.site_of(sys._getframe(skip), _SKIPPED_FILES, skip_runtime=backend_is_mechanism)
 
 
 class Tracker:
     """The state of one ``tracking()`` block."""
 
-    def __init__(self) -> None:
+    def __init__(self, recording: bool = True) -> None:
+        self.recording = recording
         self.waits: list[HostWait] = []
         self._lock = threading.Lock()
         self._heavy = 0  # heavy device work launched so far
@@ -232,7 +213,9 @@ class Tracker:
             return long
 
     # -- records ------------------------------------------------------------------------------
-    def record(self, mechanism: str, what: str, long: bool, skip: int = 3) -> HostWait:
+    def record(self, mechanism: str, what: str, long: bool, skip: int = 3) -> Optional[HostWait]:
+        if not self.recording:
+            return None  # marks only: the shipped sync check's own wrappers count
         file, line, function = _site(skip, backend_is_mechanism=mechanism in ("event", "sync"))
         active = census.active()
         step = active.steps[-1].index if active is not None and active.steps else -1
@@ -240,6 +223,7 @@ class Tracker:
         with self._lock:
             self.waits.append(wait)
         census.record("host_wait", census.encode_host_wait(mechanism, long, wait.where, what))
+        sync_check.observe(mechanism, wait.where, what)  # the runtime sync check, when armed
         return wait
 
     def d2h(self, what: str) -> None:
@@ -407,6 +391,7 @@ def _wrap_method(name: str, fn):
                     result = fn(self, *args, **kwargs)
                 finally:
                     _local.depth -= 1
+                    sync_check.wait_done()  # the step trace's wait span ends
                 if isinstance(result, paddle.Tensor) and (result is self or is_marked(result)):
                     result = _unmarked_copy(result) if result is self else result
                     setattr(result, MARK, False)
@@ -440,6 +425,7 @@ def _copy_(tracker: Tracker, fn, dst, args, kwargs):
         return fn(dst, *args, **kwargs)
     finally:
         _local.depth -= 1
+        sync_check.wait_done()
 
 
 def _setitem(tracker: Tracker, fn, self, args):
@@ -480,19 +466,28 @@ def _backend_wrappers() -> list[tuple[object, str, object]]:
         tracker = _ACTIVE
         if tracker is not None and not _local.device:
             tracker.event_waited(event, reason)
-        return original_wait(self, event, reason)
+        try:
+            return original_wait(self, event, reason)
+        finally:
+            sync_check.wait_done()
 
     def device_synchronize(self, reason):
         tracker = _ACTIVE
         if tracker is not None and not _local.device:
             tracker.synchronized(f"device synchronize {reason}")
-        return original_device_sync(self, reason)
+        try:
+            return original_device_sync(self, reason)
+        finally:
+            sync_check.wait_done()
 
     def stream_synchronize(self, reason):
         tracker = _ACTIVE
         if tracker is not None and not _local.device:
             tracker.synchronized(f"stream synchronize {reason}")
-        return original_stream_sync(self, reason)
+        try:
+            return original_stream_sync(self, reason)
+        finally:
+            sync_check.wait_done()
 
     def snapshot(self, t):
         # The modelled DMA: the simulator (and ``host`` for a non-contiguous source) snapshots the
@@ -555,8 +550,12 @@ def _function_targets() -> list[tuple[object, str, object]]:
 
 
 @contextlib.contextmanager
-def tracking() -> Iterator[Tracker]:
-    """Track device values for the duration of the block (one tracker at a time)."""
+def tracking(recording: bool = True) -> Iterator[Tracker]:
+    """Track device values for the duration of the block (one tracker at a time).
+
+    ``recording=False``: marks only - tensors are marked as on the device as usual, but nothing
+    is recorded; the shipped sync check's GPU source (``sync_check.install_gpu_source`` with
+    ``is_device=is_marked``) counts the waits, as it does on a GPU."""
     global _ACTIVE
     if _ACTIVE is not None:
         raise RuntimeError("device tracking is already active")
@@ -579,7 +578,7 @@ def tracking() -> Iterator[Tracker]:
             beneath.append((junction, junction.bottom))
             junction.set_bottom(make(junction.bottom))
 
-    tracker = Tracker()
+    tracker = Tracker(recording)
     try:
         wrapped: dict[int, object] = {}
         for module, name, fn in _function_targets():
@@ -598,7 +597,13 @@ def tracking() -> Iterator[Tracker]:
 
         patch(paddle.Tensor, "place", property(place))
         _ACTIVE = tracker
-        yield tracker
+        if recording:
+            sync_check.external_source(True)  # the tracker reports the waits: the GPU source stands aside
+        try:
+            yield tracker
+        finally:
+            if recording:
+                sync_check.external_source(False)
     finally:
         _ACTIVE = None
         for junction, bottom in reversed(beneath):

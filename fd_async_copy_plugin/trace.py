@@ -1,0 +1,391 @@
+"""Step trace: Chrome trace-event JSON of decode steps (opens in Perfetto and chrome://tracing).
+
+``FD_ASYNC_COPY_TRACE=FILE`` in an FD worker, or ``fd-async-copy bench --trace FILE`` on the
+replica. Per decode step (``execute_model``, the sync check's step boundary) on one track:
+
+- the step as a span, and inside it the host phases as spans: ``prepare`` (``_prepare_inputs``),
+  ``forward launch`` (a call into the runner's model), ``logits`` (``compute_logits``),
+  ``sampler`` (a call into the runner's sampler), ``post-process`` (``post_process``), ``save``
+  (FD's save functions);
+- each host wait as a span (category ``wait``) named by its site, with what waited - the waits
+  the sync check sees (``sync_check.py``: on a GPU its wrappers of Paddle's host reads, on CPU
+  Paddle the replica's device tracking);
+- copies, pinned allocations and event records as instant events (the sync census's records and
+  the copy backend's ``record``).
+
+Phases are found with a per-thread ``sys.setprofile`` hook while a step is traced: it slows the
+traced steps down (a diagnostic, never on unless asked); the trace stops after
+``FD_ASYNC_COPY_TRACE_STEPS`` steps (default 20) following the sync check's warm-up, and the file
+is written then (and at exit, if fewer steps ran). ``validate()`` checks a file against the
+trace-event format and that the spans of each track nest.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import sys
+import threading
+import time
+from typing import Optional
+
+log = logging.getLogger("fd_async_copy")
+
+ENV_TRACE = "FD_ASYNC_COPY_TRACE"
+ENV_TRACE_STEPS = "FD_ASYNC_COPY_TRACE_STEPS"
+
+#: FD functions whose calls are the save phase (2.4 and 2.5 names)
+SAVE_FUNCTIONS = frozenset({"save_output_normal", "save_output_specualate", "_save_model_output",
+                            "save_output", "save_output_topk", "_build_stream_transfer_data"})
+#: census kinds shown as instant events (waits are spans, from the sync check)
+INSTANT_KINDS = frozenset({"async_d2h", "async_h2d", "pinned_alloc", "pinned_free", "op_on_pinned"})
+
+
+class Trace:
+    """Trace events of one process (``pid``), one track (``tid``) per name given to ``track``."""
+
+    def __init__(self, process_name: str = "fd-async-copy") -> None:
+        self.pid = os.getpid()
+        self.events: list[dict] = [{"name": "process_name", "ph": "M", "pid": self.pid, "tid": 0,
+                                    "args": {"name": process_name}}]
+        self._t0 = time.perf_counter()
+        self._tracks: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def now(self) -> float:
+        """Microseconds since the trace started."""
+        return (time.perf_counter() - self._t0) * 1e6
+
+    def track(self, name: str) -> int:
+        with self._lock:
+            if name not in self._tracks:
+                tid = self._tracks[name] = len(self._tracks) + 1
+                self.events.append({"name": "thread_name", "ph": "M", "pid": self.pid, "tid": tid, "args": {"name": name}})
+                self.events.append({"name": "thread_sort_index", "ph": "M", "pid": self.pid, "tid": tid,
+                                    "args": {"sort_index": tid}})
+            return self._tracks[name]
+
+    def span(self, tid: int, name: str, cat: str, ts: float, end: float, args: Optional[dict] = None) -> None:
+        event = {"name": name, "cat": cat, "ph": "X", "pid": self.pid, "tid": tid, "ts": round(ts, 3),
+                 "dur": round(max(0.0, end - ts), 3)}
+        if args:
+            event["args"] = args
+        with self._lock:
+            self.events.append(event)
+
+    def instant(self, tid: int, name: str, cat: str, args: Optional[dict] = None) -> None:
+        event = {"name": name, "cat": cat, "ph": "i", "s": "t", "pid": self.pid, "tid": tid, "ts": round(self.now(), 3)}
+        if args:
+            event["args"] = args
+        with self._lock:
+            self.events.append(event)
+
+    def to_json(self) -> dict:
+        with self._lock:
+            return {"traceEvents": list(self.events), "displayTimeUnit": "ms",
+                    "otherData": {"producer": "fd-async-copy-plugin step trace"}}
+
+    def write(self, path: str) -> None:
+        data = self.to_json()
+        tmp = f"{path}.tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(data, f)
+        os.replace(tmp, path)
+
+
+class StepTracer:
+    """Traces the decode steps run on one thread at a time onto ``trace``'s current track."""
+
+    def __init__(self, trace: Trace, track: str = "decode steps", steps: Optional[int] = None, skip: int = 0) -> None:
+        self.trace = trace
+        self.tid = trace.track(track)
+        self.steps_left = steps  # None: every step
+        self.skip = skip
+        self.steps = 0
+        self._local = threading.local()
+
+    def use_track(self, name: str) -> None:
+        self.tid = self.trace.track(name)
+
+    @property
+    def done(self) -> bool:
+        return self.steps_left is not None and self.steps_left <= 0
+
+    def _tracing(self) -> bool:
+        return getattr(self._local, "step", None) is not None
+
+    # -- the step boundary ---------------------------------------------------------------------
+    def step_begin(self, runner=None) -> None:
+        if self.skip > 0 or self.done or self._tracing():
+            return
+        local = self._local
+        local.step = (self.trace.now(), self.steps)
+        local.open = []  # (frame, name, ts)
+        local.model = getattr(runner, "model", None)
+        local.sampler = getattr(runner, "sampler", None)
+        local.wait = None
+        local.previous_profile = sys.getprofile()
+        sys.setprofile(self._profile)
+
+    def step_end(self, runner=None) -> None:
+        if not self._tracing():
+            if self.skip > 0:
+                self.skip -= 1
+            return
+        local = self._local
+        sys.setprofile(local.previous_profile)
+        self.wait_end()
+        now = self.trace.now()
+        for _, name, ts in reversed(local.open):  # an exception unwound them: close at the step's end
+            self.trace.span(self.tid, name, "phase", ts, now)
+        start, index = local.step
+        self.trace.span(self.tid, f"decode step {index}", "step", start, now)
+        local.step = None
+        self.steps += 1
+        if self.steps_left is not None:
+            self.steps_left -= 1
+
+    # -- phases --------------------------------------------------------------------------------
+    def _phase(self, frame) -> Optional[str]:
+        name = frame.f_code.co_name
+        if name == "_prepare_inputs":
+            return "prepare"
+        if name == "post_process":
+            return "post-process"
+        if name in SAVE_FUNCTIONS:
+            return "save"
+        local = self._local
+        this = frame.f_locals.get("self") if name in ("__call__", "forward", "forward_cuda", "compute_logits") else None
+        if this is None:
+            return None
+        if this is local.model:
+            return "logits" if name == "compute_logits" else "forward launch"
+        if this is local.sampler:
+            return "sampler"
+        return None
+
+    def _profile(self, frame, event, arg) -> None:
+        if event == "call":
+            local = self._local
+            if any(name != "post-process" for _, name, _ in local.open):
+                return  # phases nest only in post-process (its save)
+            phase = self._phase(frame)
+            if phase is not None and not (local.open and phase == "post-process"):
+                self.wait_end()
+                local.open.append((frame, phase, self.trace.now()))
+        elif event == "return":
+            local = self._local
+            if local.open and local.open[-1][0] is frame:
+                self.wait_end()
+                _, name, ts = local.open.pop()
+                self.trace.span(self.tid, name, "phase", ts, self.trace.now())
+
+    # -- waits and instants (from the sync check and the census) --------------------------------
+    def wait_begin(self, label: str, where: str, what: str) -> None:
+        if self._tracing():
+            self.wait_end()  # a source that does not say when its wait ended: it ended by now
+            self._local.wait = (self.trace.now(), label, where, what)
+
+    def wait_end(self) -> None:
+        """Close the open wait span (also at every phase boundary and the step's end, so that
+        spans nest)."""
+        if self._tracing() and self._local.wait is not None:
+            ts, label, where, what = self._local.wait
+            self._local.wait = None
+            name = f"wait {label}" if label else "wait"
+            self.trace.span(self.tid, name, "wait", ts, self.trace.now(), {"site": where, "what": what})
+
+    def instant(self, name: str, args: dict) -> None:
+        if self._tracing():
+            self.trace.instant(self.tid, name, "copy", args)
+
+
+# ---- process state: FD_ASYNC_COPY_TRACE --------------------------------------------------------
+
+_tracer: Optional[StepTracer] = None
+
+
+def tracer() -> Optional[StepTracer]:
+    return _tracer
+
+
+def activate(t: Optional[StepTracer]) -> Optional[StepTracer]:
+    """Make ``t`` the tracer the step boundary and the wait sources feed (None: none)."""
+    global _tracer
+    from . import sync_check
+
+    previous, _tracer = _tracer, t
+    sync_check._tracer = t  # the step boundary and the wait sources feed it
+    return previous
+
+
+def census_class():
+    """A sync census that shows copies as instant events of the active tracer (and keeps nothing
+    when ``keep`` is False: a worker's census is never read)."""
+    from .runtime.census import SyncCensus
+
+    class TracingCensus(SyncCensus):
+        def __init__(self, keep: bool = True) -> None:
+            super().__init__()
+            self.keep = keep
+
+        def record(self, kind: str, site: str) -> None:
+            t = _tracer
+            if t is not None and kind in INSTANT_KINDS:
+                t.instant(f"{kind} {site}", {"kind": kind, "site": site})
+            if self.keep:
+                super().record(kind, site)
+
+    return TracingCensus
+
+
+def wrap_event_record() -> tuple:
+    """The copy backend's ``record`` as an instant event; returns what ``unwrap`` needs."""
+    from .runtime.backend import CopyBackend
+
+    original = CopyBackend.__dict__["record"]
+
+    def record(self, label):
+        event = original(self, label)
+        t = _tracer
+        if t is not None:
+            t.instant(f"event record {label}", {"label": label})
+        return event
+
+    CopyBackend.record = record
+    return CopyBackend, original
+
+
+def unwrap(saved: tuple) -> None:
+    owner, original = saved
+    owner.record = original
+
+
+def install_from_env(environ=None) -> Optional[StepTracer]:
+    """``FD_ASYNC_COPY_TRACE=FILE``: trace ``FD_ASYNC_COPY_TRACE_STEPS`` decode steps after the sync
+    check's warm-up and write FILE (``{pid}`` in FILE is replaced by the process id: one file per
+    worker). Called by ``sync_check.install_from_env`` (which arms the check in ``count`` mode if
+    it is off). Never raises: a bad value is logged and nothing is traced."""
+    environ = os.environ if environ is None else environ
+    path = environ.get(ENV_TRACE)
+    if not path:
+        return None
+    raw = environ.get(ENV_TRACE_STEPS) or "20"
+    try:
+        steps = int(raw)
+        if steps < 1:
+            raise ValueError
+    except ValueError:
+        log.error("fd_async_copy: %s=%r: expected an integer >= 1; no trace is written", ENV_TRACE_STEPS, raw)
+        return None
+    path = path.replace("{pid}", str(os.getpid()))
+    from . import runtime, sync_check
+
+    c = sync_check.checker()
+    warmup = c.settings.warmup if c is not None else 0
+    trace = Trace(f"FastDeploy worker {os.getpid()}")
+    t = WritingTracer(trace, path, steps=steps, skip=warmup)
+    activate(t)
+    cls = census_class()
+    runtime.census._ACTIVE = cls(keep=False)  # process-wide, as the census is; records nothing
+    wrap_event_record()
+    atexit.register(t.flush)
+    log.info("fd_async_copy: tracing %d decode steps after %d warm-up steps to %s", steps, warmup, path)
+    return t
+
+
+class WritingTracer(StepTracer):
+    """Writes the file when its steps are done (and at exit)."""
+
+    def __init__(self, trace: Trace, path: str, **kwargs) -> None:
+        super().__init__(trace, track=f"decode steps (thread of the runner)", **kwargs)
+        self.path = path
+        self.written = False
+
+    def step_end(self, runner=None) -> None:
+        super().step_end(runner)
+        if self.done and not self.written:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.written or self.steps == 0:
+            return
+        try:
+            self.trace.write(self.path)
+            self.written = True
+            log.info("fd_async_copy: wrote the step trace of %d decode steps to %s (open it in "
+                     "https://ui.perfetto.dev)", self.steps, self.path)
+        except OSError as exc:
+            log.error("fd_async_copy: cannot write the step trace to %s: %s", self.path, exc)
+            self.written = True
+
+
+# ---- validation -------------------------------------------------------------------------------
+
+PHASES = frozenset({"B", "E", "X", "i", "I", "M", "C"})
+
+
+def validate(data) -> list[str]:
+    """Problems of ``data`` (a loaded JSON file) as trace-event JSON; [] when it is valid: an object
+    with ``traceEvents`` (or a bare list), every event with ``name``, a known ``ph``, integer
+    ``pid``/``tid``, a number ``ts`` >= 0 (not for metadata), ``dur`` >= 0 on ``X``, scope on
+    instants, B/E pairs matched, and on each track every span either inside the one it starts in
+    or after its end (spans nest)."""
+    problems: list[str] = []
+    events = data.get("traceEvents") if isinstance(data, dict) else data
+    if not isinstance(events, list):
+        return ["no traceEvents list"]
+    spans: dict[tuple, list] = {}
+    begun: dict[tuple, list] = {}
+    for i, e in enumerate(events):
+        where = f"event {i} ({e.get('name') if isinstance(e, dict) else e!r})"
+        if not isinstance(e, dict):
+            problems.append(f"{where}: not an object")
+            continue
+        ph = e.get("ph")
+        if not isinstance(e.get("name"), str) or not e["name"]:
+            problems.append(f"{where}: no name")
+        if ph not in PHASES:
+            problems.append(f"{where}: unknown ph {ph!r}")
+            continue
+        if not isinstance(e.get("pid"), int) or not isinstance(e.get("tid"), int):
+            problems.append(f"{where}: pid and tid must be integers")
+        if ph == "M":
+            continue
+        ts = e.get("ts")
+        if not isinstance(ts, (int, float)) or ts < 0:
+            problems.append(f"{where}: ts must be a number >= 0")
+            continue
+        key = (e.get("pid"), e.get("tid"))
+        if ph == "X":
+            dur = e.get("dur")
+            if not isinstance(dur, (int, float)) or dur < 0:
+                problems.append(f"{where}: X event needs dur >= 0")
+                continue
+            spans.setdefault(key, []).append((ts, ts + dur, e["name"]))
+        elif ph == "B":
+            begun.setdefault(key, []).append((ts, e["name"]))
+        elif ph == "E":
+            if not begun.get(key):
+                problems.append(f"{where}: E without B on track {key}")
+            else:
+                start, name = begun[key].pop()
+                spans.setdefault(key, []).append((start, ts, name))
+        elif ph in ("i", "I") and e.get("s", "t") not in ("t", "p", "g"):
+            problems.append(f"{where}: instant scope must be t, p or g")
+    for key, open_ in begun.items():
+        for _, name in open_:
+            problems.append(f"track {key}: B event {name!r} never ended")
+    for key, items in spans.items():
+        stack: list[tuple] = []
+        for start, end, name in sorted(items, key=lambda s: (s[0], -s[1])):
+            while stack and start >= stack[-1][1]:
+                stack.pop()
+            if stack and end > stack[-1][1] + 1e-3:
+                problems.append(f"track {key}: span {name!r} [{start}, {end}] overlaps {stack[-1][2]!r} "
+                                f"[{stack[-1][0]}, {stack[-1][1]}] without nesting")
+                continue
+            stack.append((start, end, name))
+    return problems

@@ -1,0 +1,161 @@
+"""The step trace: Chrome trace-event JSON from `bench --trace` and FD_ASYNC_COPY_TRACE."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from fd_async_copy_plugin import sync_check, trace
+from fd_async_copy_plugin.cli.bench import TRACE_VARIANTS, write_trace
+from fd_async_copy_plugin.testing.harness import CENSUS_VARIANTS, run_variant
+from fd_async_copy_plugin.testing.reference import ROOTS
+from fd_async_copy_plugin.testing.reference.driver import DriverConfig, Request
+
+pytestmark = pytest.mark.usefixtures("plugin_off")
+
+PHASES = {"prepare", "forward launch", "logits", "sampler", "post-process", "save"}
+
+
+def check_format(data) -> None:
+    """Independent of trace.validate: the fields every trace-event viewer reads."""
+    assert isinstance(data, dict) and isinstance(data["traceEvents"], list)
+    for e in data["traceEvents"]:
+        assert isinstance(e["name"], str) and e["ph"] in ("X", "i", "M", "B", "E")
+        assert isinstance(e["pid"], int) and isinstance(e["tid"], int)
+        if e["ph"] != "M":
+            assert isinstance(e["ts"], (int, float)) and e["ts"] >= 0
+        if e["ph"] == "X":
+            assert isinstance(e["dur"], (int, float)) and e["dur"] >= 0
+        if e["ph"] == "i":
+            assert e["s"] in ("t", "p", "g")
+
+
+def spans(data, tid, cat=None):
+    return [e for e in data["traceEvents"] if e["ph"] == "X" and e["tid"] == tid and (cat is None or e.get("cat") == cat)]
+
+
+def inside(inner, outer) -> bool:
+    return outer["ts"] <= inner["ts"] and inner["ts"] + inner["dur"] <= outer["ts"] + outer["dur"] + 1e-3
+
+
+@pytest.fixture(scope="module")
+def bench_trace(tmp_path_factory):
+    path = tmp_path_factory.mktemp("trace") / "bench.json"
+    sync_check.stop()
+    info = write_trace(str(path), steps=4)
+    with open(path, encoding="utf-8") as f:
+        return info, json.load(f)
+
+
+def test_bench_trace_is_trace_event_json_with_one_track_per_variant(bench_trace):
+    info, data = bench_trace
+    check_format(data)
+    assert trace.validate(data) == []
+    names = {e["tid"]: e["args"]["name"] for e in data["traceEvents"] if e["name"] == "thread_name"}
+    assert sorted(names.values()) == sorted(TRACE_VARIANTS) and info["tracks"] == list(TRACE_VARIANTS)
+    for tid in names:
+        steps = spans(data, tid, "step")
+        assert len(steps) == 4
+        # every phase and wait lies inside a step, and waits inside a phase nest in it
+        for e in spans(data, tid, "phase") + spans(data, tid, "wait"):
+            assert any(inside(e, s) for s in steps), e
+
+
+def test_bench_trace_shows_the_phases_and_the_census_waits(bench_trace):
+    _, data = bench_trace
+    tids = {e["args"]["name"]: e["tid"] for e in data["traceEvents"] if e["name"] == "thread_name"}
+    unpatched, plugin = tids["fd24-unpatched"], tids["fd24-plugin"]
+    assert {e["name"] for e in spans(data, unpatched, "phase")} >= PHASES - {"save"} | {"save"}
+    decode_steps = spans(data, unpatched, "step")[1:]  # after the prefill step
+    waits = spans(data, unpatched, "wait")
+    per_step = [[w["name"] for w in waits if inside(w, s)] for s in decode_steps]
+    # FD 2.4's waits inside execute_model (its worker loop's exist_prefill runs before it)
+    assert all(sorted(p) == sorted(["wait S1", "wait S2", "wait S3/S7", "wait T", "wait S5", "wait S6"]) for p in per_step), per_step
+    assert all(w["args"]["site"] and w["args"]["what"] for w in waits)
+    t_wait = next(w for w in waits if w["name"] == "wait T")
+    sampler = [p for p in spans(data, unpatched, "phase") if p["name"] == "sampler"]
+    assert any(inside(t_wait, p) for p in sampler)  # T is the sampling op's wait
+    plugin_waits = [[w["name"] for w in spans(data, plugin, "wait") if inside(w, s)] for s in spans(data, plugin, "step")[1:]]
+    assert all(p == ["wait save event"] for p in plugin_waits), plugin_waits
+    # the plugin's copies and events as instant events on its track
+    instants = [e for e in data["traceEvents"] if e["ph"] == "i" and e["tid"] == plugin]
+    assert any(e["name"].startswith("event record") for e in instants)
+    assert any(e["name"].startswith("async_d2h") for e in instants)
+
+
+@pytest.mark.parametrize("broken, problem", [
+    ({"traceEvents": [{"name": "a", "ph": "X", "pid": 1, "tid": 1, "ts": 0, "dur": 10},
+                      {"name": "b", "ph": "X", "pid": 1, "tid": 1, "ts": 5, "dur": 10}]}, "without nesting"),
+    ({"traceEvents": [{"name": "a", "ph": "B", "pid": 1, "tid": 1, "ts": 0}]}, "never ended"),
+    ({"traceEvents": [{"name": "a", "ph": "E", "pid": 1, "tid": 1, "ts": 0}]}, "E without B"),
+    ({"traceEvents": [{"name": "a", "ph": "X", "pid": 1, "tid": 1, "ts": 0}]}, "needs dur"),
+    ({"traceEvents": [{"name": "a", "ph": "Q", "pid": 1, "tid": 1, "ts": 0}]}, "unknown ph"),
+    ({"traceEvents": [{"name": "a", "ph": "i", "pid": "1", "tid": 1, "ts": 0}]}, "integers"),
+    ({"traceEvents": [{"name": "a", "ph": "i", "pid": 1, "tid": 1, "ts": -1}]}, "ts must be"),
+    ({"events": []}, "no traceEvents"),
+])
+def test_validate_finds_each_kind_of_broken_trace(broken, problem):
+    problems = trace.validate(broken)
+    assert problems and problem in problems[0], problems
+
+
+def test_validate_accepts_nested_and_sequential_spans_on_separate_tracks():
+    ok = {"traceEvents": [
+        {"name": "step", "ph": "X", "pid": 1, "tid": 1, "ts": 0, "dur": 10},
+        {"name": "prepare", "ph": "X", "pid": 1, "tid": 1, "ts": 1, "dur": 3},
+        {"name": "wait", "ph": "X", "pid": 1, "tid": 1, "ts": 2, "dur": 1},
+        {"name": "save", "ph": "X", "pid": 1, "tid": 1, "ts": 4, "dur": 6},
+        {"name": "other", "ph": "X", "pid": 1, "tid": 2, "ts": 5, "dur": 10},
+        {"name": "b", "ph": "B", "pid": 1, "tid": 3, "ts": 1}, {"name": "b", "ph": "E", "pid": 1, "tid": 3, "ts": 2},
+    ]}
+    assert trace.validate(ok) == []
+
+
+def test_fd_async_copy_trace_env_writes_the_file_after_its_steps(tmp_path, monkeypatch):
+    """FD_ASYNC_COPY_TRACE in a worker: the entry point's path, on the replica (tracking as the source)."""
+    path = tmp_path / "worker-{pid}.json"
+    env = {"FD_ASYNC_COPY_TRACE": str(path), "FD_ASYNC_COPY_TRACE_STEPS": "3", "FD_ASYNC_COPY_SYNC_CHECK_WARMUP": "1"}
+    saved_census = trace_census()
+    try:
+        checker = sync_check.install_from_env(root=ROOTS["fd24"], environ=env)
+        assert checker is not None and checker.settings.mode == "count"  # the trace arms the check
+        config = DriverConfig(max_num_seqs=3, vocab_size=128, max_model_len=64, block_size=64)
+        requests = [Request(f"r{i}", [3 + i, 4, 5], max_tokens=8, eos_token_ids=[200]) for i in range(3)]
+        run_variant(CENSUS_VARIANTS["fd24-plugin"], config, requests, max_steps=40, track=True)
+    finally:
+        t = trace.tracer()
+        trace.activate(None)
+        restore_census(saved_census)
+    written = tmp_path / f"worker-{__import__('os').getpid()}.json"
+    data = json.loads(written.read_text())
+    assert trace.validate(data) == [] and t.written
+    assert len([e for e in data["traceEvents"] if e.get("cat") == "step"]) == 3
+
+
+def trace_census():
+    from fd_async_copy_plugin.runtime import census
+    from fd_async_copy_plugin.runtime.backend import CopyBackend
+
+    return census._ACTIVE, CopyBackend.__dict__["record"]
+
+
+def restore_census(saved):
+    from fd_async_copy_plugin.runtime import census
+    from fd_async_copy_plugin.runtime.backend import CopyBackend
+
+    census._ACTIVE, CopyBackend.record = saved
+
+
+def test_a_bad_trace_steps_value_traces_nothing(tmp_path):
+    assert trace.install_from_env({"FD_ASYNC_COPY_TRACE": str(tmp_path / "t.json"), "FD_ASYNC_COPY_TRACE_STEPS": "0"}) is None
+    assert trace.tracer() is None
+
+
+def test_bench_cli_accepts_trace(tmp_path):
+    from fd_async_copy_plugin.cli import build_parser
+
+    args = build_parser().parse_args(["bench", "--smoke", "--trace", str(tmp_path / "t.json"), "--trace-steps", "3"])
+    assert args.trace == str(tmp_path / "t.json") and args.trace_steps == 3
