@@ -484,12 +484,13 @@ def install_from_env(root: str = "fastdeploy", environ=None) -> Optional[Checker
 # ---- the step boundary: one wrapper on the runner's execute_model ------------------------------
 
 _RUNNER_MODULE = "{root}.worker.gpu_model_runner"
-_hooked: dict[str, tuple[type, object]] = {}
+_hooked: dict = {}  # runner module -> the junction on its execute_model
 _op_hooked: dict[str, tuple[object, str, object]] = {}
 
 
 def wrap_execute_model(original):
-    """``execute_model`` with ``step_begin``/``step_end`` around it (the one place they are called)."""
+    """``execute_model`` with ``step_begin``/``step_end`` around it (the one place they are called):
+    the ``sync_check`` link of the runner pipeline, outermost (``patches/runner.PIPELINE``)."""
 
     @functools.wraps(original)
     def execute_model(self, *args, **kwargs):
@@ -499,27 +500,29 @@ def wrap_execute_model(original):
         finally:
             step_end(self)
 
-    execute_model.__fd_sync_check_original__ = original
     return execute_model
 
 
 def install_step_hook(root: str = "fastdeploy") -> None:
     """Wrap ``GPUModelRunner.execute_model`` of ``root`` now, or when FD imports the module.
 
-    Install it before ``enable()`` (the plugin's entry point does): a feature that replaces
-    ``execute_model`` (``overlap``) then wraps this wrapper and restores it on ``disable()``."""
+    It is a link of the plugin's one junction on that method, outermost (the pipeline table):
+    ``overlap``'s part runs inside the step, whichever of the two comes first."""
     name = _RUNNER_MODULE.format(root=root)
 
     def hook(module) -> None:
+        from .patches.runner import PIPELINE
+        from .registry.patch import Junction
+
         cls = getattr(module, "GPUModelRunner", None)
         if cls is None or name in _hooked:
             return
-        original = cls.__dict__.get("execute_model")
-        if original is None:
+        if getattr(cls, "execute_model", None) is None:
             log.warning("fd_async_copy sync check: %s.GPUModelRunner has no execute_model; no step boundary", name)
             return
-        cls.execute_model = wrap_execute_model(original)
-        _hooked[name] = (cls, original)
+        junction = Junction.on(cls, "execute_model", PIPELINE["worker.gpu_model_runner:GPUModelRunner.execute_model"])
+        junction.attach("sync_check", wrap_execute_model)
+        _hooked[name] = junction
 
     from .registry.imports import WATCHER
 
@@ -578,13 +581,8 @@ def uninstall_step_hooks() -> None:
         if getattr(module.__dict__.get(op), "__fd_sync_check_original__", None) is original:
             setattr(module, op, original)
         del _op_hooked[key]
-    for name, (cls, original) in list(_hooked.items()):
-        current = cls.__dict__.get("execute_model")
-        if getattr(current, "__fd_sync_check_original__", None) is original:
-            cls.execute_model = original
-        else:
-            log.warning("fd_async_copy sync check: %s.GPUModelRunner.execute_model was replaced after the "
-                        "step hook; left in place", name)
+    for name, junction in list(_hooked.items()):
+        junction.detach("sync_check")
         del _hooked[name]
 
 

@@ -43,6 +43,9 @@ PIPELINE: dict[str, tuple[str, ...]] = {
     # block-table rows
     _R + "insert_tasks_v1": ("overlap", "flag_race", "stop_flag", "step_syncs"),
     _R + "insert_prefill_inputs": ("overlap", "stop_flag", "step_syncs"),  # as insert_tasks_v1
+    # sync_check (the diagnostic, not a feature): the decode step's bounds, around everything;
+    # overlap: the save one step later (the saves run inside the next step)
+    _R + "execute_model": ("sync_check", "overlap"),
     # overlap: right after the forward launch, run the last step's save; while output is pending,
     # True; stop_flag: answer from the legacy flag made current
     _R + "not_need_stop": ("overlap", "stop_flag"),

@@ -246,6 +246,15 @@ class Junction:
             return found
         return None
 
+    @classmethod
+    def on(cls, owner: Any, name: str, order: tuple[str, ...] = ()) -> "Junction":
+        """The junction of ``owner.name``: the one installed, or a new one (installed by its first link)."""
+        found = cls.at(owner, name)
+        if found is not None:
+            return found
+        own = (name in vars(owner)) if isinstance(owner, type) else True
+        return cls(owner, name, _raw_attr(owner, name), own, order)
+
     def _rank(self, feature: str) -> tuple:
         return (self.order.index(feature), "") if feature in self.order else (len(self.order), feature)
 
@@ -426,11 +435,7 @@ def apply_feature(feature: Feature, ctx: PatchContext) -> AppliedFeature:
     order = ctx.order or {}
     try:
         for patch, owner, name, current in resolved:
-            junction = Junction.at(owner, name)
-            if junction is None:
-                own = (name in vars(owner)) if isinstance(owner, type) else True
-                key = f"{patch.target.module}:{patch.target.attr}"
-                junction = Junction(owner, name, current, own, order.get(key, ()))
+            junction = Junction.on(owner, name, order.get(f"{patch.target.module}:{patch.target.attr}", ()))
             junction.attach(feature.name, lambda nxt, patch=patch: patch.build(nxt, ctx))
             records.append(_Applied(owner, name, junction.original, junction.installed, junction.own,
                                     patch.producer, patch.target, junction, feature.name))

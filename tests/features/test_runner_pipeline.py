@@ -88,8 +88,8 @@ def test_every_attribute_two_builtin_features_touch_has_a_row_in_the_table():
     for target, names in shared.items():
         assert target in pipeline.PIPELINE, target
         assert set(pipeline.PIPELINE[target]) == names, (target, names)
-    for target, row in pipeline.PIPELINE.items():
-        assert set(row) <= touched[target], target
+    for target, row in pipeline.PIPELINE.items():  # plus the sync check's step bounds (a diagnostic)
+        assert set(row) - {"sync_check"} <= touched[target], target
 
 
 def _shuffled_hook(monkeypatch, seed: int) -> None:
@@ -215,3 +215,26 @@ def test_paddle_tensor_methods_are_replaced_only_by_declared_patches():
     assert changed == declared == {"__setitem__", "__getitem__", "numpy"}
     fd_async_copy_plugin.disable()
     assert all(vars(paddle.Tensor)[n] is before[n] for n in names)
+
+
+@pytest.mark.parametrize("check_first", [True, False], ids=["check, then enable", "enable, then check"])
+def test_the_sync_checks_step_bounds_are_outermost_around_execute_model(check_first):
+    """The sync check's step hook is a link of the same junction, outside overlap's part, whichever
+    is installed first; each leaves FD's own execute_model when it goes."""
+    from fd_async_copy_plugin import sync_check
+
+    root = ROOTS["fd24"]
+    module = __import__(f"{root}.worker.gpu_model_runner", fromlist=["GPUModelRunner"])
+    fd_own = vars(module.GPUModelRunner)["execute_model"]
+    try:
+        if check_first:
+            sync_check.install_step_hook(root)
+        fd_async_copy_plugin.enable(features=ALL, backend="host", root=root)
+        if not check_first:
+            sync_check.install_step_hook(root)
+        junction = Junction.at(module.GPUModelRunner, "execute_model")
+        assert junction.features() == ["sync_check", "overlap"] and junction.original is fd_own
+    finally:
+        fd_async_copy_plugin.disable()
+        sync_check.uninstall_step_hooks()
+    assert vars(module.GPUModelRunner)["execute_model"] is fd_own
