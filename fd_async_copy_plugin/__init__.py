@@ -66,20 +66,9 @@ def plan(features=None, backend: str = "auto", root: str = "fastdeploy") -> dict
     Paddle installed (every feature is then ``skipped`` with what to install).
     """
     from .config import API_BACKENDS, parse_backend
-    from .registry.manager import PatchManager, probe_backend
+    from .registry.predict import predict
 
-    names = _feature_names(features)
-    backend = parse_backend(backend, source="backend", allowed=API_BACKENDS)
-    profile, decisions = PatchManager().predict(names, backend, root)
-    return {
-        "fastdeploy_version": profile.version,
-        "profile": profile.profile,
-        "profile_reason": profile.reason,
-        "markers": dict(profile.markers),
-        "root": root,
-        "backend": probe_backend(backend)[0],
-        "features": {n: d.as_dict() for n, d in decisions.items()},
-    }
+    return predict(_feature_names(features), parse_backend(backend, source="backend", allowed=API_BACKENDS), root)
 
 
 def enable(features=None, backend: str = "auto", strict: bool = False, root: str = "fastdeploy",

@@ -76,7 +76,7 @@ def _backend(name: str, config_error: str | None, environ) -> tuple[str, str]:
         bad = f"{ENV_BACKEND}={raw!r} is invalid" if raw is not None and ENV_BACKEND in config_error \
             else "a variable is invalid"
         return "none", f"{bad} (CONFIG ERROR below): FastDeploy would run unpatched"
-    from ..registry.manager import probe_backend
+    from ..registry.predict import probe_backend
 
     used, problem = probe_backend(name)
     if problem:

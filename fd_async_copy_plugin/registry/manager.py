@@ -86,26 +86,6 @@ def available_features(pm: pluggy.PluginManager) -> dict[str, Feature] | str:
         return f"Paddle is not importable ({exc}): {PADDLE_INSTALL_HINT}"
 
 
-def probe_backend(name: str) -> tuple[str, str]:
-    """(the backend ``enable()`` would use for ``name``, why it cannot be used here or ""), without
-    creating it. When it cannot be used, the name is ``none`` (what ``status()`` reports then) and
-    the reason says what ``name`` needed."""
-    if name in ("auto", "cuda"):
-        try:
-            from ..runtime.cuda import cuda_available
-
-            ok, why = cuda_available()  # imports Paddle
-        except ImportError as exc:
-            return "none", f"backend {name!r}: Paddle is not importable ({exc}): {PADDLE_INSTALL_HINT}"
-        if not ok:
-            return "none", (
-                f"backend {name!r} needs CUDA: {why}. Use FD_ASYNC_COPY_BACKEND=host to run the "
-                "patched code with synchronous copies"
-            )
-        return "cuda", ""
-    return name, ""
-
-
 class PatchManager:
     def __init__(self) -> None:
         self._lock = threading.RLock()
@@ -132,13 +112,6 @@ class PatchManager:
     @property
     def backend_name(self) -> str:
         return self.backend.name if self.backend is not None else "none"
-
-    # -- predictions (doctor) ------------------------------------------------------------------
-    def predict(self, features: tuple[str, ...], backend: str, root: str) -> tuple[ProfileInfo, dict[str, Decision]]:
-        """What ``enable()`` would decide, without patching or creating anything."""
-        self.pm = self.pm or plugin_manager()
-        profile = detect_profile(root)
-        return profile, plan(features, available_features(self.pm), profile, functools.partial(probe_backend, backend))
 
     # -- enable / disable ----------------------------------------------------------------------
     def enable(

@@ -16,6 +16,7 @@ from fd_async_copy_plugin.profile import ProfileInfo
 from fd_async_copy_plugin.testing.reference import ROOTS
 from fd_async_copy_plugin.registry import Decision, Feature, StrictModeError, plan
 from fd_async_copy_plugin.registry import manager as manager_module
+from fd_async_copy_plugin.registry import predict as predict_module
 from fd_async_copy_plugin.registry.plan import strict_violations
 
 
@@ -111,7 +112,8 @@ def test_enable_doctor_and_strict_mode_use_the_same_plan(monkeypatch):
         decisions["logprobs"] = planted
         return decisions
 
-    monkeypatch.setattr(manager_module, "plan", planted_plan)
+    monkeypatch.setattr(manager_module, "plan", planted_plan)  # enable()
+    monkeypatch.setattr(predict_module, "plan", planted_plan)  # plan() and doctor
     environ = {"FD_ASYNC_COPY": "1", "FD_ASYNC_COPY_BACKEND": "host", "FD_ASYNC_COPY_FEATURES": "logprobs"}
     assert diagnose(root=ROOTS["fd24"], environ=environ)["features"]["logprobs"] == planted.as_dict()
     fd_async_copy_plugin.disable()
