@@ -6,8 +6,9 @@ after the buffer's copy event. This is the "wait as late as possible" point, and
 ops off pinned memory (FastDeploy's save ops are Paddle custom ops: given a pinned tensor, Paddle
 would move it to the GPU with a blocking copy and re-point the buffer there).
 
-Guards are idempotent: features guarding the same consumer share one wrapper; what each feature
-adds (e.g. the stop flag's substitutions) is registered with ``add_substitute``.
+Features guarding the same consumer each add a link to its one junction; the outermost converts the
+arguments and the others pass them on (one conversion per call). What each feature adds (e.g. the
+stop flag's substitutions) is registered with ``add_substitute``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import threading
 
 from fd_async_copy_plugin.registry.patch import wraps
 
-GUARD_MARK = "__fd_async_copy_guard__"
 
 #: Feature-provided stand-ins: ``fn(value, reader)`` returns what the consumer should get instead of
 #: ``value`` (or ``value`` itself). The stop-flag feature registers one that makes FastDeploy's flag
@@ -44,28 +44,30 @@ def host_value(value, reader: str, backend):
     return value
 
 
+_guarding = threading.local()
+
+
 def host_inputs_guard(consumer, reader: str, backend):
     """Wrap ``consumer`` so its arguments reach it host-ready (see ``host_value``)."""
-    if getattr(consumer, GUARD_MARK, False):
-        return consumer
-
     @wraps(consumer)
     def guarded(*args, **kwargs):
+        if getattr(_guarding, "on", False):  # an outer guard link converted them already
+            return consumer(*args, **kwargs)
         args = [host_value(a, reader, backend) for a in args]
         kwargs = {k: host_value(v, reader, backend) for k, v in kwargs.items()}
-        return consumer(*args, **kwargs)
+        _guarding.on = True
+        try:
+            return consumer(*args, **kwargs)
+        finally:
+            _guarding.on = False
 
-    setattr(guarded, GUARD_MARK, True)
     return guarded
 
 
 def build_guard(reader: str):
     """A ``Patch.build`` callable: (original, ctx) -> guarded original."""
 
-    def build(original, ctx):
-        if original is None:
-            # FastDeploy's ops import can resolve to None (ops not compiled: CPU test runs).
-            return original
+    def build(original, ctx):  # (an op that resolved to None - ops not compiled - has no link)
         return host_inputs_guard(original, reader, ctx.backend)
 
     return build

@@ -35,7 +35,7 @@ from fd_async_copy_plugin import fd_identity, runtime
 from fd_async_copy_plugin.config import DEFAULT_RING_MAX_BYTES
 from fd_async_copy_plugin.registry.patch import Feature, IncompatibleError, Junction, Patch, Target, wraps
 
-from ._consumers import GUARD_MARK, build_guard, build_prompt_scope, prompt_runner
+from ._consumers import build_guard, build_prompt_scope, prompt_runner
 
 log = logging.getLogger("fd_async_copy")
 
@@ -53,7 +53,6 @@ RING_SLOTS = 2  # FD 2.5's overlap schedule still references step N's output whe
 #: copies instead: correct and bounded, never a multi-GB pinned allocation in the decode loop.
 MAX_PINNED_BYTES = 64 << 20
 #: Marks the plugin's gather_logprobs (sync_scope checks it to know prompt results are host-owned).
-GATHERS_HOST_DATA = "__fd_async_copy_gathers_host_data__"
 _ITEM_BYTES = {field: np.dtype(dtype).itemsize for field, dtype in DTYPES.items()}
 
 #: What the statements after the maths may call: the copies the plugin replaces (FastDeploy's
@@ -312,7 +311,6 @@ def build_gather_logprobs(original, ctx):
         # Only the copies differ: non-blocking, into reused pinned buffers, one event.
         return copier.copy(self, indices, top_logprobs, token_ranks)
 
-    setattr(gather_logprobs, GATHERS_HOST_DATA, True)
     return gather_logprobs
 
 

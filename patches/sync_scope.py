@@ -27,11 +27,10 @@ import numpy as np
 import paddle
 
 from fd_async_copy_plugin import fd_identity
-from fd_async_copy_plugin.registry.patch import Feature, IncompatibleError, Patch, Target, wraps
+from fd_async_copy_plugin.registry.patch import JUNCTION_MARK, Feature, IncompatibleError, Patch, Target, wraps
 from fd_async_copy_plugin.runtime.backend import host_view
 
 from ._consumers import build_prompt_scope, prompt_runner
-from .logprobs import GATHERS_HOST_DATA
 
 OUTPUT = "worker.output"
 RUNNER = "worker.gpu_model_runner"
@@ -60,7 +59,7 @@ def _gathers_host_data(runner) -> bool:
     """True when the runner's sampler is the plugin's ``gather_logprobs``: in prompt mode it hands
     back host-owned tensors after its own wait, so FastDeploy's synchronize has nothing to wait for."""
     gather = getattr(type(getattr(runner, "sampler", None)), "gather_logprobs", None)
-    return bool(getattr(gather, GATHERS_HOST_DATA, False))
+    return "logprobs" in getattr(getattr(gather, JUNCTION_MARK, None), "links", ())
 
 
 def build_device_synchronize(original, ctx):

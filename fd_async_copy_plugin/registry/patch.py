@@ -195,7 +195,6 @@ class Feature:
 
 # --- one replacement per attribute ------------------------------------------------------------------
 
-MARKER_PREFIX = "__fd_async_copy_"
 JUNCTION_MARK = "__fd_async_copy_junction__"
 _junctions: dict[tuple[int, str], "Junction"] = {}
 _junctions_lock = threading.RLock()
@@ -210,7 +209,8 @@ class _Next:
         functools.update_wrapper(self, junction.bottom, updated=())
 
     def __call__(self, *args, **kwargs):
-        return self._junction.following(self._feature)(*args, **kwargs)
+        junction = self._junction
+        return junction.next_of.get(self._feature, junction.bottom)(*args, **kwargs)
 
 
 class Junction:
@@ -258,22 +258,9 @@ class Junction:
     def _rank(self, feature: str) -> tuple:
         return (self.order.index(feature), "") if feature in self.order else (len(self.order), feature)
 
-    def features(self, links: dict | None = None) -> list[str]:
+    def features(self) -> list[str]:
         """The features with a link here, outermost first."""
-        return sorted(self.links if links is None else links, key=self._rank)
-
-    def following(self, feature: str) -> Callable:
-        """What comes after ``feature``'s place: its next link, or - once its link was taken out (a
-        save captured before ``disable()`` and run after it) - the first active link ranked after it."""
-        found = self.next_of.get(feature)
-        if found is not None:
-            return found
-        rank = self._rank(feature)
-        links = self.links
-        for other in self.features(links):
-            if self._rank(other) > rank:
-                return links[other]
-        return self.bottom
+        return sorted(self.links, key=self._rank)
 
     def set_bottom(self, bottom: Any) -> None:
         """What the last link calls from now on (``original`` again to undo)."""
@@ -282,10 +269,12 @@ class Junction:
             self._relink()
 
     def _relink(self) -> None:
+        # every listed feature has a next, linked or not: a link taken out while a call it made is
+        # still running (a save captured before disable()) continues with the links after its place
         following, next_of, links = self.bottom, {}, self.links
-        for feature in reversed(self.features(links)):
+        for feature in reversed(sorted(set(links) | set(self.order), key=self._rank)):
             next_of[feature] = following
-            following = links[feature]
+            following = links.get(feature, following)
         self.next_of, self.head = next_of, following  # the head last: a call in flight sees a whole chain
 
     def attach(self, feature: str, build: Callable[[Any], Any]) -> None:
@@ -296,11 +285,6 @@ class Junction:
             if isinstance(link, (staticmethod, classmethod)):
                 link = link.__func__
             self.links = {**self.links, feature: link}  # copied, never changed in place: readers iterate it
-            # markers a link carries (``__fd_async_copy_*``, e.g. "gathers host data") are visible
-            # on the installed function
-            for key, value in getattr(link, "__dict__", {}).items():
-                if key.startswith(MARKER_PREFIX) and key != JUNCTION_MARK:
-                    setattr(self.function, key, value)
             self._relink()
             if len(self.links) == 1:
                 _junctions[(id(self.owner), self.name)] = self
@@ -308,13 +292,7 @@ class Junction:
 
     def detach(self, feature: str) -> None:
         with _junctions_lock:
-            links = dict(self.links)
-            link = links.pop(feature, None)
-            self.links = links
-            for key in getattr(link, "__dict__", {}):
-                if key.startswith(MARKER_PREFIX) and key != JUNCTION_MARK and hasattr(self.function, key) \
-                        and not any(key in getattr(other, "__dict__", {}) for other in self.links.values()):
-                    delattr(self.function, key)
+            self.links = {name: link for name, link in self.links.items() if name != feature}
             self._relink()
             if not self.links:
                 if _junctions.get((id(self.owner), self.name)) is self:
