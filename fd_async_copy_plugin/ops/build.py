@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 from . import cache
-from .toolchain import find_cxx, find_nvcc, summarize_failure
+from .toolchain import find_nvcc
 
 CUDA_ARCHS_ENV = "FD_ASYNC_COPY_CUDA_ARCHS"
 # Ampere and Hopper SASS plus Hopper PTX, which newer GPUs JIT-compile. CUDA 13 dropped < sm_75.
@@ -288,3 +288,43 @@ def _nvcc_version(nvcc: str) -> str | None:
         return None
     lines = [line for line in out.splitlines() if "release" in line]
     return lines[-1].strip() if lines else None
+
+
+def find_cxx() -> tuple[str | None, str]:
+    """The C++ compiler Paddle's extension build will use (``$CXX``, else ``c++``/``g++`` on PATH),
+    or ``None`` and one line saying how to get one."""
+    named = os.environ.get("CXX", "").split()
+    if named:
+        found = shutil.which(named[0])
+        if found:
+            return found, "$CXX"
+        return None, (f"CXX={os.environ['CXX']!r} is not an executable; set CXX to a C++ compiler "
+                      "(e.g. CXX=g++) or unset it")
+    for name in ("c++", "g++"):
+        found = shutil.which(name)
+        if found:
+            return found, "PATH"
+    return None, ("no C++ compiler: g++ is not on PATH and CXX is not set; install g++ (Debian: "
+                  "apt-get install g++) or set CXX=/path/to/g++, then rerun `fd-async-copy build-ops`")
+
+
+#: Known compiler/linker failures -> the fix, for the one-line summary of a failed build.
+_HINTS = (
+    ("Python.h", "install the Python headers (Debian: apt-get install python3-dev)"),
+    ("command 'gcc' failed", "install gcc/g++ (Debian: apt-get install g++) or set CC/CXX"),
+    ("No such file or directory: 'which'", "put the basic tools (which, sh) on PATH"),
+    ("unsupported gpu architecture", "set FD_ASYNC_COPY_CUDA_ARCHS to architectures this nvcc supports"),
+)
+
+
+def summarize_failure(output: str) -> str:
+    """One line for a failed compiler run: the first error line, and the fix when it is known."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    errors = [line for line in lines if "error" in line.lower() and "warning" not in line.lower()]
+    first = (errors or lines or ["(no output)"])[0]
+    if len(first) > 160:
+        first = first[:157] + "..."
+    for needle, fix in _HINTS:
+        if needle in output:
+            return f"{first} -> {fix}"
+    return first
