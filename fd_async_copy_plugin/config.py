@@ -120,13 +120,8 @@ class RunSettings:
         """From ``enable()``'s arguments; an argument left None takes its environment variable (or
         the default). Raises ``ConfigError`` naming what was given: the argument or the variable."""
         environ = os.environ if environ is None else environ
-        if isinstance(ring_max_bytes, bool):
-            raise ConfigError(f"ring_max_bytes={ring_max_bytes!r} is not valid; allowed values: a positive "
-                              "number of bytes (int), or a string such as '256M'")
-        if isinstance(ring_max_bytes, int):
-            ring_max_bytes = str(ring_max_bytes)
         ring = (parse_ring_max_bytes(environ.get(ENV_RING_MAX_BYTES)) if ring_max_bytes is None
-                else parse_ring_max_bytes(ring_max_bytes, source="ring_max_bytes"))
+                else parse_ring_max_bytes(str(ring_max_bytes), source="ring_max_bytes"))  # True: invalid
         count = (parse_overlap_count(environ.get(ENV_OVERLAP_COUNT)) if overlap_count is None
                  else parse_overlap_count(overlap_count, source="overlap_count"))
         return cls(ring_max_bytes=ring, overlap_count=count)
@@ -142,10 +137,6 @@ class AsyncCopyConfig:
     overlap_count: str = "exact"
     #: raw values of the variables, for ``doctor``
     env: Mapping[str, str | None] = field(default_factory=dict)
-
-    @property
-    def settings(self) -> RunSettings:
-        return RunSettings(ring_max_bytes=self.ring_max_bytes, overlap_count=self.overlap_count)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "AsyncCopyConfig":

@@ -45,16 +45,6 @@ class ProfileInfo:
     markers: dict[str, bool | None] = field(default_factory=dict)
     reason: str = ""
 
-    def as_dict(self) -> dict:
-        return {
-            "profile": self.profile,
-            "fastdeploy_version": self.version,
-            "root": self.root,
-            "location": self.location,
-            "markers": dict(self.markers),
-            "reason": self.reason,
-        }
-
 
 def root_directory(root: str) -> str | None:
     """Directory of the root package, without importing it when it is not imported yet."""

@@ -241,3 +241,35 @@ def test_doctor_human_output_reports_bad_env_without_a_traceback_and_exits_non_z
     assert "Traceback" not in done.stdout + done.stderr, done.stderr
     assert done.returncode == 1
     assert "CONFIG ERROR" in done.stdout and f"{name}={value!r}" in done.stdout
+
+
+def test_enable_takes_the_settings_from_python_and_validates_them_like_the_variables(monkeypatch):
+    """``enable(ring_max_bytes=..., overlap_count=...)``: no patch reads the environment; a bad value
+    is a ``ConfigError`` naming the argument, before anything is touched."""
+    import importlib
+
+    from fd_async_copy_plugin.config import ConfigError
+    from fd_async_copy_plugin.testing.reference import ROOTS
+
+    root = ROOTS["fd24"]
+    importlib.import_module(f"{root}.worker.gpu_model_runner")
+    importlib.import_module(f"{root}.model_executor.pre_and_post_process")
+    monkeypatch.setenv("FD_ASYNC_COPY_RING_MAX_BYTES", "1G")
+    monkeypatch.setenv("FD_ASYNC_COPY_OVERLAP_COUNT", "exact")
+    manager = fd_async_copy_plugin._get_manager()
+    try:
+        fd_async_copy_plugin.enable(["logprobs", "stop_flag", "step_syncs", "overlap"], backend="host", root=root,
+                                    ring_max_bytes="6000", overlap_count="bound")
+        assert manager.applied["logprobs"].ctx.state.ring_max_bytes == 6000
+        assert manager.applied["overlap"].ctx.state.count_mode == "bound"
+        fd_async_copy_plugin.disable()
+        fd_async_copy_plugin.enable(["logprobs"], backend="host", root=root)  # unset: the variables
+        assert manager.applied["logprobs"].ctx.state.ring_max_bytes == 1 << 30
+        fd_async_copy_plugin.disable()
+        for bad, name in (({"ring_max_bytes": "²"}, "ring_max_bytes"), ({"ring_max_bytes": True}, "ring_max_bytes"),
+                          ({"overlap_count": "fast"}, "overlap_count")):
+            with pytest.raises(ConfigError, match=name):
+                fd_async_copy_plugin.enable(["logprobs"], backend="host", root=root, **bad)
+            assert not manager.enabled and not manager.applied
+    finally:
+        fd_async_copy_plugin.disable()
