@@ -90,10 +90,6 @@ class ImportWatcher(importlib.abc.MetaPathFinder):
                     del self._callbacks[name]
             self._uninstall_if_idle()
 
-    def waiting_for(self) -> list[str]:
-        with self._lock:
-            return sorted(self._callbacks)
-
     def poll(self) -> None:
         """Fire callbacks of modules that finished initialising since they were registered."""
         with self._lock:
