@@ -31,74 +31,41 @@ _scope = _Scope()
 
 
 class Watched:
-    """Handler of one watched tensor. ``setitem`` returns True when it performed the write itself
-    (Paddle's own ``__setitem__`` is then not called); ``getitem``/``numpy`` return ``NotImplemented``
-    to let Paddle answer."""
+    """Handler of one watched tensor: ``setitem(original, key, value)``, ``getitem(original, key)``
+    and ``numpy(original)`` answer for Paddle's method (``setitem`` answers None once it made the
+    write itself), or return ``NotImplemented`` to let Paddle's own method run."""
 
     def __init__(self, tensor) -> None:
         self.tensor = tensor
 
-    def setitem(self, original, key, value) -> bool:
-        return False
-
-    def getitem(self, original, key):
+    def setitem(self, original, key, value):
         return NotImplemented
 
-    def numpy(self, original):
-        return NotImplemented
+    getitem = numpy = setitem
 
 
-def _handler(t) -> "Watched | None":
-    active = _scope.active
-    if not active:
-        return None
-    handler = active.get(id(t))
-    return handler if handler is not None and handler.tensor is t else None
+def _build(method: str):
+    """The link of Paddle's tensor method: the calling thread's handler of that tensor first."""
 
+    def build(original, ctx):
+        @wraps(original)
+        def link(self, *args, **kwargs):
+            active = _scope.active
+            handler = active.get(id(self)) if active and not kwargs else None
+            if handler is not None and handler.tensor is self and not (args and method == "numpy"):
+                result = getattr(handler, method)(original, *args)
+                if result is not NotImplemented:
+                    return result
+            return original(self, *args, **kwargs)
 
-def _build_setitem(original, ctx):
-    @wraps(original)
-    def __setitem__(self, key, value):
-        handler = _handler(self)
-        if handler is not None and handler.setitem(original, key, value):
-            return None
-        return original(self, key, value)
+        return link
 
-    return __setitem__
-
-
-def _build_getitem(original, ctx):
-    @wraps(original)
-    def __getitem__(self, key):
-        handler = _handler(self)
-        if handler is not None:
-            result = handler.getitem(original, key)
-            if result is not NotImplemented:
-                return result
-        return original(self, key)
-
-    return __getitem__
-
-
-def _build_numpy(original, ctx):
-    @wraps(original)
-    def numpy(self, *args, **kwargs):
-        handler = _handler(self)
-        if handler is not None and not args and not kwargs:
-            result = handler.numpy(original)
-            if result is not NotImplemented:
-                return result
-        return original(self, *args, **kwargs)
-
-    return numpy
+    return build
 
 
 #: the feature's patches of Paddle's tensor methods (their links pass through outside ``watching``)
-PATCHES = (
-    Patch(Target("paddle", "Tensor.__setitem__", absolute=True), _build_setitem),
-    Patch(Target("paddle", "Tensor.__getitem__", absolute=True), _build_getitem),
-    Patch(Target("paddle", "Tensor.numpy", absolute=True), _build_numpy),
-)
+PATCHES = tuple(Patch(Target("paddle", f"Tensor.{name}", absolute=True), _build(method))
+                for name, method in (("__setitem__", "setitem"), ("__getitem__", "getitem"), ("numpy", "numpy")))
 
 
 @contextlib.contextmanager

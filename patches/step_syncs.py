@@ -77,7 +77,7 @@ class _Mirror(Watched):
         super().__init__(tensor)
         self.shadow, self.name = shadow, name
 
-    def setitem(self, original, key, value) -> bool:
+    def setitem(self, original, key, value) -> None:
         original(self.tensor, key, value)
         v = host_value(value, self.tensor)
         try:
@@ -86,7 +86,6 @@ class _Mirror(Watched):
             self.shadow.arrays[self.name][key] = v
         except Exception as exc:  # never fail FastDeploy's write: the shadow reloads instead
             self.shadow.lose(self.name, f"a write FastDeploy made to {self.name} it cannot follow ({exc})")
-        return True
 
     def getitem(self, original, key):
         # I1: ``if share_inputs["is_block_step"][idx]:`` - answered on the host when known.
@@ -117,13 +116,13 @@ class _StagedTable(Watched):
         super().__init__(tensor)
         self.shadow = shadow
 
-    def setitem(self, original, key, value) -> bool:
+    def setitem(self, original, key, value):
         shadow = self.shadow
         v = host_value(value, self.tensor)
         if v is _UNKNOWN or not basic_key(key) or not shadow.known("tables"):
             shadow.flush()  # staged rows land first, in stream order, then FastDeploy's own write
             shadow.lose("tables", "a block-table write with a device value or mask")
-            return False
+            return NotImplemented
         if not shadow.dirty:
             backend = shadow.backend
             if backend.h2d_in_flight(shadow.tables):
@@ -139,9 +138,9 @@ class _StagedTable(Watched):
             shadow.dirty.update(rows)  # the rows already staged keep their order before FD's write
             shadow.flush()
             shadow.lose("tables", f"a block-table write it cannot follow ({exc})")
-            return False
+            return NotImplemented
         shadow.dirty.update(rows)
-        return True
+        return None
 
 
 class StepShadow:

@@ -360,7 +360,7 @@ class AppliedFeature:
         ordered = list(reversed(self.records))
         for record in ordered:
             if record.producer:
-                record.junction.detach(record.feature)
+                _restore(record)
         try:
             self.feature.quiesce(self.ctx)
         except Exception:  # a revert always completes: FastDeploy must get every original back
@@ -369,7 +369,7 @@ class AppliedFeature:
             )
         for record in ordered:
             if not record.producer:
-                record.junction.detach(record.feature)
+                _restore(record)
         # Importers loaded after apply imported a replacement themselves: point them back too (once
         # no feature has a link left in that junction).
         originals = {id(r.replacement): r.original for r in self.records if not r.junction.links}
@@ -379,6 +379,11 @@ class AppliedFeature:
             if current is not None and id(current) in originals:
                 setattr(module, target.attr, originals[id(current)])
         self.feature.teardown(self.ctx)
+
+
+def _restore(record: _Applied) -> None:
+    """Take the feature's link out; the last one out puts FastDeploy's original back."""
+    record.junction.detach(record.feature)
 
 
 def _set(owner: Any, name: str, value: Any) -> None:
@@ -414,7 +419,7 @@ def apply_feature(feature: Feature, ctx: PatchContext) -> AppliedFeature:
                                     patch.producer, patch.target, junction, feature.name))
     except BaseException:
         for record in reversed(records):
-            record.junction.detach(record.feature)
+            _restore(record)
         feature.teardown(ctx)
         raise
     importers = [p.target for p in patches if not p.target.required]

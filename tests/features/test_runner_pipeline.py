@@ -166,9 +166,9 @@ class _Recorder(Watched):
         super().__init__(tensor)
         self.calls = []
 
-    def setitem(self, original, key, value) -> bool:
+    def setitem(self, original, key, value):
         self.calls.append(("setitem", threading.get_ident()))
-        return False
+        return NotImplemented
 
     def numpy(self, original):
         self.calls.append(("numpy", threading.get_ident()))
