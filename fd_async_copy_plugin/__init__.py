@@ -18,7 +18,7 @@ import os
 import sys
 import threading
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"  # as pyproject.toml (tests/cli check it)
 
 log = logging.getLogger("fd_async_copy")
 
@@ -121,7 +121,6 @@ def register() -> None:
 
         install_from_env()  # also with the plugin inactive; never raises; off: not even imported
     try:
-        _ensure_log_handler()
         config = AsyncCopyConfig.from_env()
     except Exception as exc:
         log.error("fd_async_copy: %s. FastDeploy runs unpatched.", exc)

@@ -88,9 +88,8 @@ class OverlapState:
         return bool(self.pending or self.in_step)
 
     def capture(self, op, args: tuple, flag_index: int) -> None:
-        args = list(args)
-        args[flag_index] = _StepFlag(self.flags[self.flag_turn])
-        self.captured.append((op, args))
+        """A save op's call; its ``not_need_stop`` is this step's pinned flag, read when it runs."""
+        self.captured.append((op, list(args), flag_index, self.flags[self.flag_turn]))
 
     def report(self) -> dict:
         return {"token_count": self.count_mode, "fallbacks": dict(self.fallbacks), "served": dict(self.served)}
@@ -105,8 +104,8 @@ class OverlapState:
         One flush at a time (``disable()`` may flush from another thread while a step ends)."""
         with self.saving:
             pending, self.pending = self.pending, []
-            for op, args in pending:
-                args = [a.host(self.backend, why) if isinstance(a, _StepFlag) else a for a in args]
+            for op, args, flag_index, flag in pending:
+                args[flag_index] = self.backend.to_host(flag, f"overlap.{why}")  # after the step's event
                 op(*args)
             if pending:
                 self.served[f"save one step later ({why})"] += 1
@@ -125,18 +124,6 @@ class OverlapState:
             detached = self.detached
         if detached:
             self.flush("disabled during the step")
-
-
-class _StepFlag:
-    """Stands for a step's ``not_need_stop`` in a captured save: read after the step's event."""
-
-    __slots__ = ("buf",)
-
-    def __init__(self, buf) -> None:
-        self.buf = buf
-
-    def host(self, backend, reader: str):
-        return backend.to_host(self.buf, f"overlap.{reader}")
 
 
 class OverlapRunners(FeatureRunners):

@@ -68,9 +68,8 @@ class RunnerState:
     __slots__ = ("stop", "syncs", "overlap", "__weakref__")
 
     def __init__(self) -> None:
-        self.stop = None  # patches.stop_flag.StopFlagState
-        self.syncs = None  # patches.step_syncs.RunnerSyncs
-        self.overlap = None  # patches.overlap.OverlapState
+        # stop_flag.StopFlagState, step_syncs.RunnerSyncs, overlap.OverlapState
+        self.stop = self.syncs = self.overlap = None
 
     # -- what one part needs of another ---------------------------------------------------------
     def step_copies(self) -> None:
@@ -109,8 +108,7 @@ def runner_state(runner, create: bool = False) -> RunnerState | None:
 
 def part(runner, slot: str):
     """The runner's part in ``slot`` (``stop``, ``syncs``, ``overlap``), or None."""
-    state = runner.__dict__.get(_SLOT)
-    return getattr(state, slot) if state is not None else None
+    return getattr(runner.__dict__.get(_SLOT), slot, None)
 
 
 #: Live runners a ``disable()`` handed back to FastDeploy: a later ``enable()`` reports them as
@@ -182,17 +180,13 @@ class FeatureRunners:
         if not standing:
             return {"state": "applied", "reason": "", "runners": runners}
         reasons = "; ".join(sorted({why for _, why in standing}))
-        if not patched:
-            return {"state": "passthrough", "reason": reasons, "runners": runners}
-        return {
-            "state": "partial",
-            "reason": f"{len(patched)} of {len(runners)} runners patched; the others keep FastDeploy's "
-                      f"own path: {reasons}",
-            "runners": runners,
-        }
+        if patched:
+            reasons = f"{len(patched)} of {len(runners)} runners patched; the others keep FastDeploy's " \
+                      f"own path: {reasons}"
+        return {"state": "partial" if patched else "passthrough", "reason": reasons, "runners": runners}
 
-    def detach_all(self) -> list:
-        """Take the part off every runner (``detach()`` it); returns the runners."""
+    def detach_all(self) -> None:
+        """Take the part off every runner (``detach()`` it)."""
         runners = self.live()
         with self._lock:
             self._runners.clear()
@@ -204,7 +198,6 @@ class FeatureRunners:
             if hasattr(part_state, "detach"):
                 part_state.detach()
             _DETACHED.add(runner)
-        return runners
 
 
 def per_runner(original, slot: str):

@@ -293,22 +293,15 @@ class PatchManager:
                 runs = applied.feature.report(applied.ctx)
             except Exception as exc:  # reporting must never fail
                 runs = {"state": FAILED, "reason": f"cannot report: {type(exc).__name__}: {exc}"}
-            if runs:
-                for key in [name, *getattr(applied.feature, "options", {})]:
-                    if key in report and report[key]["state"] == APPLIED:
-                        entry = {"state": runs["state"], "reason": runs["reason"]} if runs["state"] != APPLIED else dict(report[key])
-                        report[key] = {**entry, "runners": list(runs.get("runners", []))}
             lost = applied.drifted()
-            if not lost:
-                continue
-            entry = {
-                "state": FAILED,
-                "reason": f"no longer in place (module reloaded?): {', '.join(lost)} are not the plugin's; "
-                          "FastDeploy's own code runs there - disable() and enable() to re-apply",
-            }
-            for key in [name, *getattr(applied.feature, "options", {})]:
+            if lost:
+                runs = {"state": FAILED, "runners": [],
+                        "reason": f"no longer in place (module reloaded?): {', '.join(lost)} are not the plugin's; "
+                                  "FastDeploy's own code runs there - disable() and enable() to re-apply"}
+            for key in [name, *getattr(applied.feature, "options", {})] if runs else ():
                 if key in report and report[key]["state"] == APPLIED:
-                    report[key] = dict(entry)
+                    entry = report[key] if runs["state"] == APPLIED else {"state": runs["state"], "reason": runs["reason"]}
+                    report[key] = {**entry, "runners": list(runs.get("runners", []))}
         return report
 
 

@@ -303,12 +303,6 @@ class Junction:
                     delattr(self.owner, self.name)
 
 
-def installed_junctions() -> list[Junction]:
-    """Every junction in place now (tests: each patched attribute has exactly one)."""
-    with _junctions_lock:
-        return [j for j in _junctions.values() if Junction.at(j.owner, j.name) is j]
-
-
 @dataclass
 class _Applied:
     owner: Any

@@ -47,6 +47,9 @@ def test_version_names_the_package_version_and_the_checkout():
 def test_version_is_bumped_past_the_first_release_with_a_licence_and_authors():
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     assert tuple(int(p) for p in project["version"].split(".")) >= (0, 2, 0)
+    import fd_async_copy_plugin
+
+    assert fd_async_copy_plugin.__version__ == project["version"]  # the package says the same
     assert project["license-files"] == ["LICENSE"] and project["authors"][0]["name"]
     licence = (REPO / "LICENSE").read_text()
     assert "Apache License" in licence and "Version 2.0, January 2004" in licence

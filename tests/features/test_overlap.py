@@ -358,8 +358,8 @@ def _flush_without_refresh_at_insert(self, why):
     if why in ("insert_tasks_v1", "insert_prefill_inputs"):
         return  # the planted bug: the insert does not finish the pending step first
     pending, self.pending = self.pending, []
-    for op, args in pending:
-        args = [a.host(self.backend, why) if isinstance(a, overlap_patch._StepFlag) else a for a in args]
+    for op, args, flag_index, flag in pending:
+        args[flag_index] = self.backend.to_host(flag, f"overlap.{why}")
         op(*args)
     if pending:
         self.runner.step_saved(f"overlap.{why}")
