@@ -271,12 +271,12 @@ class OverlapFeature(Feature):
     requires = ("logprobs", "stop_flag", "step_syncs")
     patches = (
         Patch(Target(RUNNER, "GPUModelRunner._init_share_inputs"), build_init_share_inputs),
-        Patch(Target(RUNNER, "GPUModelRunner.execute_model"), build_execute_model),
-        Patch(Target(RUNNER, "GPUModelRunner.not_need_stop"), build_not_need_stop),
-        Patch(Target(RUNNER, "GPUModelRunner.insert_tasks_v1"), build_flush_first),
-        Patch(Target(RUNNER, "GPUModelRunner.insert_prefill_inputs"), build_flush_first),
-        Patch(Target(RUNNER, "GPUModelRunner.reset_share_inputs"), build_flush_first),
-        Patch(Target(RUNNER, "GPUModelRunner._dummy_run"), build_flush_first),
+        Patch(Target(RUNNER, "GPUModelRunner.execute_model"), build_execute_model, step=True),
+        Patch(Target(RUNNER, "GPUModelRunner.not_need_stop"), build_not_need_stop, step=True),
+        Patch(Target(RUNNER, "GPUModelRunner.insert_tasks_v1"), build_flush_first, step=True),
+        Patch(Target(RUNNER, "GPUModelRunner.insert_prefill_inputs"), build_flush_first, step=True),
+        Patch(Target(RUNNER, "GPUModelRunner.reset_share_inputs"), build_flush_first, step=True),
+        Patch(Target(RUNNER, "GPUModelRunner._dummy_run"), build_flush_first, step=True),
         *(Patch(Target(POSTPROC, name), build_save_op(name), producer=True) for name in SAVE_OPS),
         # loaded by the worker before the runner; absent from the replica (then the insert's flush)
         Patch(Target("inter_communicator.engine_worker_queue", "EngineWorkerQueue.get_tasks", required=False),

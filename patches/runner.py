@@ -45,7 +45,8 @@ PIPELINE: dict[str, tuple[str, ...]] = {
     _R + "insert_prefill_inputs": ("overlap", "stop_flag", "step_syncs"),  # as insert_tasks_v1
     # sync_check (the diagnostic, not a feature): the decode step's bounds, around everything;
     # overlap: the save one step later (the saves run inside the next step)
-    _R + "execute_model": ("sync_check", "overlap"),
+    # stop_flag: none but the step itself as one section (``Patch.step``: no enable()/disable() inside)
+    _R + "execute_model": ("sync_check", "overlap", "stop_flag"),
     # overlap: right after the forward launch, run the last step's save; while output is pending,
     # True; stop_flag: answer from the legacy flag made current
     _R + "not_need_stop": ("overlap", "stop_flag"),
@@ -215,3 +216,8 @@ def per_runner(original, slot: str):
         return method
 
     return decorate
+
+
+def build_step_section(original, ctx):
+    """A link that adds nothing but the step gate (declared with ``Patch(..., step=True)``)."""
+    return original

@@ -552,7 +552,7 @@ class StepSyncsFeature(Feature):
         Patch(Target(RUNNER, "GPUModelRunner.insert_prefill_inputs"), build_insert),
         Patch(Target(RUNNER, "GPUModelRunner._dummy_prefill_inputs"), build_insert),
         Patch(Target(RUNNER, "GPUModelRunner._prepare_inputs"), build_prepare_inputs),
-        Patch(Target(RUNNER, "GPUModelRunner.exist_prefill"), build_exist_prefill),
+        Patch(Target(RUNNER, "GPUModelRunner.exist_prefill"), build_exist_prefill, step=True),
         Patch(Target(POSTPROC, "get_padding_offset"), build_get_padding_offset, check_get_padding_offset),
         *TENSOR_WATCH,
     )

@@ -37,7 +37,7 @@ from fd_async_copy_plugin.ops.stop_flag_library import MAX_BATCH
 from fd_async_copy_plugin.registry.patch import Feature, IncompatibleError, Patch, Target, wraps
 
 from ._consumers import add_substitute, build_guard, remove_substitute
-from .runner import FeatureRunners, part
+from .runner import FeatureRunners, build_step_section, part
 
 log = logging.getLogger("fd_async_copy")
 
@@ -406,11 +406,12 @@ class StopFlagFeature(Feature):
         "stop flag's event)",
     }
     patches = (
-        Patch(Target(RUNNER, "GPUModelRunner._init_share_inputs"), build_init_share_inputs),
-        Patch(Target(RUNNER, "GPUModelRunner.reset_share_inputs"), build_reset_share_inputs),
-        Patch(Target(RUNNER, "GPUModelRunner.insert_tasks_v1"), build_insert),
-        Patch(Target(RUNNER, "GPUModelRunner.insert_prefill_inputs"), build_insert),
-        Patch(Target(RUNNER, "GPUModelRunner.not_need_stop"), build_not_need_stop),
+        Patch(Target(RUNNER, "GPUModelRunner._init_share_inputs"), build_init_share_inputs, step=True),
+        Patch(Target(RUNNER, "GPUModelRunner.reset_share_inputs"), build_reset_share_inputs, step=True),
+        Patch(Target(RUNNER, "GPUModelRunner.insert_tasks_v1"), build_insert, step=True),
+        Patch(Target(RUNNER, "GPUModelRunner.insert_prefill_inputs"), build_insert, step=True),
+        Patch(Target(RUNNER, "GPUModelRunner.not_need_stop"), build_not_need_stop, step=True),
+        Patch(Target(RUNNER, "GPUModelRunner.execute_model"), build_step_section, step=True),
         Patch(Target(POSTPROC, "update_inputs_v1"), build_update_inputs_v1, check_update_inputs_v1, producer=True),
         Patch(Target(POSTPROC, "update_inputs"), build_update_inputs, producer=True),
         *(

@@ -13,7 +13,7 @@ import pluggy
 from ..profile import ProfileInfo, detect_profile
 from . import hookspecs
 from .imports import WATCHER
-from .patch import AppliedFeature, Feature, IncompatibleError, PatchContext, apply_feature
+from .patch import STEP_GATE, AppliedFeature, Feature, IncompatibleError, PatchContext, apply_feature
 from .plan import (
     APPLIED,
     APPLY,
@@ -125,7 +125,7 @@ class PatchManager:
         from ..config import RunSettings
 
         settings = settings or RunSettings()
-        with self._lock:
+        with STEP_GATE.change(), self._lock:
             request = (tuple(features), root, backend, strict)
             if self.enabled:
                 if request == (self.requested, self.root, self.requested_backend, self.strict) \
@@ -246,7 +246,7 @@ class PatchManager:
             raise StrictModeError(f"FD_ASYNC_COPY_STRICT=1 and not every feature applied: {refused}")
 
     def disable(self) -> None:
-        with self._lock:
+        with STEP_GATE.change(), self._lock:
             for callback in self._pending.values():
                 WATCHER.cancel(callback)
             self._pending.clear()

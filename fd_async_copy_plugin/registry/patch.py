@@ -28,6 +28,7 @@ pointed back at the original on revert wherever it still holds the replacement.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import logging
@@ -104,6 +105,9 @@ class Patch:
     #: hands out data whose copies complete later (e.g. ``gather_logprobs``): restored first on
     #: revert, then ``Feature.quiesce`` runs, and only then are the consumer guards removed
     producer: bool = False
+    #: a call of the target is a step section (``STEP_GATE``): ``enable()``/``disable()`` on another
+    #: thread wait for it to end, and it waits for them (a runner's inserts, step, flag check)
+    step: bool = False
 
 
 def wraps(original: Any) -> Callable[[Callable], Callable]:
@@ -196,6 +200,33 @@ class Feature:
 # --- one replacement per attribute ------------------------------------------------------------------
 
 JUNCTION_MARK = "__fd_async_copy_junction__"
+
+
+class StepGate:
+    """``enable()``/``disable()`` never land in the middle of a runner's step: a step section (a call
+    of a ``Patch.step`` target: inserts, ``execute_model``, the flag check) holds ``lock``, and a
+    change of the patches takes it too - waiting for the section in flight, at most ``timeout``
+    seconds (then it goes ahead, logged: never a hang). Re-entrant: a section's own thread may
+    change the patches, and sections nest."""
+
+    def __init__(self, timeout: float = 60.0) -> None:
+        self.timeout = timeout
+        self.lock = threading.RLock()
+
+    @contextlib.contextmanager
+    def change(self):
+        held = self.lock.acquire(timeout=self.timeout)
+        if not held:
+            logging.getLogger("fd_async_copy").warning(
+                "fd_async_copy: a runner step did not end within %g s; the patches change during it", self.timeout)
+        try:
+            yield
+        finally:
+            if held:
+                self.lock.release()
+
+
+STEP_GATE = StepGate()
 _junctions: dict[tuple[int, str], "Junction"] = {}
 _junctions_lock = threading.RLock()
 
@@ -228,11 +259,15 @@ class Junction:
         #: what the last link calls: FastDeploy's original, unless instrumentation (device tracking in
         #: tests) put itself beneath the links (``set_bottom``)
         self.bottom: Any = function
+        self.gated = False  # a link's patch is a step section (``Patch.step``)
         junction = self
 
         @wraps(function)
         def installed(*args, **kwargs):
-            return junction.head(*args, **kwargs)
+            if not junction.gated:
+                return junction.head(*args, **kwargs)
+            with STEP_GATE.lock:
+                return junction.head(*args, **kwargs)
 
         setattr(installed, JUNCTION_MARK, self)
         self.function = installed
@@ -277,7 +312,7 @@ class Junction:
             following = links.get(feature, following)
         self.next_of, self.head = next_of, following  # the head last: a call in flight sees a whole chain
 
-    def attach(self, feature: str, build: Callable[[Any], Any]) -> None:
+    def attach(self, feature: str, build: Callable[[Any], Any], step: bool = False) -> None:
         with _junctions_lock:
             if feature in self.links:
                 raise IncompatibleError(f"{self.name}: feature {feature!r} declares two patches of it")
@@ -285,6 +320,7 @@ class Junction:
             if isinstance(link, (staticmethod, classmethod)):
                 link = link.__func__
             self.links = {**self.links, feature: link}  # copied, never changed in place: readers iterate it
+            self.gated = self.gated or step
             self._relink()
             if len(self.links) == 1:
                 _junctions[(id(self.owner), self.name)] = self
@@ -408,7 +444,7 @@ def apply_feature(feature: Feature, ctx: PatchContext) -> AppliedFeature:
     try:
         for patch, owner, name, current in resolved:
             junction = Junction.on(owner, name, order.get(f"{patch.target.module}:{patch.target.attr}", ()))
-            junction.attach(feature.name, lambda nxt, patch=patch: patch.build(nxt, ctx))
+            junction.attach(feature.name, lambda nxt, patch=patch: patch.build(nxt, ctx), patch.step)
             records.append(_Applied(owner, name, junction.original, junction.installed, junction.own,
                                     patch.producer, patch.target, junction, feature.name))
     except BaseException:

@@ -1,15 +1,18 @@
 """Issue 25 item 1: with ``overlap``, ``disable()`` (or ``enable()`` with other features) from another
 thread at any moment of a step loses no output and never hangs.
 
-Each case stops the decode thread at one moment of one step (the save captured, the last step's
-save about to run after the forward, right after the update op, the step's end), runs ``disable()``
-(and, for some, ``enable()`` with the backport features) on another thread to completion, and lets
-the step go on. Every request must then finish with exactly the tokens and logprobs of unpatched
-FastDeploy 2.4, within the step bound. A free-running case calls them at random moments.
+``enable()``/``disable()`` wait for a runner step in flight to end (``registry.patch.STEP_GATE``):
+each case calls them from another thread at one moment of one step (the save captured, the last
+step's save about to run after the forward, right after the update op, the step's end), lets the
+step go on, and checks that the change was made after that step, that every request finished with
+exactly the tokens and logprobs of unpatched FastDeploy 2.4 within the step bound, and that nothing
+hung. A free-running case calls them at random moments. A planted gate that lets a change land
+mid-step is caught.
 """
 
 from __future__ import annotations
 
+import contextlib
 import random
 import threading
 import time
@@ -50,7 +53,7 @@ def unpatched():
                                     max_steps=MAX_STEPS).result)
 
 
-def _in_other_thread(action) -> None:
+def _in_other_thread(action) -> threading.Thread:
     errors = []
 
     def run():
@@ -60,10 +63,9 @@ def _in_other_thread(action) -> None:
             errors.append(exc)
 
     worker = threading.Thread(target=run)
+    worker.errors = errors
     worker.start()
-    worker.join(30)
-    assert not worker.is_alive(), "disable()/enable() hung"
-    assert not errors, errors
+    return worker
 
 
 MOMENTS = {
@@ -93,25 +95,76 @@ def test_disable_at_a_moment_of_an_overlap_step_loses_nothing(monkeypatch, unpat
     def hooked(self, *args, **kwargs):
         calls[0] += 1
         if before and calls[0] == when and not fired:
-            fired.append(calls[0])
-            _in_other_thread(action)
+            fired.append(_in_other_thread(action))
+            time.sleep(0.05)  # the change is waiting for this step: it must not land inside it
+            assert fd_async_copy_plugin.status()["enabled"] or then_enable
         result = original(self, *args, **kwargs)
         if not before and calls[0] == when and not fired:
-            fired.append(calls[0])
-            _in_other_thread(action)
+            fired.append(_in_other_thread(action))
         return result
 
     monkeypatch.setattr(owner, name, hooked)
     with device_for(backend), plugin_state(Variant("p", FD24, True, OVERLAP), backend), collecting():
         result = run_decode(FD24, CFG, _requests(), max_steps=MAX_STEPS)
-    assert fired, f"{moment} never happened"
+        assert fired, f"{moment} never happened"
+        fired[0].join(30)
+        assert not fired[0].is_alive(), "disable()/enable() hung"
+        assert not fired[0].errors, fired[0].errors
+        assert fd_async_copy_plugin.status()["enabled"] == then_enable
     assert not result.truncated, "a request never finished"
     assert _per_request(result) == unpatched
 
 
-@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("moment", list(MOMENTS))
+def test_a_disable_past_the_gate_timeout_still_loses_nothing(monkeypatch, unpatched, moment):
+    """A step that outlives ``STEP_GATE.timeout`` (a stuck GPU) lets ``disable()`` go ahead inside
+    it: the step's captured saves still go out (``OverlapState.end_step``) and the rest is FD's."""
+    from fd_async_copy_plugin.registry import patch as patch_module
+
+    monkeypatch.setattr(patch_module.STEP_GATE, "timeout", 0.0)
+    owner, name, before = MOMENTS[moment]
+    original, calls, fired = getattr(owner, name), [0], []
+
+    def hooked(self, *args, **kwargs):
+        calls[0] += 1
+        if before and calls[0] == 3 and not fired:
+            fired.append(_in_other_thread(fd_async_copy_plugin.disable))
+            fired[0].join(30)
+        result = original(self, *args, **kwargs)
+        if not before and calls[0] == 3 and not fired:
+            fired.append(_in_other_thread(fd_async_copy_plugin.disable))
+            fired[0].join(30)
+        return result
+
+    monkeypatch.setattr(owner, name, hooked)
+    with device_for("sim"), plugin_state(Variant("p", FD24, True, OVERLAP), "sim"), collecting():
+        result = run_decode(FD24, CFG, _requests(), max_steps=MAX_STEPS)
+    assert fired and not fired[0].is_alive() and not fired[0].errors
+    assert not result.truncated, "a request never finished"
+    assert _per_request(result) == unpatched
+
+
+def test_planted_change_inside_a_step_is_caught(monkeypatch, unpatched):
+    """Without the step gate (a change lands mid-step), the free-running flips break a run."""
+    from fd_async_copy_plugin.registry import patch as patch_module
+
+    monkeypatch.setattr(patch_module.STEP_GATE, "change", contextlib.nullcontext)
+    broken = 0
+    for seed in range(12):
+        try:
+            _flip_at_random(seed, unpatched)
+        except (AssertionError, Exception):
+            broken += 1
+    assert broken, "no seed broke without the gate: the free-running test cannot catch it"
+
+
+@pytest.mark.parametrize("seed", range(6))
 def test_disable_and_enable_at_random_moments_lose_nothing(unpatched, seed):
     """Free-running: another thread flips the plugin at random moments while the decode runs."""
+    _flip_at_random(seed, unpatched)
+
+
+def _flip_at_random(seed, unpatched):
     rng = random.Random(seed)
     stop = threading.Event()
     flips = [0]
