@@ -69,12 +69,11 @@ class OverlapState:
         # one pinned flag per step in flight: a slot is rewritten two steps later, after its save ran
         self.flags = [backend.new_pinned([1], "bool", f"overlap.not_need_stop[{i}]") for i in range(2)]
         self.flag_turn = 0
-        self.pending: list = []  # (save op, args) of the last overlap step
+        # (save op, args, flag index, flag buffer) of the last overlap step / of the step running
+        self.pending: list = []
         self.captured: list = []
-        self.in_step = False
-        self.after_forward = False
-        self.fallbacks: collections.Counter = collections.Counter()
-        self.served: collections.Counter = collections.Counter()
+        self.in_step = self.after_forward = False
+        self.fallbacks, self.served = collections.Counter(), collections.Counter()
         self.saving = threading.RLock()  # one flush at a time; the captured saves move under it
         self.detached = False  # disable() took the part off its runner
 
@@ -213,8 +212,7 @@ def build_not_need_stop(original, ctx):
             # now, while the GPU computes this one.
             state.after_forward = True
             state.flush("after forward")
-            return original(self)
-        if state.pending and not state.in_step:
+        elif state.pending and not state.in_step:
             return True  # a step's output is still to be saved: the loop must call execute_model
         return original(self)
 

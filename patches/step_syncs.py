@@ -150,15 +150,12 @@ class StepShadow:
         self.backend = backend
         self.glue = backend.glue
         self.block_size = int(block_size)
-        si = runner.share_inputs
-        self.share_inputs = si
-        self.tensors = {
-            name: (runner.seq_lens_this_time_buffer if key is None else si[key]) for name, key in SHADOWED.items()
-        }
+        self.share_inputs = si = runner.share_inputs
+        self.tensors = {name: (runner.seq_lens_this_time_buffer if key is None else si[key])
+                        for name, key in SHADOWED.items()}
         self.arrays: dict[str, np.ndarray] = {}
         self._known: dict[str, bool] = {}
-        self.fallbacks: collections.Counter = collections.Counter()
-        self.served: collections.Counter = collections.Counter()
+        self.fallbacks, self.served = collections.Counter(), collections.Counter()
         self.s1_off = ""  # why S1 stood down for good (a count mismatch), "" while it runs
         self.snap = {  # pinned copies of the device state; the step snapshot uses SNAPSHOT's
             name: backend.new_pinned(self.glue.shape(self.tensors[name]), self.glue.dtype(self.tensors[name]),

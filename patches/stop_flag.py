@@ -136,16 +136,10 @@ class StopFlagRunners(FeatureRunners):
         self.cuda_probe: str | None = None  # the CUDA kernel probe's result, once per process
 
     def for_flag(self, flag) -> StopFlagState | None:
-        for state in self.parts():
-            if state.legacy is flag:
-                return state
-        return None
+        return next((state for state in self.parts() if state.legacy is flag), None)
 
     def for_tokens(self, tokens) -> StopFlagState | None:
-        for state in self.parts():
-            if state.token_source is not None and state.token_source is tokens:
-                return state
-        return None
+        return next((state for state in self.parts() if tokens is not None and state.token_source is tokens), None)
 
     def substitute(self, value, reader: str):
         """For the save consumers: FastDeploy's flag made current (same object), the step's device

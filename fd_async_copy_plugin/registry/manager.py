@@ -146,25 +146,10 @@ class PatchManager:
             for name, decision in decisions.items():
                 if decision.option_of is None or decision.option_of not in decisions:
                     self._decide(name, decision)  # an option is decided with its feature
-            for name in self._apply_order([n for n, d in decisions.items() if d.state == APPLY and d.option_of is None]):
-                self._schedule(self._features[name])
+            for name, decision in decisions.items():  # any order: each link's place is the order table's
+                if decision.state == APPLY and decision.option_of is None:
+                    self._schedule(self._features[name])
             self._finish_strict()
-
-    def _apply_order(self, names: list[str]) -> list[str]:
-        """The order features are applied in, whatever order they were requested in: the patch sets'
-        order, each feature after the ones it builds on (``Feature.requires``)."""
-        ordered: list[str] = []
-
-        def visit(name: str) -> None:
-            if name in ordered or name not in names:
-                return
-            for required in self._features[name].requires:
-                visit(required)
-            ordered.append(name)
-
-        for name in self._features:
-            visit(name)
-        return ordered
 
     def _make_backend(self, backend: str) -> tuple[str, str]:
         try:

@@ -317,8 +317,6 @@ class Junction:
             if feature in self.links:
                 raise IncompatibleError(f"{self.name}: feature {feature!r} declares two patches of it")
             link = build(_Next(self, feature))
-            if isinstance(link, (staticmethod, classmethod)):
-                link = link.__func__
             self.links = {**self.links, feature: link}  # copied, never changed in place: readers iterate it
             self.gated = self.gated or step
             self._relink()
