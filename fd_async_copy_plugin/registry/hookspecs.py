@@ -1,10 +1,13 @@
 """What a patch set provides, as pluggy hook specifications (project ``fd_async_copy``).
 
-pluggy does one job here: it finds the patch sets. The built-ins (``fd_async_copy_plugin.patches``)
-and any third-party set are modules registered through the ``fd_async_copy`` entry-point group, and
-pluggy calls the two hooks below on each. The feature lifecycle itself - the declared targets, the
-checks, ``prepare``/``report``/``quiesce``/``teardown`` - is the ``Feature`` class protocol in
-``registry/patch.py``, not a set of hooks: a patch set subclasses ``Feature``.
+pluggy does one job here: it finds the patch sets - modules registered through the
+``fd_async_copy`` entry-point group (today the built-in ``fd_async_copy_plugin.patches``) - and calls
+the two hooks below on each. The feature lifecycle itself - the declared targets, the checks,
+``prepare``/``report``/``quiesce``/``teardown`` - is the ``Feature`` class protocol in
+``registry/patch.py``, not a set of hooks: a patch set subclasses ``Feature``. A feature is
+requested by name, and ``config.KNOWN_FEATURES`` lists the names ``FD_ASYNC_COPY_FEATURES`` and
+``enable()`` accept (a typo is an error, not an unknown plugin), so a new patch set's feature names
+are added there.
 """
 
 from __future__ import annotations
