@@ -236,12 +236,12 @@ class _Next:
     Looks like the original (name, doc, ``__wrapped__``) for the builders that name or inspect it."""
 
     def __init__(self, junction: "Junction", feature: str) -> None:
-        self._junction, self._feature = junction, feature
+        self.target = junction.bottom  # set by the junction's relink
         functools.update_wrapper(self, junction.bottom, updated=())
+        junction.nexts[feature] = self
 
     def __call__(self, *args, **kwargs):
-        junction = self._junction
-        return junction.next_of.get(self._feature, junction.bottom)(*args, **kwargs)
+        return self.target(*args, **kwargs)
 
 
 class Junction:
@@ -254,7 +254,7 @@ class Junction:
         self.descriptor = type(original) if isinstance(original, (staticmethod, classmethod)) else None
         function = original.__func__ if self.descriptor else original
         self.links: dict[str, Callable] = {}
-        self.next_of: dict[str, Callable] = {}
+        self.nexts: dict[str, _Next] = {}  # each feature's "next", linked now or not
         self.head: Callable = function
         #: what the last link calls: FastDeploy's original, unless instrumentation (device tracking in
         #: tests) put itself beneath the links (``set_bottom``)
@@ -304,13 +304,13 @@ class Junction:
             self._relink()
 
     def _relink(self) -> None:
-        # every listed feature has a next, linked or not: a link taken out while a call it made is
+        # every feature that had a link keeps its next: a link taken out while a call it made is
         # still running (a save captured before disable()) continues with the links after its place
-        following, next_of, links = self.bottom, {}, self.links
-        for feature in reversed(sorted(set(links) | set(self.order), key=self._rank)):
-            next_of[feature] = following
+        following, links = self.bottom, self.links
+        for feature in sorted(self.nexts, key=self._rank, reverse=True):
+            self.nexts[feature].target = following
             following = links.get(feature, following)
-        self.next_of, self.head = next_of, following  # the head last: a call in flight sees a whole chain
+        self.head = following  # the head last: a call in flight sees a whole chain
 
     def attach(self, feature: str, build: Callable[[Any], Any], step: bool = False) -> None:
         with _junctions_lock:
