@@ -144,6 +144,9 @@ EXACT = {
          _req(5, 30, 14)], {3: [_req(7, 11, 20)], 9: [_req(8, 4, 3)]}),
     "preemption mid-flight (12 blocks)": lambda: _preemption(12),
     "preemption right after admission (10 blocks)": lambda: _preemption(10),
+    "heavy preemption churn (5 blocks)": lambda: _preemption(5),
+    "empty batches between arrivals": lambda: (config(chunk_size=None), [_req(0, 4, 3), _req(1, 5, 2)],
+                                               {7: [_req(2, 6, 3)], 8: [_req(3, 3, 2)], 15: [_req(4, 4, 2)]}),
 }
 
 
@@ -162,6 +165,8 @@ def test_identical_to_fastdeploy_24_with_the_engine_one_step_behind(name, backen
         assert any(p[1] is None or p[1] > p[0] for p in pairs), pairs
         if "admission" in name:
             assert any(p[0] == 0 for p in pairs), pairs
+        elif "churn" in name:
+            assert result.preemptions >= 20, result.preemptions
         else:
             assert [[1, None]] in [o.preemptions for o in result.outputs.values()]  # its eos was in flight
 
@@ -463,3 +468,39 @@ def test_staged_block_table_rows_after_an_idle_step_are_waited_for_before_a_rewr
         assert (a.token_ids, a.stop_reason, a.finished) == (b.token_ids, b.stop_reason, b.finished), rid
     assert waited[-1] > 0, waited
     assert not any(kind == "stream_sync" for step in census.steps for kind, _ in step.events), "a stream sync"
+
+
+def test_reset_share_inputs_with_a_pending_step_saves_it_first():
+    """A weight reload (``reset_share_inputs``) while a step's save is pending: the save goes out
+    first, on the buffers it was captured with, then FD's reset runs (issue 25)."""
+    import importlib
+
+    from fd_async_copy_plugin.registry.patch import Junction
+
+    postproc = importlib.import_module(f"{FD24}.model_executor.pre_and_post_process")
+    importlib.import_module(f"{FD24}.worker.gpu_model_runner")  # applied at enable, not later
+    saved, checked = [], []
+
+    class Stop(Exception):
+        pass
+
+    def on_step(step, runner):
+        state = part(runner, "overlap")
+        if step >= 2 and state.pending:
+            before = len(saved)
+            runner.reset_share_inputs()
+            checked.append((before, len(saved), bool(state.pending)))
+            raise Stop
+
+    with device_for("sim"), plugin_state(Variant("p", FD24, True, OVERLAP), "sim"), collecting():
+        junction = Junction.at(postproc, "save_output")
+        fd_save = junction.bottom
+        junction.set_bottom(lambda *args, **kwargs: (saved.append(1), fd_save(*args, **kwargs))[1])
+        try:
+            run_decode(FD24, config(chunk_size=None), [_req(i, 4 + i, 8) for i in range(3)], on_step=on_step)
+        except Stop:
+            pass
+        finally:
+            junction.set_bottom(fd_save)
+    assert checked and checked[0] == (checked[0][0], checked[0][0] + 1, False), checked
+
