@@ -144,18 +144,38 @@ def test_a_disable_past_the_gate_timeout_still_loses_nothing(monkeypatch, unpatc
     assert _per_request(result) == unpatched
 
 
-def test_planted_change_inside_a_step_is_caught(monkeypatch, unpatched):
-    """Without the step gate (a change lands mid-step), the free-running flips break a run."""
+@pytest.mark.parametrize("gate", [True, False], ids=["gated", "planted: no gate"])
+def test_a_flip_while_fd_builds_the_runner(monkeypatch, unpatched, gate):
+    """``disable()`` + ``enable()`` on another thread while FastDeploy constructs the runner (its
+    ``_init_share_inputs``): with the gate the flip lands after the construction and the run is
+    FD 2.4's; without it (planted) the runner is left half-patched and the run breaks."""
     from fd_async_copy_plugin.registry import patch as patch_module
 
-    monkeypatch.setattr(patch_module.STEP_GATE, "change", contextlib.nullcontext)
-    broken = 0
-    for seed in range(12):
+    if not gate:
+        monkeypatch.setattr(patch_module.STEP_GATE, "change", contextlib.nullcontext)
+    original, fired = stop_flag_patch.StopFlagState.__init__, []
+
+    def flip():
+        fd_async_copy_plugin.disable()
+        fd_async_copy_plugin.enable(features=OVERLAP, backend="sim", root=FD24)
+
+    def hooked(self, *args, **kwargs):
+        if not fired:
+            fired.append(_in_other_thread(flip))
+            if not gate:
+                fired[0].join(30)  # lands inside the construction
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(stop_flag_patch.StopFlagState, "__init__", hooked)
+    with device_for("sim"), plugin_state(Variant("p", FD24, True, OVERLAP), "sim"), collecting():
         try:
-            _flip_at_random(seed, unpatched)
-        except (AssertionError, Exception):
-            broken += 1
-    assert broken, "no seed broke without the gate: the free-running test cannot catch it"
+            result = run_decode(FD24, CFG, _requests(), max_steps=MAX_STEPS)
+            same = not result.truncated and _per_request(result) == unpatched
+        except Exception:
+            same = False
+        fired[0].join(30)
+    assert fired and not fired[0].is_alive() and not fired[0].errors
+    assert same == gate
 
 
 @pytest.mark.parametrize("seed", range(6))
