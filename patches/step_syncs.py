@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import sys
 import threading
 
 import numpy as np
@@ -328,8 +329,7 @@ class RunnerSyncs:
         self.increment = None  # the device copy of runner.infer_seed_increment
 
     def report(self) -> dict:
-        shadow = self.shadow
-        return {"reason": shadow.s1_off, "fallbacks": dict(shadow.fallbacks), "served": dict(shadow.served)}
+        return {"reason": self.shadow.s1_off, "fallbacks": dict(self.shadow.fallbacks), "served": dict(self.shadow.served)}
 
 
 def _device_copy(t, like):
@@ -342,7 +342,7 @@ def _device_copy(t, like):
 
 def own_path_reason(runner, runner_module) -> str:
     """Why this runner's step cannot use the shadow ("" when it can)."""
-    envs = getattr(runner_module, "envs", None)
+    envs = getattr(runner_module, "envs", None) or sys.modules.get(runner_module.__name__.split(".worker.")[0] + ".envs")
     if envs is not None and not getattr(envs, "ENABLE_V1_KVCACHE_SCHEDULER", True):
         return "non-V1 scheduler (step_cuda rewrites the step state on the device)"
     if getattr(runner, "speculative_decoding", False):

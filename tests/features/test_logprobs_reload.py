@@ -62,3 +62,18 @@ def test_reloading_the_producer_module_is_not_reported_applied(modules):
     importlib.reload(sampler_mod)  # a new Sampler class, with FastDeploy's gather_logprobs
     state = _state()
     assert state["state"] == "failed" and "Sampler.gather_logprobs" in state["reason"], state
+
+
+def test_a_save_op_that_is_not_compiled_is_no_reload(logprob_inputs, modules, monkeypatch):
+    """FD's ops import resolves to None where its ops are not compiled (CPU, a source tree): nothing
+    is installed on ``save_output_topk``, and that is not a reload - the async path keeps running
+    (it used to stand ``logprobs`` down at the first gather, and selftest on real trees failed)."""
+    sampler_mod, postproc = modules
+    monkeypatch.setattr(postproc, "save_output_topk", None)
+    fd_async_copy_plugin.enable(features=["logprobs"], backend="sim", root=FD24)
+    sampler = sampler_mod.Sampler(fd_config=None)
+    logprobs, tokens = logprob_inputs(1)
+    result = sampler.gather_logprobs(logprobs.clone(), 4, tokens)
+    assert type(result).__name__ != "LogprobsTensors"  # the plugin's async tensors
+    assert _state()["state"] == "applied", _state()
+

@@ -348,3 +348,17 @@ def test_host_backend_waits_before_rewriting_a_staging_buffer():
     assert census.steps[-1].count("stream_sync") == 1
     with pytest.raises(ValueError, match="outside"):
         backend.copy_h2d(dst.ctypes.data, None, src, 8, 16, "too long")
+
+
+def test_the_non_v1_switch_is_found_without_the_runner_modules_envs_name(monkeypatch):
+    """FD's runner module imports ``envs`` by that name today; where it does not (a renamed import),
+    the switch is still read from ``<root>.envs`` - the shadow never runs under the non-V1 scheduler."""
+    import importlib
+    import types
+
+    importlib.import_module(f"{FD24}.envs")
+    renamed = types.ModuleType(f"{FD24}.worker.gpu_model_runner")  # no global named envs
+    monkeypatch.setenv("ENABLE_V1_KVCACHE_SCHEDULER", "0")
+    assert "non-V1 scheduler" in step_syncs.own_path_reason(object(), renamed)
+    monkeypatch.setenv("ENABLE_V1_KVCACHE_SCHEDULER", "1")
+    assert step_syncs.own_path_reason(object(), renamed) == ""
