@@ -271,8 +271,7 @@ def build_gather_logprobs(original, ctx):
     def reloaded() -> bool:
         """FastDeploy's own save op is bound again (what ``importlib.reload`` does): the plugin's
         junction is no longer installed on it (an op that resolved to None - not compiled - has none)."""
-        return (postproc.__dict__.get("save_output_topk") is not None
-                and Junction.at(postproc, "save_output_topk") is None)
+        return vars(postproc).get("save_output_topk") is not None and Junction.at(postproc, "save_output_topk") is None
 
     def fastdeploys_path() -> bool:
         """Not CUDA (XPU/Iluvatar/...: untouched), or the consumer guards are gone."""
