@@ -1055,7 +1055,9 @@ def _run_probe(side: Side, report: Report, section: str) -> None:
         return
     fd_root = os.path.dirname(os.path.dirname(os.path.abspath(package.__file__)))
     tools = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([tools, REPO_ROOT, os.environ.get("PYTHONPATH", "")])}
+    plugin = sys.modules.get("fd_async_copy_plugin")  # the child uses the plugin this report uses
+    plugin_root = os.path.dirname(os.path.dirname(os.path.abspath(plugin.__file__))) if plugin else REPO_ROOT
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([tools, plugin_root, os.environ.get("PYTHONPATH", "")])}
     env.pop("ENABLE_V1_KVCACHE_SCHEDULER", None)
     try:
         done = subprocess.run([sys.executable, "-m", "real_fd.non_v1_probe", fd_root], capture_output=True,
