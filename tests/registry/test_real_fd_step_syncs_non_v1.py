@@ -6,6 +6,7 @@ probe's result shapes, the planted plugin bug (``--plant own-path``) among them.
 
 from __future__ import annotations
 
+import re
 import sys
 import textwrap
 import types
@@ -93,7 +94,7 @@ def _rows(report, section="step_syncs"):
     (dict(last='share_inputs["step_lens"]'), STEP_CUDA_ROW),  # an op no longer takes is_block_step
 ])
 def test_each_non_v1_check_fails_where_its_shape_does_not_hold(tmp_path, monkeypatch, planted, item):
-    name = _tree(tmp_path, f"fakefd_nonv1_{abs(hash(str(planted))) % 100000}", **planted)
+    name = _tree(tmp_path, "fakefd_nonv1_" + re.sub(r"\W", "_", tmp_path.name), **planted)  # unique per case
     monkeypatch.syspath_prepend(str(tmp_path))
     side = Side(name, "fake")
     report = Report(fd_src=None)
