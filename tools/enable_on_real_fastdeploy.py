@@ -6,7 +6,10 @@ FastDeploy code, in the import order of FD's GPU worker (plugin hook first, runn
 and that ``disable()`` restores the originals. FastDeploy's compiled ops are not available on CPU:
 ``--stub-ops`` replaces them by callables that forward ``*args`` like FD's op wrappers, so the
 ``stop_flag`` targets can be checked too (otherwise ``update_inputs_v1`` resolves to None and
-``stop_flag`` is reported ``skipped``, which is the correct answer for that environment).
+``stop_flag`` is reported ``incompatible``, which is the correct answer for that environment; the
+plugin's own ops must be built, ``fd-async-copy build-ops --no-cuda``, else it is ``skipped``).
+The last line counts the links (one per feature and target) and the attributes they were installed
+on (one ``Junction`` each), and checks that every attribute holds FastDeploy's original again.
 
     python tools/enable_on_real_fastdeploy.py --fd-src /path/to/FastDeploy [--stub-ops]
 
@@ -65,10 +68,15 @@ def main(argv=None) -> int:
     print(f"profile: {status['profile']} (version string {status['fastdeploy_version']!r})")
     for name, entry in status["features"].items():
         print(f"  {name:15s} {entry['state']:9s} {entry['reason']}")
-    # The exact objects the plugin replaced, as it recorded them; after disable() each owner must hold
-    # its original again (identity, not equality).
+    # What the plugin replaced, as it recorded it: one record per feature and target (a link), one
+    # Junction per patched attribute (the single function installed there, registry/patch.py). After
+    # disable() each owner must hold FastDeploy's original again (identity, not equality) and no
+    # junction may be left on it.
+    from fd_async_copy_plugin.registry.patch import Junction
+
     records = [r for applied in plugin._get_manager().applied.values() for r in applied.records]
-    first = {}  # two features may patch one target: the first record holds FastDeploy's object
+    per_feature = {name: len(applied.records) for name, applied in plugin._get_manager().applied.items()}
+    first = {}  # every record of one attribute holds its junction's original: FastDeploy's object
     for record in records:
         first.setdefault((id(record.owner), record.name), record)
     plugin.disable()
@@ -77,10 +85,11 @@ def main(argv=None) -> int:
         current = vars(record.owner).get(record.name, None) if isinstance(record.owner, type) else getattr(
             record.owner, record.name, None)
         expected = record.original if record.own else None  # an inherited attribute is deleted again
-        if current is not expected:
+        if current is not expected or Junction.at(record.owner, record.name) is not None:
             leftovers.append(f"{getattr(record.owner, '__name__', record.owner)}.{record.name}")
     restored = not leftovers
-    print(f"disable(): enabled={plugin.status()['enabled']}, {len(records)} replaced objects, "
+    print(f"disable(): enabled={plugin.status()['enabled']}, {len(records)} links on {len(first)} replaced "
+          f"attributes ({', '.join(f'{k} {v}' for k, v in per_feature.items())}), "
           f"originals restored={restored} {leftovers or ''}")
     bad = [n for n, e in status["features"].items() if e["state"] == "failed"]
     return 1 if bad or not restored else 0

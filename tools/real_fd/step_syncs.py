@@ -19,7 +19,16 @@ particular shape. This section reads that code by AST (it works when nothing imp
     increment, ``[:] %= MAX_INFER_SEED`` and a fill, at the sites fd24-sync-semantics.md lists; no host
     read of ``infer_seed`` or of the increment exists in the runner;
 (e) the other runner methods that write a watched tensor (host writes, and tensors handed to calls
-    that may write on the device), with how the feature accounts for each.
+    that may write on the device), with how the feature accounts for each;
+(f) under the non-V1 scheduler (``ENABLE_V1_KVCACHE_SCHEDULER=0``) the feature stands the runner down
+    and ``exist_prefill`` is FastDeploy's own answer. That is right because FastDeploy's V0 path
+    rewrites the step state on the device: ``execute_model`` (and ``_dummy_run``) call
+    ``step_cuda(self.share_inputs, ...)`` when the switch is off, and every op ``step_cuda`` runs is
+    handed ``seq_lens_encoder``, ``is_block_step``, ``block_tables``, ``seq_lens_this_time``. The
+    stand-down reads the switch as ``<runner module>.envs.ENABLE_V1_KVCACHE_SCHEDULER``
+    (``patches/step_syncs.own_path_reason``): the runner module must bind ``envs`` to
+    ``fastdeploy.envs`` and ``envs.py`` must declare the switch. Where the runner module imported,
+    the plugin's own decision is asked too, on the real module with the switch set to 0.
 
 Checked on the FastDeploy side when the detected profile is ``fastdeploy-2.4``, and on the replica
 when it is ``...reference.fd24``. Statuses: OK, MISMATCH (an assumption does not hold), INFO, SKIP.
@@ -871,6 +880,228 @@ def check_other_writers(runner: Runner, report: Report, section: str) -> None:
                f"{', '.join(uncovered) or 'none'}")
 
 
+# --- (f) the non-V1 scheduler ---------------------------------------------------------------------
+
+SWITCH = "ENABLE_V1_KVCACHE_SCHEDULER"
+ENVS = "envs"  # the runner-module global the plugin reads the switch from (own_path_reason)
+STEP_CUDA = "step_cuda"
+#: what step_cuda's ops must be handed for the shadow to be unknowable under V0
+V0_REWRITTEN = ("seq_lens_encoder", "is_block_step", "block_tables", VIEW)
+
+
+def _switch_guard(cond: str) -> bool | None:
+    """True: the condition selects the non-V1 path; False: the V1 path; None: unrelated."""
+    text = cond.replace(" ", "")
+    plain = f"{ENVS}.{SWITCH}"
+    if text in (f"not{plain}", f"not({plain})", f"{plain}==0"):
+        return True
+    if text in (plain, f"{plain}==1", f"bool({plain})"):
+        return False
+    return None
+
+
+def _non_v1_guarded(node, parents, stop) -> bool:
+    """The node runs only when the switch is off (an enclosing ``if not envs.SWITCH:`` body, or the
+    ``else`` of an ``if envs.SWITCH:``)."""
+    child, cur = node, parents.get(node)
+    while cur is not None and cur is not stop:
+        if isinstance(cur, ast.If):
+            sel = _switch_guard(ast.unparse(cur.test))
+            if sel is True and child in cur.body:
+                return True
+            if sel is False and child in cur.orelse:
+                return True
+        child, cur = cur, parents.get(cur)
+    return False
+
+
+def _starred_keys(func, share: str) -> dict[str, set]:
+    """``args = [share[name] for name in names]`` with ``names`` a tuple of strings -> {"args": keys}
+    (the replica's ``step_cuda`` hands its tensors as ``op(*args, ...)``)."""
+    consts = {}
+    for node in ast.walk(func):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) \
+                and isinstance(node.value, (ast.Tuple, ast.List)) \
+                and all(isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.value.elts):
+            consts[node.targets[0].id] = {e.value for e in node.value.elts}
+    out = {}
+    for node in ast.walk(func):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) \
+                and isinstance(node.value, ast.ListComp) and len(node.value.generators) == 1:
+            elt, gen = node.value.elt, node.value.generators[0]
+            if isinstance(elt, ast.Subscript) and ast.unparse(elt.value) == share and isinstance(gen.iter, ast.Name) \
+                    and gen.iter.id in consts and ast.unparse(elt.slice) == ast.unparse(gen.target):
+                out[node.targets[0].id] = consts[gen.iter.id]
+    return out
+
+
+def check_non_v1(side: Side, runner: Runner, report: Report, section: str) -> None:
+    """(f) FastDeploy's V0 path rewrites the step state on the device, and the switch the plugin
+    stands down on is where it reads it."""
+    # FastDeploy's side: step_cuda under the switch, in the step
+    problems, sites = [], []
+    for name in ("execute_model", "_dummy_run"):
+        func = runner.methods.get(name)
+        if func is None:
+            continue
+        parents = _parents(func)
+        for node in ast.walk(func):
+            if isinstance(node, ast.Call) and ast.unparse(node.func) == STEP_CUDA:
+                whole = bool(node.args) and ast.unparse(node.args[0]) in _containers(func)
+                guarded = _non_v1_guarded(node, parents, func)
+                sites.append(f"{name}:{node.lineno}" + ("" if guarded else " (not under the switch)"))
+                if name == "execute_model" and not (whole and guarded):
+                    problems.append(f"execute_model:{node.lineno} step_cuda(" + (
+                        "share_inputs" if whole else "not share_inputs") + ", ...) " + (
+                        "only when the switch is off" if guarded else f"NOT guarded by not {ENVS}.{SWITCH}"))
+    if not any(s.startswith("execute_model:") for s in sites):
+        problems.append("execute_model does not call step_cuda(...)")
+    func = side.ast_def(POSTPROC, STEP_CUDA)
+    handed: dict[str, set] = {}
+    ops = 0
+    if func is None:
+        problems.append(f"{POSTPROC}.{STEP_CUDA} not found")
+    else:
+        share = func.args.args[0].arg if func.args.args else "share_inputs"
+        starred = _starred_keys(func, share)
+        for node in ast.walk(func):
+            if isinstance(node, ast.Call):
+                keys = {a.slice.value for a in node.args if isinstance(a, ast.Subscript)
+                        and ast.unparse(a.value) == share and isinstance(a.slice, ast.Constant)}
+                for a in node.args:
+                    if isinstance(a, ast.Starred) and isinstance(a.value, ast.Name):
+                        keys |= starred.get(a.value.id, set())
+                if keys:
+                    ops += 1
+                    for key in V0_REWRITTEN:
+                        handed.setdefault(key, set())
+                        if key in keys:
+                            handed[key].add(ast.unparse(node.func))
+        missing = [k for k in V0_REWRITTEN if not handed.get(k) or len(handed[k]) < ops]
+        if not ops:
+            problems.append(f"{STEP_CUDA} hands no share_inputs tensor to an op")
+        elif missing:
+            problems.append(f"{STEP_CUDA}'s ops do not all take {', '.join(missing)}")
+    item = "(f) non-V1: step_cuda rewrites the step state"
+    if problems:
+        report.add(section, item, "MISMATCH", "; ".join(problems))
+    else:
+        report.add(section, item, "OK",
+                   f"step_cuda(share_inputs, ...) only when {ENVS}.{SWITCH} is off at {', '.join(sites)}; its "
+                   f"{ops} ops ({', '.join(sorted(set().union(*handed.values())))}) each take "
+                   f"{', '.join(V0_REWRITTEN)}: the host cannot know the step state - the plugin must stand down")
+    # the switch the plugin reads: <runner module>.envs.SWITCH
+    item = "(f) non-V1: the stand-down reads the switch"
+    tree = side.tree(RUNNER)
+    bound = []
+    for node in (tree.body if tree is not None else []):
+        # ``from fastdeploy import envs``, or relative from the package root (``from .. import envs``)
+        root_pkg = (node.module == side.root and not node.level) or (
+            node.module is None and node.level == len(RUNNER.split("."))) if isinstance(node, ast.ImportFrom) else False
+        if root_pkg:
+            bound += [f"from {'.' * node.level or node.module} import {a.name}" + (f" as {a.asname}" if a.asname else "")
+                      for a in node.names if (a.asname or a.name) == ENVS and a.name == ENVS]
+        elif isinstance(node, ast.Import):
+            bound += [f"import {a.name} as {a.asname}" for a in node.names
+                      if a.asname == ENVS and a.name == f"{side.root}.{ENVS}"]
+    rebound = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id == ENVS
+               and isinstance(n.ctx, ast.Store)] if tree is not None else []
+    envs_tree = side.tree(ENVS)
+    declared = False
+    for node in ast.walk(envs_tree) if envs_tree is not None else ():
+        if isinstance(node, ast.Dict) and any(isinstance(k, ast.Constant) and k.value == SWITCH for k in node.keys):
+            declared = True
+    reads = sorted({n.lineno for n in ast.walk(runner.cls) if isinstance(n, ast.Attribute) and n.attr == SWITCH
+                    and ast.unparse(n.value) == ENVS})
+    probe = _probe_stand_down(side)
+    wrong = []
+    if len(bound) != 1:
+        wrong.append(f"the runner module binds {ENVS!r} {len(bound)} times from {side.root}.{ENVS} "
+                     f"({'; '.join(bound) or 'never'}): the plugin reads <runner module>.{ENVS}")
+    if rebound:
+        wrong.append(f"{ENVS} is rebound at lines {rebound}")
+    if not declared:
+        wrong.append(f"{side.root}/{ENVS}.py declares no {SWITCH}")
+    probed, probe = probe
+    if probed is False:
+        wrong.append(probe)
+    if wrong:
+        report.add(section, item, "MISMATCH", "; ".join(wrong))
+    else:
+        report.add(section, item, "OK",
+                   f"{bound[0]} (module global, never rebound); {ENVS}.py declares {SWITCH}; the runner reads it "
+                   f"at lines {reads}; " + (probe or "the plugin's decision not asked (the runner module did not "
+                                                     "import: AST only)"))
+    if side.root == "fastdeploy":  # the replica has no FastDeploy config to build a runner from
+        _run_probe(side, report, section)
+
+
+def _run_probe(side: Side, report: Report, section: str) -> None:
+    """The row from a real runner (``non_v1_probe``, in a child process): where FastDeploy's runner
+    module imported here (the import route); SKIP otherwise."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from .common import REPO_ROOT
+    from .non_v1_probe import non_v1_row
+
+    item = "(f) non-V1: a real runner keeps FastDeploy's exist_prefill"
+    module = side.modules.get(RUNNER)
+    package = sys.modules.get(side.root)
+    if module is None or package is None or side.root != "fastdeploy":
+        report.add(section, item, "SKIP", "the runner module did not import here (AST route): no real runner")
+        return
+    fd_root = os.path.dirname(os.path.dirname(os.path.abspath(package.__file__)))
+    tools = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    plugin = sys.modules.get("fd_async_copy_plugin")  # the child uses the plugin this report uses
+    plugin_root = os.path.dirname(os.path.dirname(os.path.abspath(plugin.__file__))) if plugin else REPO_ROOT
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([tools, plugin_root, os.environ.get("PYTHONPATH", "")])}
+    env.pop("ENABLE_V1_KVCACHE_SCHEDULER", None)
+    try:
+        done = subprocess.run([sys.executable, "-m", "real_fd.non_v1_probe", fd_root], capture_output=True,
+                              text=True, env=env, timeout=600)
+        result = json.loads(done.stdout.strip().splitlines()[-1])
+    except Exception as exc:  # noqa: BLE001 - a probe that cannot run is a SKIP, with why
+        result = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+    status, detail = non_v1_row(result)
+    report.add(section, item, status, detail)
+
+
+def _probe_stand_down(side: Side) -> tuple[bool | None, str]:
+    """The plugin's own decision on the imported runner module with the switch off: (True, what it
+    said), (False, why it would not stand down), or (None, "" or why it was not asked)."""
+    import os
+
+    module = side.modules.get(RUNNER)
+    if module is None:
+        return None, ""
+    try:
+        from fd_async_copy_plugin.patches.step_syncs import own_path_reason
+    except Exception as exc:  # noqa: BLE001 - the plugin needs Paddle
+        return None, f"the plugin's decision not asked ({type(exc).__name__}: {exc})"[:200]
+    envs = getattr(module, ENVS, None)
+    saved = os.environ.get(SWITCH)
+    had = envs is not None and SWITCH in vars(envs)
+    kept = vars(envs).pop(SWITCH) if had else None  # a value FastDeploy assigned would hide the variable
+    os.environ[SWITCH] = "0"
+    try:
+        value = getattr(envs, SWITCH, None) if envs is not None else None
+        reason = own_path_reason(object(), module)
+    finally:
+        if saved is None:
+            os.environ.pop(SWITCH, None)
+        else:
+            os.environ[SWITCH] = saved
+        if had:
+            setattr(envs, SWITCH, kept)
+    if "non-V1 scheduler" not in reason:
+        return False, (f"the plugin's own_path_reason on the imported runner module with {SWITCH}=0 answered "
+                       f"{reason!r} ({ENVS}.{SWITCH} read {value!r}): it would not stand down")
+    return True, f"with {SWITCH}=0 the plugin's own_path_reason on the imported module says {reason!r}"
+
+
 # --- entry ---------------------------------------------------------------------------------------
 
 
@@ -888,3 +1119,4 @@ def check_step_syncs(side: Side, report: Report, profile: str | None, *, replica
     check_token_count(side, runner, report, section)
     check_seed(runner, report, section)
     check_other_writers(runner, report, section)
+    check_non_v1(side, runner, report, section)
