@@ -116,17 +116,22 @@ def test_replica_has_the_non_v1_shapes():
     assert PROBE_ROW not in rows  # a real runner is built from FastDeploy only
 
 
-def test_the_tool_reads_the_switch_where_the_plugin_does():
-    """The stand-down the section vouches for: ``own_path_reason`` reads ``<runner module>.envs``."""
+def test_the_tool_reads_the_switch_where_the_plugin_does(monkeypatch):
+    """The stand-down the section vouches for: ``own_path_reason`` reads ``<runner module>.envs``, and
+    ``<root>.envs`` where the runner module has no such name (a renamed import)."""
+    import sys
+
     from fd_async_copy_plugin.patches.step_syncs import own_path_reason
 
-    def module(value):
-        return types.SimpleNamespace(**{ENVS: types.SimpleNamespace(**{SWITCH: value})})
+    def module(value, name="fakefd.worker.gpu_model_runner"):
+        return types.SimpleNamespace(__name__=name, **{ENVS: types.SimpleNamespace(**{SWITCH: value})})
 
     runner = types.SimpleNamespace()
     assert "non-V1 scheduler" in own_path_reason(runner, module(0))
     assert own_path_reason(runner, module(1)) == ""
-    assert own_path_reason(runner, types.SimpleNamespace(fd_envs=module(0).envs)) == ""  # why the import is checked
+    renamed = types.SimpleNamespace(__name__="fakefd.worker.gpu_model_runner", fd_envs=module(0).envs)
+    monkeypatch.setitem(sys.modules, "fakefd.envs", types.SimpleNamespace(**{SWITCH: 0}))
+    assert "non-V1 scheduler" in own_path_reason(runner, renamed)
 
 
 def _entry(syncs, state, reason, answers):
