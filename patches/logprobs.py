@@ -118,7 +118,7 @@ class LogprobsCopier:
         #: Cap of each ring's pinned bytes (FD_ASYNC_COPY_RING_MAX_BYTES); steps beyond it are
         #: copied blocking and counted in ``capped_steps``.
         self.ring_max_bytes = DEFAULT_RING_MAX_BYTES if ring_max_bytes is None else ring_max_bytes
-        self.capped_steps = 0
+        self.capped_steps = self.async_steps = 0  # copied blocking (a cap) / non-blocking
         self.closed = False
 
     def close(self) -> None:
@@ -181,6 +181,7 @@ class LogprobsCopier:
         prompt = prompt_runner() is not None
         if any(n * _ITEM_BYTES[f] > MAX_PINNED_BYTES for f, n in self._elements(rows, columns).items()):
             log.info("fd_async_copy: %d x %d logprobs exceed the pinned cap; copied blocking", rows, columns)
+            self.capped_steps += 1
             return self._blocking(sources)
         # One producer at a time from acquire until the result references the slot: a slot is "free"
         # while nothing references it, so two threads must never pick the same one.
@@ -203,6 +204,7 @@ class LogprobsCopier:
                 self.backend.copy_d2h(slot.buffers[name], sources[name], f"gather_logprobs.{name}")
             self.backend.record("gather_logprobs")
             result = self.AsyncLogprobsTensors(*(slot.buffers[name] for name in FIELDS))
+            self.async_steps += 1
             del slot
         if prompt:
             # FastDeploy copies prompt logprobs into its own CPU buffers right away: hand it host-owned
@@ -359,6 +361,15 @@ class LogprobsFeature(Feature):
             ctx.backend, ctx.module(SAMPLER).LogprobsTensors, stand_down=ctx.stand_down, strict=ctx.strict,
             ring_max_bytes=ctx.settings.ring_max_bytes if ctx.settings is not None else None,
         )
+
+    def report(self, ctx) -> dict | None:
+        """Not ``applied`` while steps are copied the blocking way (a ring or buffer cap), counted."""
+        copier = ctx.state
+        if not isinstance(copier, LogprobsCopier) or not copier.capped_steps:
+            return None
+        return {"state": "partial" if copier.async_steps else "passthrough", "runners": [], "reason": (
+            f"{copier.capped_steps} of {copier.capped_steps + copier.async_steps} steps copied FastDeploy's blocking "
+            f"way: over the pinned cap (FD_ASYNC_COPY_RING_MAX_BYTES={copier.ring_max_bytes}, or 64 MiB a buffer)")}
 
     def quiesce(self, ctx) -> None:
         if isinstance(ctx.state, LogprobsCopier):

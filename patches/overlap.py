@@ -45,7 +45,7 @@ import threading
 
 from fd_async_copy_plugin.registry.patch import Feature, Patch, Target, wraps
 
-from .runner import FeatureRunners, part, per_runner, runner_state
+from .runner import FeatureRunners, RunnerFeature, part, per_runner, runner_state
 from .step_syncs import own_path_reason as step_syncs_own_path
 
 RUNNER = "worker.gpu_model_runner"
@@ -126,10 +126,6 @@ class OverlapState:
 
 
 class OverlapRunners(FeatureRunners):
-    def __init__(self, count_mode: str = "exact") -> None:
-        super().__init__("overlap", "overlap")
-        self.count_mode = count_mode
-
     def flush_all(self, why: str) -> None:
         for state in self.parts():
             state.flush(why)
@@ -176,7 +172,7 @@ def build_init_share_inputs(original, ctx):
             missing = " and ".join(n for n, s in (("stop_flag", stop), ("step_syncs", syncs)) if s is None)
             registry.stand_down(self, f"needs {missing} on this runner")
             return
-        registry.add(self, OverlapState(runner_state(self), ctx.backend, registry.count_mode))
+        registry.add(self, OverlapState(runner_state(self), ctx.backend, ctx.settings.overlap_count))
 
     return _init_share_inputs
 
@@ -258,7 +254,7 @@ def build_save_op(name: str):
     return build
 
 
-class OverlapFeature(Feature):
+class OverlapFeature(RunnerFeature):
     name = "overlap"
     mirrors = "FastDeploy PR #6259 (overlap schedule), on top of step_syncs (#6668/#6765)"
     profiles = {
@@ -282,19 +278,12 @@ class OverlapFeature(Feature):
     )
 
     def prepare(self, ctx) -> OverlapRunners:
-        return OverlapRunners(ctx.settings.overlap_count)
-
-    def report(self, ctx) -> dict | None:
-        return ctx.state.report() if isinstance(ctx.state, OverlapRunners) else None
+        return OverlapRunners("overlap", "overlap")
 
     def quiesce(self, ctx) -> None:
         if isinstance(ctx.state, OverlapRunners):
             ctx.state.flush_all("disable")
 
-    def teardown(self, ctx) -> None:
-        registry, ctx.state = ctx.state, None
-        if registry is not None:
-            registry.detach_all()
 
 
 FEATURES = [OverlapFeature()]

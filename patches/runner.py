@@ -19,7 +19,7 @@ import logging
 import threading
 import weakref
 
-from fd_async_copy_plugin.registry.patch import wraps
+from fd_async_copy_plugin.registry.patch import Feature, wraps
 
 log = logging.getLogger("fd_async_copy")
 
@@ -119,10 +119,6 @@ HANDED_BACK = ("handed back to FastDeploy by disable(); keeps FastDeploy's own p
                "are re-created")
 
 
-def describe(runner) -> str:
-    return f"{type(runner).__name__}@{id(runner):#x}"
-
-
 class FeatureRunners:
     """A feature's runners (its ``ctx.state``): the runners with its part, and those that keep
     FastDeploy's own path (with why). Runners are held weakly; a part may offer ``report() -> dict``
@@ -174,8 +170,10 @@ class FeatureRunners:
         for runner in patched:
             state = part(runner, self.slot)
             extra = state.report() if hasattr(state, "report") else {}
-            runners.append({"runner": describe(runner), "state": "applied", "reason": "", **extra})
-        runners += [{"runner": describe(r), "state": "passthrough", "reason": why} for r, why in standing]
+            runners.append({"runner": f"{type(runner).__name__}@{id(runner):#x}", "state": "applied", "reason": "",
+                            **extra})
+        runners += [{"runner": f"{type(r).__name__}@{id(r):#x}", "state": "passthrough", "reason": why}
+                    for r, why in standing]
         if not runners:
             return None
         if not standing:
@@ -199,6 +197,19 @@ class FeatureRunners:
             if hasattr(part_state, "detach"):
                 part_state.detach()
             _DETACHED.add(runner)
+
+
+class RunnerFeature(Feature):
+    """A feature with per-runner parts: its ``ctx.state`` is a ``FeatureRunners``, reported per
+    runner and taken off every runner on teardown."""
+
+    def report(self, ctx) -> dict | None:
+        return ctx.state.report() if isinstance(ctx.state, FeatureRunners) else None
+
+    def teardown(self, ctx) -> None:
+        registry, ctx.state = ctx.state, None
+        if registry is not None:
+            registry.detach_all()
 
 
 def per_runner(original, slot: str):

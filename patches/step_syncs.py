@@ -48,7 +48,7 @@ import paddle
 
 from fd_async_copy_plugin.registry.patch import Feature, IncompatibleError, Junction, Patch, Target, wraps
 
-from .runner import FeatureRunners, part, per_runner, runner_state
+from .runner import FeatureRunners, RunnerFeature, part, per_runner, runner_state
 from ._tensor_watch import PATCHES as TENSOR_WATCH, Watched, basic_key, host_value, rows_of, watching, _UNKNOWN
 
 log = logging.getLogger("fd_async_copy")
@@ -531,7 +531,7 @@ def build_get_padding_offset(original, ctx):
     return get_padding_offset
 
 
-class StepSyncsFeature(Feature):
+class StepSyncsFeature(RunnerFeature):
     name = "step_syncs"
     mirrors = ("FastDeploy #6765/#6668 (device sampling seed), #5440/#6170 (host token count), #5548 "
                "(bad_tokens_len), #6172 (exist_prefill flag), #6356 (block-step flag, async block tables)")
@@ -556,14 +556,6 @@ class StepSyncsFeature(Feature):
 
     def prepare(self, ctx) -> FeatureRunners:
         return FeatureRunners(self.name, "syncs")
-
-    def report(self, ctx) -> dict | None:
-        return ctx.state.report() if isinstance(ctx.state, FeatureRunners) else None
-
-    def teardown(self, ctx) -> None:
-        registry, ctx.state = ctx.state, None
-        if registry is not None:
-            registry.detach_all()
 
 
 FEATURES = [StepSyncsFeature()]

@@ -37,7 +37,7 @@ from fd_async_copy_plugin.ops.stop_flag_library import MAX_BATCH
 from fd_async_copy_plugin.registry.patch import Feature, IncompatibleError, Patch, Target, wraps
 
 from ._consumers import add_substitute, build_guard, remove_substitute
-from .runner import FeatureRunners, build_step_section, part
+from .runner import FeatureRunners, RunnerFeature, build_step_section, part
 
 log = logging.getLogger("fd_async_copy")
 
@@ -387,7 +387,7 @@ def load_stop_flag_ops():
     return load_ops()
 
 
-class StopFlagFeature(Feature):
+class StopFlagFeature(RunnerFeature):
     name = "stop_flag"
     mirrors = "FastDeploy PR #6176 (device-side not_need_stop, get_stop/set_stop, event-synced save)"
     profiles = {
@@ -435,9 +435,6 @@ class StopFlagFeature(Feature):
         add_substitute(registry.substitute)
         return registry
 
-    def report(self, ctx) -> dict | None:
-        return ctx.state.report() if isinstance(ctx.state, StopFlagRunners) else None
-
     def quiesce(self, ctx) -> None:
         # disable(): the update ops are FastDeploy's again; make every legacy flag current before the
         # save guards go (FD's own save reads it right away, maybe on another thread).
@@ -446,10 +443,9 @@ class StopFlagFeature(Feature):
                 state.sync("disable")
 
     def teardown(self, ctx):
-        registry, ctx.state = ctx.state, None
-        if registry is not None:
-            remove_substitute(registry.substitute)
-            registry.detach_all()
+        if ctx.state is not None:
+            remove_substitute(ctx.state.substitute)
+        super().teardown(ctx)
 
 
 FEATURES = [StopFlagFeature()]

@@ -109,10 +109,6 @@ class PatchManager:
         self.pm = self.pm or plugin_manager()
         self.pm.register(plugin, name=name)
 
-    @property
-    def backend_name(self) -> str:
-        return self.backend.name if self.backend is not None else "none"
-
     # -- enable / disable ----------------------------------------------------------------------
     def enable(
         self,
@@ -258,7 +254,7 @@ class PatchManager:
             "profile": profile.profile,
             "profile_reason": profile.reason,
             "root": self.root,
-            "backend": self.backend_name,
+            "backend": self.backend.name if self.backend is not None else "none",
             "strict": self.strict,
             "features": self._feature_report(),
             "ops": ops_report(),

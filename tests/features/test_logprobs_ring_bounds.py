@@ -59,6 +59,25 @@ def test_a_lagging_consumer_cannot_grow_the_ring_past_its_cap(lpkit, monkeypatch
         for result, want in zip(held, expected):  # every step still exact, capped or not
             for got, w in zip(_host(result), want):
                 assert np.array_equal(got, w)
+        entry = fd_async_copy_plugin.status()["features"]["logprobs"]  # issue 25 item 7(c): counted
+        assert entry["state"] == "partial" and f"{copier.capped_steps} of 40 steps copied" in entry["reason"], entry
+    finally:
+        fd_async_copy_plugin.disable()
+
+
+@pytest.mark.parametrize("backend", ["host", "sim"])
+def test_a_cap_below_one_step_is_not_reported_applied(lpkit, monkeypatch, backend):
+    """Issue 25 item 7(c): a ring cap below one step copies every step the blocking way; status()
+    says so (``passthrough``, with the count), not ``applied``."""
+    monkeypatch.setenv(ENV_RING_MAX_BYTES, "64")
+    sampler, original, copier = _patched(lpkit, backend)
+    try:
+        for step in range(5):
+            logprobs, tokens = _inputs(step)
+            sampler.gather_logprobs(logprobs.clone(), WIDTH, tokens)
+        entry = fd_async_copy_plugin.status()["features"]["logprobs"]
+        assert copier.async_steps == 0 and copier.capped_steps == 5
+        assert entry["state"] == "passthrough" and "5 of 5 steps copied" in entry["reason"], entry
     finally:
         fd_async_copy_plugin.disable()
 

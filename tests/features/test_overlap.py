@@ -396,9 +396,10 @@ def test_off_for_a_splitwise_role():
     from types import SimpleNamespace
 
     runner = SimpleNamespace(scheduler_config=SimpleNamespace(splitwise_role="decode"))
-    assert overlap_patch.off_reason(runner, SimpleNamespace()) == "splitwise (prefill/decode) role"
+    module = SimpleNamespace(__name__="fd.worker.gpu_model_runner")
+    assert overlap_patch.off_reason(runner, module) == "splitwise (prefill/decode) role"
     runner.scheduler_config.splitwise_role = "mixed"
-    assert overlap_patch.off_reason(runner, SimpleNamespace()) == ""
+    assert overlap_patch.off_reason(runner, module) == ""
 
 
 def test_the_worker_taking_a_task_batch_finishes_the_pending_save(monkeypatch):

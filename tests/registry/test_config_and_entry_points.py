@@ -261,7 +261,7 @@ def test_enable_takes_the_settings_from_python_and_validates_them_like_the_varia
         fd_async_copy_plugin.enable(["logprobs", "stop_flag", "step_syncs", "overlap"], backend="host", root=root,
                                     ring_max_bytes="6000", overlap_count="bound")
         assert manager.applied["logprobs"].ctx.state.ring_max_bytes == 6000
-        assert manager.applied["overlap"].ctx.state.count_mode == "bound"
+        assert manager.applied["overlap"].ctx.settings.overlap_count == "bound"  # what its runner parts use
         fd_async_copy_plugin.disable()
         fd_async_copy_plugin.enable(["logprobs"], backend="host", root=root)  # unset: the variables
         assert manager.applied["logprobs"].ctx.state.ring_max_bytes == 1 << 30
