@@ -558,19 +558,25 @@ def _install_op_hooks(root: str, watcher) -> None:
             watcher.when_ready(name, hook)
 
 
+def _one_wait(counted: bool, fn, *args, **kwargs):
+    """Call ``fn`` as one host wait: what it calls inside is not counted again (on CPU, the replica's
+    stand-in ops read tensors themselves); the wait ends with it when it was ``counted``."""
+    _source_local.depth += 1
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        _source_local.depth -= 1
+        if counted:
+            wait_done()
+
+
 def _wrap_op(fn, mechanism: str, what: str, arg):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         counted = _source_active() and (arg is None or (len(args) > arg and _is_device(args[arg])))
         if counted:
             _report(mechanism, what)
-        _source_local.depth += 1  # the op's own copies are this wait (on CPU: the replica's stand-in)
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            _source_local.depth -= 1
-            if counted:
-                wait_done()
+        return _one_wait(counted, fn, *args, **kwargs)  # the op's own copies are this wait
 
     wrapper.__fd_sync_check_original__ = fn
     return wrapper
@@ -633,7 +639,6 @@ def install_gpu_source(is_device: Callable = _on_device) -> None:
 
     global _is_device
     _is_device = is_device
-    local = _source_local
     active = _source_active
 
     def read_wrapper(name, fn):
@@ -644,13 +649,7 @@ def install_gpu_source(is_device: Callable = _on_device) -> None:
             counted = active() and is_device(self)
             if counted:
                 _report("d2h", what)
-            local.depth += 1
-            try:
-                return fn(self, *args, **kwargs)
-            finally:
-                local.depth -= 1
-                if counted:
-                    wait_done()
+            return _one_wait(counted, fn, self, *args, **kwargs)
 
         return wrapper
 
@@ -676,13 +675,7 @@ def install_gpu_source(is_device: Callable = _on_device) -> None:
             if counted:
                 reason = args[-1] if skip_runtime and args and isinstance(args[-1], str) else ""
                 _report("event" if "event" in what else "sync", f"{what} {reason}".strip(), skip_runtime)
-            local.depth += 1
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                local.depth -= 1
-                if counted:
-                    wait_done()
+            return _one_wait(counted, fn, *args, **kwargs)
 
         return wrapper
 
@@ -717,13 +710,7 @@ def wrap_pageable_input(name: str, fn):
             not _is_device(t) and not _pinned(t) for t in tensors)
         if counted:
             _report("h2d", f"{name}: pageable host input")
-        _source_local.depth += 1
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            _source_local.depth -= 1
-            if counted:
-                wait_done()
+        return _one_wait(counted, fn, *args, **kwargs)
 
     return wrapper
 
