@@ -434,13 +434,13 @@ def apply_feature(feature: Feature, ctx: PatchContext) -> AppliedFeature:
             patch.check(original, ctx)
         if original is None:
             continue  # FastDeploy's ops import resolved to None (ops not compiled): nothing to wrap
-        resolved.append((patch, owner, name, current))
+        resolved.append((patch, owner, name))
     feature.check(ctx)
     ctx.state = feature.prepare(ctx)
     records: list[_Applied] = []
     order = ctx.order or {}
     try:
-        for patch, owner, name, current in resolved:
+        for patch, owner, name in resolved:
             junction = Junction.on(owner, name, order.get(f"{patch.target.module}:{patch.target.attr}", ()))
             junction.attach(feature.name, lambda nxt, patch=patch: patch.build(nxt, ctx), patch.step)
             records.append(_Applied(owner, name, junction.original, junction.installed, junction.own,
