@@ -119,7 +119,15 @@ OP_WAITS = {
         "save_output": ("d2h", "sampled ids to the host", "save_with_output_msg.cc:112-121", 0),
         "save_output_topk": ("d2h", "ids, logprobs and ranks to the host", "save_output_msg_with_topk.cc:46-49", 0),
     },
+    # r3_fix_int32_bug_2.5 and develop: get_padding_offset.cu and update_inputs(_v1).cu copy nothing
+    # to the host any more (#5440/#6170, #6176); the save ops still copy a device ``x`` (2.5 hands
+    # them its pinned sampled ids: no wait then)
+    "fastdeploy-2.5": {
+        "save_output": ("d2h", "sampled ids to the host", "save_with_output_msg.cc:115-119", 0),
+        "save_output_topk": ("d2h", "ids, logprobs and ranks to the host", "save_output_msg_with_topk.cc:48-52", 0),
+    },
 }
+OP_WAITS["fastdeploy-2.6+"] = OP_WAITS["fastdeploy-2.5"]  # develop: the same two files, unchanged
 #: labels of op waits (fd24-step-syncs.md), by op
 OP_LABELS = {"get_padding_offset": "S1", "update_inputs": "S5", "update_inputs_v1": "S5", "save_output": "S6",
              "save_output_topk": "S6"}
