@@ -18,9 +18,12 @@ def test_cpu_smoke_run_reports_every_variant_and_the_parts(tmp_path):
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     text = proc.stdout
-    for variant in ("plugin: ring + copy_d2h + record", "plugin, census on", "FD 2.4: blocking copies",
-                    "FD 2.5: per-step pinned + event"):
-        assert text.count(variant) == 2, variant  # a row of the table and a breakdown
+    for variant in ("plugin: ring + copy_d2h + record", "plugin, census on"):
+        assert text.count(variant) == 3, variant  # a row of the table, its segments and a breakdown
+    for variant in ("FD 2.4: blocking copies", "FD 2.5: per-step pinned + event"):
+        assert text.count(variant) == 2, variant
+    for segment in ("ring.acquire", "3 x backend.copy_d2h", "backend.record", "backend.wait", "3 x backend.read"):
+        assert text.count(f"producer: {segment}") + text.count(f"consumer: {segment}") == 2, segment
     # the plugin's parts were each seen: the ring, the census, the runtime's copy and record, the glue
     for part in ("ring: acquire", "census.record", "HostRuntime.memcpy_d2h_async", "HostRuntime.event_record",
                  "framework accessors (glue.address)", "backend: copy_d2h", "call-site Python"):
