@@ -19,10 +19,11 @@ the ``CudaRuntime`` wrappers around them, the ring's bookkeeping, the census, th
 accessors (glue), the backend's own Python (copy_d2h/_fit/record/wait/read), and the call-site
 Python of the step (what no wrapper covers). The wrappers cost time of their own (about 1 us per
 wrapped call on the H200, against well under 1 us for a no-op): the report gives each part's
-instrumented time and an estimate for the plain run, scaled by plain / instrumented of its phase.
-Per-part figures are estimates to rank the parts by; exact are the plain producer/consumer/wall
-figures and the plugin's segments (acquire | copies | record, wait | reads), timed in the plain
-run with a perf_counter_ns read between them and nothing wrapped.
+instrumented time and an estimate for the plain run: the plugin's step is cut into segments
+(acquire | copies | record, wait | reads), each timed exactly in the plain run with a perf_counter_ns
+read between them and nothing wrapped, and each segment's parts are scaled by plain / instrumented
+of that segment (other variants: of the whole phase). Per-part figures are estimates to rank the
+parts by; the plain producer/consumer/wall figures and the segments are exact.
 
 No runtime code is changed: the parts are wrapped from outside, on this script's objects only.
 
@@ -122,7 +123,8 @@ class NumpyGlue:
 
 
 class Profiler:
-    """Exclusive time per (phase, part): a wrapped call's time minus its wrapped callees'."""
+    """Exclusive time per (phase, part): a wrapped call's time minus its wrapped callees' (whose
+    wrappers' cost stays with the caller; the report scales each segment back to its plain time)."""
 
     def __init__(self) -> None:
         self.enabled = False
@@ -131,8 +133,6 @@ class Profiler:
         self.calls = collections.defaultdict(int)
         self._stack: list[int] = []
         self._undo: list = []
-        self.inside_ns = 0.0  # wrapper cost inside a part's own timer (subtracted per call in the report)
-        self.outside_ns = 0  # wrapper cost outside it (not charged to the calling part)
 
     def wrap(self, owner, attr: str, part: str, on_dict: bool = False) -> None:
         original = owner[attr] if on_dict else getattr(owner, attr)
@@ -153,7 +153,7 @@ class Profiler:
                 prof.time[key] += dt - child
                 prof.calls[key] += 1
                 if stack:
-                    stack[-1] += dt + prof.outside_ns
+                    stack[-1] += dt
 
         if on_dict:
             owner[attr] = timed
@@ -189,12 +189,9 @@ class Profiler:
         timed = ns() - t0
         self.enabled, self.phase = False, phase
         self._undo.pop()
-        recorded = self.time.pop(("calibration", "calibration"), 0) / n
+        self.time.pop(("calibration", "calibration"), None)
         self.calls.pop(("calibration", "calibration"), None)
-        total = max(0.0, (timed - bare) / n)
-        self.inside_ns = max(0.0, min(total, recorded - bare / n))
-        self.outside_ns = int(total - self.inside_ns)
-        return total
+        return max(0.0, (timed - bare) / n)
 
 
 RT_PARTS = {  # CudaRuntime method -> the CUDA call it wraps
@@ -257,14 +254,25 @@ def make_variants(backend, out, is_cuda: bool):
     def plugin_producer(ring):
         def produce(state):  # the segments' times: a few perf_counter_ns reads per step, no wrappers
             seg = state.setdefault("segments", collections.defaultdict(list))
+            pr = state.get("prof")  # instrumented runs: the parts are charged to their segment
+            if pr is not None:
+                pr.phase = "producer: ring.acquire"
             t0 = ns()
             slot = ring.acquire("bench", {f: list(glue.shape(t)) for f, t in out.items()})
+            t1 = ns()
+            if pr is not None:
+                pr.phase = "producer: 3 x backend.copy_d2h"
             t1 = ns()
             for f in DTYPES:
                 backend.copy_d2h(slot.buffers[f], out[f], f)
             t2 = ns()
+            if pr is not None:
+                pr.phase = "producer: backend.record"
+            t2 = ns()
             event = backend.record("bench")
             t3 = ns()
+            if pr is not None:
+                pr.phase = "producer"
             previous, state["prev"] = state.get("prev"), ([slot.buffers[f] for f in DTYPES], event)
             seg["producer: ring.acquire"].append(t1 - t0)
             seg["producer: 3 x backend.copy_d2h"].append(t2 - t1)
@@ -275,12 +283,20 @@ def make_variants(backend, out, is_cuda: bool):
     def plugin_consume(previous, state):
         if previous is not None:
             buffers, event = previous
+            pr = state.get("prof")
+            if pr is not None:
+                pr.phase = "consumer: backend.wait"
             t0 = ns()
             backend.wait(event, "consumer")
+            t1 = ns()
+            if pr is not None:
+                pr.phase = "consumer: 3 x backend.read"
             t1 = ns()
             for buf in buffers:
                 backend.read(buf, "consumer")
             t2 = ns()
+            if pr is not None:
+                pr.phase = "consumer"
             seg = state["segments"]
             seg["consumer: backend.wait"].append(t1 - t0)
             seg["consumer: 3 x backend.read"].append(t2 - t1)
@@ -364,7 +380,7 @@ def make_variants(backend, out, is_cuda: bool):
 
 def run_variant(name, fns, steps, warmup, busy, prof: Profiler | None, sync):
     produce, consume, cleanup = fns
-    state: dict = {}
+    state: dict = {"prof": prof}
     producer, consumer = [], []
     census_on = name == "plugin, census on"
     ctx = collecting() if census_on else None
@@ -435,32 +451,48 @@ def report_case(say, title, plain, profiled, calls, wrap_ns, steps_total):
                 values = sorted(values)
                 say(f"      {key:44s} {us(statistics.median(values))} {us(values[int(0.9 * (len(values) - 1))])}")
     say(f"  {title}: where the host time goes: exclusive us per step (mean) of each part in the instrumented "
-        f"runs, and scaled to the plain run (est. plain); calls per step")
+        f"runs, and scaled to the plain run segment by segment (est. plain); calls per step")
     for name, r in profiled.items():
         parts = calls[name]
         say(f"    {name}")
         for phase in ("producer", "consumer"):
-            raw = {part: t / steps_total for (ph, part), t in parts["time"].items() if ph == phase}
-            n = {part: parts["calls"][(phase, part)] / steps_total for part in raw}
-            n_calls = sum(n.values())
             mean_instr = sum(r[phase]) / len(r[phase])
-            # The wrappers inflate every part; the estimate for the plain run scales the parts (and
-            # the call-site rest) by plain / instrumented of this phase (means), so they add up to it.
             base_mean = sum(plain[name][phase]) / len(plain[name][phase])
-            scale = base_mean / mean_instr if mean_instr else 1.0
+            # Segments (the plugin's): each has an exact plain time; its parts are scaled to it by
+            # plain / instrumented of that segment. The rest of the phase (no segment) likewise.
+            segs = [k for k in (plain[name].get("segments") or {}) if k.startswith(phase + ": ")]
+            exact = {k: sum(plain[name]["segments"][k]) / len(plain[name]["segments"][k]) for k in segs}
+            instr = {k: sum(r["segments"][k]) / len(r["segments"][k]) for k in segs}
+            exact[phase] = base_mean - sum(exact.values())
+            instr[phase] = mean_instr - sum(instr.values())
             groups = collections.defaultdict(lambda: [0.0, 0.0])
-            for part in raw:
-                groups[group_of(part)][0] += raw[part]
-                groups[group_of(part)][1] += raw[part] * scale
-            rest = mean_instr - sum(raw.values())
-            groups["call-site Python (no wrapped part)"] = [rest, rest * scale]
+            lines = []
+            n_calls = 0.0
+            for seg in [*segs, phase]:
+                scale = exact[seg] / instr[seg] if instr[seg] > 0 else 0.0
+                raw = {part: t / steps_total for (ph, part), t in parts["time"].items() if ph == seg}
+                n = {part: parts["calls"][(seg, part)] / steps_total for part in raw}
+                n_calls += sum(n.values())
+                rest = instr[seg] - sum(raw.values())
+                label = seg.split(": ", 1)[1] if seg != phase else "outside the segments" if segs else "the whole " + phase
+                lines.append(f"        [{label}: {exact[seg] / 1e3:.1f} us plain, {instr[seg] / 1e3:.1f} instrumented, "
+                             f"x{scale:.2f}]")
+                for part in sorted(raw, key=lambda p: -raw[p]):
+                    groups[group_of(part)][0] += raw[part]
+                    groups[group_of(part)][1] += raw[part] * scale
+                    lines.append(f"          . {part:56s} {raw[part] / 1e3:8.2f} {raw[part] * scale / 1e3:8.2f} us  "
+                                 f"{n[part]:5.1f} calls")
+                site = "unwrapped Python (step code; wrapper cost in the instrumented column)"
+                groups[site][0] += rest
+                groups[site][1] += rest * scale
+                if raw:
+                    lines.append(f"          . {'(unwrapped Python here)':56s} {rest / 1e3:8.2f} {rest * scale / 1e3:8.2f} us")
             say(f"      {phase}: plain mean {base_mean / 1e3:.1f} us, instrumented mean {mean_instr / 1e3:.1f} us "
                 f"({n_calls:.0f} wrapped calls/step; a wrapped no-op costs ~{wrap_ns:.0f} ns)   [instrumented, est. plain]")
-            est = {part: t * scale for part, t in raw.items()}
             for g, (t_raw, t_est) in sorted(groups.items(), key=lambda kv: -kv[1][1]):
-                say(f"        {g:58s} {t_raw / 1e3:8.2f} {t_est / 1e3:8.2f} us")
-            for part in sorted(raw, key=lambda p: -raw[p]):
-                say(f"          . {part:56s} {raw[part] / 1e3:8.2f} {est[part] / 1e3:8.2f} us  {n[part]:5.1f} calls")
+                say(f"        {g:68s} {t_raw / 1e3:8.2f} {t_est / 1e3:8.2f} us")
+            for line in lines:
+                say(line)
 
 
 def main(argv=None) -> int:
@@ -556,6 +588,8 @@ def main(argv=None) -> int:
                         r = run_variant(name, fns, args.steps, args.warmup, busy_fn, prof, sync)
                         for key in ("producer", "consumer"):
                             profiled[name][key] += r[key]
+                        for key, values in r["segments"].items():
+                            profiled[name].setdefault("segments", {}).setdefault(key, []).extend(values)
                         calls[name]["time"].update(prof.time)
                         calls[name]["calls"].update(prof.calls)
                 for d in (plain, profiled):

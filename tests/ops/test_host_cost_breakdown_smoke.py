@@ -28,6 +28,8 @@ def test_cpu_smoke_run_reports_every_variant_and_the_parts(tmp_path):
     for part in ("ring: acquire", "census.record", "HostRuntime.memcpy_d2h_async", "HostRuntime.event_record",
                  "framework accessors (glue.address)", "backend: copy_d2h", "call-site Python"):
         assert part in text, part
+    # the breakdown charges the parts to the segment they ran in, scaled to its plain time
+    assert text.count("[3 x backend.copy_d2h:") == 2 and text.count("[backend.wait:") == 2, text[-3000:]
     # 3 copies and 1 event per step: the calls per step are counted, not guessed
     copy_line = next(line for line in text.splitlines() if "HostRuntime.memcpy_d2h_async" in line)
     assert copy_line.split()[-2] == "3.0", copy_line
