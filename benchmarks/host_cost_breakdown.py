@@ -1,0 +1,622 @@
+#!/usr/bin/env python3
+"""Where the plugin's host time per decode step goes, on the output copies (issue 24, "measure first").
+
+One decode step's output copies (logprob ids / logprobs / ranks of B rows x K+1 columns, as in
+``cuda_layer_check.py``'s timing part), GPU idle and GPU busy (~2 ms of queued work per step), for:
+
+- ``plugin``: ``PinnedRing.acquire`` + one ``CudaBackend.copy_d2h`` per tensor + ``record``; the
+  consumer (next step) ``wait``s on the event and ``read``s each buffer - the plugin's real code;
+- ``plugin, census on``: the same inside an active census (tests and ``bench`` run it on);
+- ``FD 2.4``: blocking copies (``cudaMemcpyAsync`` into pageable memory + stream synchronize each);
+- ``FD 2.5``: per-step pinned allocation + copies + a new event, freed a step later;
+- ``floor``: only the CUDA calls a step cannot avoid, through ctypes with prebuilt arguments
+  (3 x ``cudaMemcpyAsync`` + ``cudaEventRecord``; the consumer's ``cudaEventSynchronize``).
+
+Each variant runs twice, interleaved over ``--rounds``: plain (producer, consumer and wall time per
+step, nothing wrapped) and instrumented, where every part is wrapped with ``time.perf_counter_ns``
+and charged its *exclusive* time (a part's callees are charged to them): the raw ctypes CUDA calls,
+the ``CudaRuntime`` wrappers around them, the ring's bookkeeping, the census, the framework
+accessors (glue), the backend's own Python (copy_d2h/_fit/record/wait/read), and the call-site
+Python of the step (what no wrapper covers). The wrappers cost time of their own (about 1 us per
+wrapped call on the H200, against well under 1 us for a no-op): the report gives each part's
+instrumented time and an estimate for the plain run: the plugin's step is cut into segments
+(acquire | copies | record, wait | reads), each timed exactly in the plain run with a perf_counter_ns
+read between them and nothing wrapped, and each segment's parts are scaled by plain / instrumented
+of that segment (other variants: of the whole phase). Per-part figures are estimates to rank the
+parts by; the plain producer/consumer/wall figures and the segments are exact.
+
+No runtime code is changed: the parts are wrapped from outside, on this script's objects only.
+
+    python3 benchmarks/host_cost_breakdown.py [--device cuda|cpu] [--sizes 128,1024] [--k 20]
+        [--steps 200] [--rounds 3] [--busy-ms 2.0] [--output FILE] [--json FILE]
+
+``--device cpu`` runs the same code on the ``host`` backend (HostRuntime: memmove copies, events
+always complete) with numpy arrays as the framework: a smoke path, not a measurement of CUDA.
+The result is a measurement (RESULT: MEASURED), not a pass/fail check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import ctypes
+import json
+import logging
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _report  # noqa: E402 - benchmarks/_report.py
+
+from fd_async_copy_plugin.runtime import PinnedRing, collecting  # noqa: E402
+from fd_async_copy_plugin.runtime import backend as backend_module  # noqa: E402
+from fd_async_copy_plugin.runtime import census as census_module  # noqa: E402
+
+DTYPES = {"ids": "int64", "logprobs": "float32", "ranks": "int64"}
+ns = time.perf_counter_ns
+
+
+# --- a numpy "framework" for the cpu path -------------------------------------------------------
+
+
+class HostTensor:
+    """A host array with a resizable shape inside its allocation (what a framework's host tensor
+    gives the backend); ``--device cpu`` uses it for sources and pinned wraps alike."""
+
+    __slots__ = ("base", "view", "__weakref__")
+
+    def __init__(self, array: np.ndarray) -> None:
+        self.base = array
+        self.view = array
+
+
+class NumpyGlue:
+    name = "numpy"
+
+    def address(self, t):
+        return int(t.view.ctypes.data)
+
+    def shape(self, t):
+        return tuple(int(s) for s in t.view.shape)
+
+    def dtype(self, t):
+        return str(t.view.dtype)
+
+    def is_contiguous(self, t):
+        return bool(t.view.flags.c_contiguous)
+
+    def gpu_device(self, t):
+        return None
+
+    def current_device(self):
+        return 0
+
+    def stream(self, device):
+        return 0
+
+    def wrap(self, array):
+        return HostTensor(array)
+
+    def set_shape(self, t, shape):
+        if tuple(t.view.shape) != tuple(shape):
+            n = int(np.prod(shape)) if shape else 1
+            t.view = t.base.reshape(-1)[:n].reshape(shape)
+
+    def from_numpy(self, array):
+        return HostTensor(array)
+
+    def blocking_d2h(self, t):
+        return HostTensor(t.view.copy())
+
+    def snapshot(self, t):
+        return t.view.copy()
+
+
+# --- the instrument ---------------------------------------------------------------------------
+
+
+class Profiler:
+    """Exclusive time per (phase, part): a wrapped call's time minus its wrapped callees' (whose
+    wrappers' cost stays with the caller; the report scales each segment back to its plain time)."""
+
+    def __init__(self) -> None:
+        self.enabled = False
+        self.phase = "producer"
+        self.time = collections.defaultdict(int)  # (phase, part) -> ns
+        self.calls = collections.defaultdict(int)
+        self._stack: list[int] = []
+        self._undo: list = []
+
+    def wrap(self, owner, attr: str, part: str, on_dict: bool = False) -> None:
+        original = owner[attr] if on_dict else getattr(owner, attr)
+        prof = self
+        stack = self._stack
+
+        def timed(*args, **kwargs):
+            if not prof.enabled:
+                return original(*args, **kwargs)
+            stack.append(0)
+            t0 = ns()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                dt = ns() - t0
+                child = stack.pop()
+                key = (prof.phase, part)
+                prof.time[key] += dt - child
+                prof.calls[key] += 1
+                if stack:
+                    stack[-1] += dt
+
+        if on_dict:
+            owner[attr] = timed
+            self._undo.append(lambda: owner.__setitem__(attr, original))
+        else:
+            had_own = attr in getattr(owner, "__dict__", {})
+            setattr(owner, attr, timed)
+            self._undo.append((lambda: setattr(owner, attr, original)) if had_own else
+                              (lambda: delattr(owner, attr)))
+
+    def restore(self) -> None:
+        while self._undo:
+            self._undo.pop()()
+
+    def reset(self) -> None:
+        self.time.clear()
+        self.calls.clear()
+
+    def overhead_ns(self, n: int = 200_000) -> float:
+        """What one wrapped call adds, measured on a no-op (enabled, outside any phase of interest)."""
+        box = {"f": lambda: None}
+        plain = box["f"]
+        t0 = ns()
+        for _ in range(n):
+            plain()
+        bare = ns() - t0
+        self.wrap(box, "f", "calibration", on_dict=True)
+        wrapped = box["f"]
+        self.enabled, phase, self.phase = True, self.phase, "calibration"
+        t0 = ns()
+        for _ in range(n):
+            wrapped()
+        timed = ns() - t0
+        self.enabled, self.phase = False, phase
+        self._undo.pop()
+        self.time.pop(("calibration", "calibration"), None)
+        self.calls.pop(("calibration", "calibration"), None)
+        return max(0.0, (timed - bare) / n)
+
+
+RT_PARTS = {  # CudaRuntime method -> the CUDA call it wraps
+    "memcpy_d2h_async": "cudaMemcpyAsync", "event_record": "cudaEventRecord", "event_query": "cudaEventQuery",
+    "event_synchronize": "cudaEventSynchronize", "stream_synchronize": "cudaStreamSynchronize",
+    "host_alloc": "cudaHostAlloc", "host_free": "cudaFreeHost", "event_create": "cudaEventCreateWithFlags",
+    "event_destroy": "cudaEventDestroy", "get_device": "cudaGetDevice",
+}
+GLUE = ("address", "shape", "dtype", "is_contiguous", "gpu_device", "stream", "set_shape", "wrap", "from_numpy")
+
+
+def instrument(prof: Profiler, backend, rings) -> None:
+    rt = backend.rt
+    raw = getattr(rt, "_f", None)  # CudaRuntime: the ctypes function objects themselves
+    for method, call in RT_PARTS.items():
+        prof.wrap(rt, method, f"CudaRuntime wrapper Python ({method})" if raw is not None else f"HostRuntime.{method}")
+        if raw is not None and call in raw:
+            prof.wrap(raw, call, f"ctypes {call} (the CUDA call)", on_dict=True)
+    for name in GLUE:
+        prof.wrap(backend.glue, name, f"framework accessors (glue.{name})")
+    for ring in rings:
+        prof.wrap(ring, "acquire", "ring: acquire (refcounts, slot choice)")
+    prof.wrap(census_module, "record", "census.record")
+    prof.wrap(backend_module, "host_view", "backend: host_view (zero-copy view)")
+    for method, part in (("copy_d2h", "copy_d2h"), ("_copy", "copy_d2h"), ("_fit", "_fit (dtype/shape/capacity)"),
+                         ("ensure_probed", "ensure_probed"), ("record", "record"), ("_record_native", "record"),
+                         ("_event", "record"), ("wait", "wait"), ("_wait_native", "wait"),
+                         ("read", "read (np.array copy-out)"), ("is_pinned", "is_pinned/memory_of"),
+                         ("memory_of", "is_pinned/memory_of"), ("_check_readable", "read (np.array copy-out)")):
+        prof.wrap(backend, method, f"backend: {part}")
+
+
+def group_of(part: str) -> str:
+    if part.startswith("ctypes "):
+        return "CUDA calls (ctypes)"
+    if part.startswith(("CudaRuntime", "HostRuntime")):
+        return "CudaRuntime wrappers"
+    if part.startswith("ring"):
+        return "ring bookkeeping"
+    if part.startswith("census"):
+        return "census recording"
+    if part.startswith("framework"):
+        return "framework accessors"
+    if part.startswith("backend"):
+        return "backend Python"
+    return part
+
+
+# --- the step variants --------------------------------------------------------------------------
+
+
+def make_variants(backend, out, is_cuda: bool):
+    rt, glue = backend.rt, backend.glue
+    stream = glue.stream(0) if is_cuda else 0
+    nbytes = {f: int(np.prod(glue.shape(t))) * np.dtype(DTYPES[f]).itemsize for f, t in out.items()}
+    pageable = {f: np.empty(nbytes[f], dtype=np.uint8) for f in DTYPES}
+    capacity = {f: int(np.prod(glue.shape(t))) for f, t in out.items()}
+    rings = {name: PinnedRing(backend, f"bench.{name}", DTYPES, capacity, slots=2) for name in ("plain", "census")}
+
+    def plugin_producer(ring):
+        def produce(state):  # the segments' times: a few perf_counter_ns reads per step, no wrappers
+            seg = state.setdefault("segments", collections.defaultdict(list))
+            pr = state.get("prof")  # instrumented runs: the parts are charged to their segment
+            if pr is not None:
+                pr.phase = "producer: ring.acquire"
+            t0 = ns()
+            slot = ring.acquire("bench", {f: list(glue.shape(t)) for f, t in out.items()})
+            t1 = ns()
+            if pr is not None:
+                pr.phase = "producer: 3 x backend.copy_d2h"
+            t1 = ns()
+            for f in DTYPES:
+                backend.copy_d2h(slot.buffers[f], out[f], f)
+            t2 = ns()
+            if pr is not None:
+                pr.phase = "producer: backend.record"
+            t2 = ns()
+            event = backend.record("bench")
+            t3 = ns()
+            if pr is not None:
+                pr.phase = "producer"
+            previous, state["prev"] = state.get("prev"), ([slot.buffers[f] for f in DTYPES], event)
+            seg["producer: ring.acquire"].append(t1 - t0)
+            seg["producer: 3 x backend.copy_d2h"].append(t2 - t1)
+            seg["producer: backend.record"].append(t3 - t2)
+            return previous
+        return produce
+
+    def plugin_consume(previous, state):
+        if previous is not None:
+            buffers, event = previous
+            pr = state.get("prof")
+            if pr is not None:
+                pr.phase = "consumer: backend.wait"
+            t0 = ns()
+            backend.wait(event, "consumer")
+            t1 = ns()
+            if pr is not None:
+                pr.phase = "consumer: 3 x backend.read"
+            t1 = ns()
+            for buf in buffers:
+                backend.read(buf, "consumer")
+            t2 = ns()
+            if pr is not None:
+                pr.phase = "consumer"
+            seg = state["segments"]
+            seg["consumer: backend.wait"].append(t1 - t0)
+            seg["consumer: 3 x backend.read"].append(t2 - t1)
+
+    def blocking(state):  # FastDeploy 2.4: .cpu() = copy into pageable memory, stream sync
+        for f in DTYPES:
+            rt.memcpy_d2h_async(pageable[f].ctypes.data, glue.address(out[f]), nbytes[f], stream)
+            rt.stream_synchronize(stream)
+        return None
+
+    def no_consume(previous, state):
+        return None
+
+    def per_step_pinned(state):  # FastDeploy 2.5: new pinned tensors + event every step
+        for ptr in state.pop("free", []):  # last step's tensors dropped after the consumer read them
+            rt.host_free(ptr)
+        ptrs = [rt.host_alloc(nbytes[f]) for f in DTYPES]
+        for ptr, f in zip(ptrs, DTYPES):
+            rt.memcpy_d2h_async(ptr, glue.address(out[f]), nbytes[f], stream)
+        event = rt.event_create(False)
+        rt.event_record(event, stream)
+        previous, state["prev"] = state.get("prev"), (ptrs, event)
+        return previous
+
+    def per_step_consume(previous, state):
+        if previous is not None:
+            ptrs, event = previous
+            rt.event_synchronize(event)
+            rt.event_destroy(event)
+            for ptr, f in zip(ptrs, DTYPES):
+                ctypes.string_at(ptr, nbytes[f])
+            state["free"] = ptrs
+
+    def per_step_cleanup(state):
+        for ptr in state.pop("free", []):
+            rt.host_free(ptr)
+        if "prev" in state:
+            ptrs, event = state.pop("prev")
+            rt.event_synchronize(event)
+            rt.event_destroy(event)
+            for ptr in ptrs:
+                rt.host_free(ptr)
+
+    floor = {}
+    if is_cuda:  # the unavoidable CUDA calls, arguments prebuilt: the physical limit from Python
+        fns = rt._f
+        memcpy, record_fn, sync_fn = fns["cudaMemcpyAsync"], fns["cudaEventRecord"], fns["cudaEventSynchronize"]
+        floor_bufs = {f: rt.host_alloc(nbytes[f]) for f in DTYPES}
+        floor_events = [rt.event_create(True) for _ in range(2)]
+        s = ctypes.c_void_p(stream)
+        args = [(ctypes.c_void_p(floor_bufs[f]), ctypes.c_void_p(glue.address(out[f])), nbytes[f], 2, s)
+                for f in DTYPES]
+        ev = [ctypes.c_void_p(e) for e in floor_events]
+
+        def floor_produce(state):
+            for a in args:
+                memcpy(*a)
+            i = state["i"] = state.get("i", 0) ^ 1
+            record_fn(ev[i], s)
+            return None if "started" not in state else ev[i ^ 1]
+
+        def floor_consume(previous, state):
+            state["started"] = True
+            if previous is not None:
+                sync_fn(previous)
+
+        def floor_cleanup(state):
+            rt.device_synchronize()
+
+        floor = {"floor: 3 ctypes cudaMemcpyAsync + 1 cudaEventRecord": (floor_produce, floor_consume, floor_cleanup)}
+
+    variants = {
+        "plugin: ring + copy_d2h + record": (plugin_producer(rings["plain"]), plugin_consume, None),
+        "plugin, census on": (plugin_producer(rings["census"]), plugin_consume, None),
+        "FD 2.4: blocking copies": (blocking, no_consume, None),
+        "FD 2.5: per-step pinned + event": (per_step_pinned, per_step_consume, per_step_cleanup),
+        **floor,
+    }
+    return variants, list(rings.values())
+
+
+def run_variant(name, fns, steps, warmup, busy, prof: Profiler | None, sync):
+    produce, consume, cleanup = fns
+    state: dict = {"prof": prof}
+    producer, consumer = [], []
+    census_on = name == "plugin, census on"
+    ctx = collecting() if census_on else None
+    if ctx is not None:
+        ctx.__enter__()
+    try:
+        wall0 = ns()
+        for step in range(warmup + steps):
+            if step == warmup:
+                sync()
+                wall0 = ns()
+                if prof is not None:
+                    prof.reset()
+                    prof.enabled = True
+            busy()
+            if census_on:
+                census_module.begin_step()
+            if prof is not None:
+                prof.phase = "producer"
+            t0 = ns()
+            previous = produce(state)
+            t1 = ns()
+            if prof is not None:
+                prof.phase = "consumer"
+            consume(previous, state)
+            t2 = ns()
+            if step >= warmup:
+                producer.append(t1 - t0)
+                consumer.append(t2 - t1)
+        sync()
+        wall = (ns() - wall0) / steps
+    finally:
+        if prof is not None:
+            prof.enabled = False
+        if ctx is not None:
+            ctx.__exit__(None, None, None)
+    segments = {k: v[-steps:] for k, v in state.get("segments", {}).items()}
+    if cleanup is not None:
+        cleanup(state)
+    state.clear()
+    return {"producer": producer, "consumer": consumer, "wall": wall, "segments": segments}
+
+
+# --- report -------------------------------------------------------------------------------------
+
+
+def us(x_ns: float) -> str:
+    return f"{x_ns / 1e3:8.1f}"
+
+
+def report_case(say, title, plain, profiled, calls, wrap_ns, steps_total):
+    say(f"  {title}: per decode step, median over the measured steps (p90); wall = loop time per step")
+    say(f"    {'variant':52s} {'producer':>9s} {'(p90)':>9s} {'consumer':>9s} {'(p90)':>9s} {'prod+cons':>9s} "
+        f"{'wall':>9s}   [instrumented: producer, consumer]")
+    for name, r in plain.items():
+        p, c = statistics.median(r["producer"]), statistics.median(r["consumer"])
+        p90 = sorted(r["producer"])[int(0.9 * (len(r["producer"]) - 1))]
+        c90 = sorted(r["consumer"])[int(0.9 * (len(r["consumer"]) - 1))]
+        pc = statistics.median([a + b for a, b in zip(r["producer"], r["consumer"])])
+        i = profiled[name]
+        say(f"    {name:52s} {us(p)} {us(p90)} {us(c)} {us(c90)} {us(pc)} {us(r['wall'])}   "
+            f"[{us(statistics.median(i['producer'])).strip()}, {us(statistics.median(i['consumer'])).strip()}]")
+    for name, r in plain.items():
+        if r.get("segments"):
+            say(f"    {name} - its steps in segments (plain runs; median, p90; a perf_counter_ns read between "
+                f"segments, nothing wrapped):")
+            for key, values in r["segments"].items():
+                values = sorted(values)
+                say(f"      {key:44s} {us(statistics.median(values))} {us(values[int(0.9 * (len(values) - 1))])}")
+    say(f"  {title}: where the host time goes: exclusive us per step (mean) of each part in the instrumented "
+        f"runs, and scaled to the plain run segment by segment (est. plain); calls per step")
+    for name, r in profiled.items():
+        parts = calls[name]
+        say(f"    {name}")
+        for phase in ("producer", "consumer"):
+            mean_instr = sum(r[phase]) / len(r[phase])
+            base_mean = sum(plain[name][phase]) / len(plain[name][phase])
+            # Segments (the plugin's): each has an exact plain time; its parts are scaled to it by
+            # plain / instrumented of that segment. The rest of the phase (no segment) likewise.
+            segs = [k for k in (plain[name].get("segments") or {}) if k.startswith(phase + ": ")]
+            exact = {k: sum(plain[name]["segments"][k]) / len(plain[name]["segments"][k]) for k in segs}
+            instr = {k: sum(r["segments"][k]) / len(r["segments"][k]) for k in segs}
+            exact[phase] = base_mean - sum(exact.values())
+            instr[phase] = mean_instr - sum(instr.values())
+            groups = collections.defaultdict(lambda: [0.0, 0.0])
+            lines = []
+            n_calls = 0.0
+            for seg in [*segs, phase]:
+                scale = exact[seg] / instr[seg] if instr[seg] > 0 else 0.0
+                raw = {part: t / steps_total for (ph, part), t in parts["time"].items() if ph == seg}
+                n = {part: parts["calls"][(seg, part)] / steps_total for part in raw}
+                n_calls += sum(n.values())
+                rest = instr[seg] - sum(raw.values())
+                label = seg.split(": ", 1)[1] if seg != phase else "outside the segments" if segs else "the whole " + phase
+                lines.append(f"        [{label}: {exact[seg] / 1e3:.1f} us plain, {instr[seg] / 1e3:.1f} instrumented, "
+                             f"x{scale:.2f}]")
+                for part in sorted(raw, key=lambda p: -raw[p]):
+                    groups[group_of(part)][0] += raw[part]
+                    groups[group_of(part)][1] += raw[part] * scale
+                    lines.append(f"          . {part:56s} {raw[part] / 1e3:8.2f} {raw[part] * scale / 1e3:8.2f} us  "
+                                 f"{n[part]:5.1f} calls")
+                site = "unwrapped Python (step code; wrapper cost in the instrumented column)"
+                groups[site][0] += rest
+                groups[site][1] += rest * scale
+                if raw:
+                    lines.append(f"          . {'(unwrapped Python here)':56s} {rest / 1e3:8.2f} {rest * scale / 1e3:8.2f} us")
+            say(f"      {phase}: plain mean {base_mean / 1e3:.1f} us, instrumented mean {mean_instr / 1e3:.1f} us "
+                f"({n_calls:.0f} wrapped calls/step; a wrapped no-op costs ~{wrap_ns:.0f} ns)   [instrumented, est. plain]")
+            for g, (t_raw, t_est) in sorted(groups.items(), key=lambda kv: -kv[1][1]):
+                say(f"        {g:68s} {t_raw / 1e3:8.2f} {t_est / 1e3:8.2f} us")
+            for line in lines:
+                say(line)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    parser.add_argument("--sizes", default="128,1024", help="batch sizes B (comma-separated)")
+    parser.add_argument("--k", type=int, default=20, help="logprobs K (K+1 columns)")
+    parser.add_argument("--steps", type=int, default=200, help="measured steps per variant and round")
+    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (steps pooled)")
+    parser.add_argument("--busy-ms", type=float, default=2.0, help="GPU work queued per step when busy")
+    parser.add_argument("--output", help="also write the report here")
+    parser.add_argument("--json", help="also write every step's times and the parts' totals here (JSON)")
+    args = parser.parse_args(argv)
+    say = _report.Report("host_cost_breakdown.py", argv)
+    logging.getLogger("fd_async_copy").setLevel(logging.ERROR)  # the rings' warm-up growth
+    sizes = [int(s) for s in args.sizes.split(",") if s]
+
+    if args.device == "cuda":
+        import torch
+
+        from fd_async_copy_plugin.runtime.cuda import CudaBackend
+        from fd_async_copy_plugin.runtime.cudart import CudaRuntime
+        from _torch_glue import TorchGlue, TorchProbeOps
+
+        assert torch.cuda.is_available(), "--device cuda needs a GPU (use --device cpu for the smoke path)"
+        torch.cuda.init()
+        current = torch.cuda.Stream()  # a non-default current stream, as in FD
+        torch.cuda.set_stream(current)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(1000)
+        start.record()
+        torch.cuda._sleep(2_000_000)
+        end.record()
+        end.synchronize()
+        per_ms = 2_000_000 / start.elapsed_time(end)
+        cycles = int(args.busy_ms * per_ms)
+        rt = CudaRuntime()
+        backend = CudaBackend(glue=TorchGlue(), rt=rt, probe_ops=TorchProbeOps(cycles))
+        backend.ensure_probed(0)
+        say(f"framework (device tensors and the stream only): PyTorch {torch.__version__}, "
+            f"{torch.cuda.get_device_name(0)}; Paddle imported: {'paddle' in sys.modules}")
+        say(f"CUDA layer: {rt.versions()}; accessor probe: {'ok' if backend.probes[0]['ok'] else 'FAILED'}")
+        device = torch.device("cuda:0")
+
+        def make_out(rows, columns):
+            base = torch.arange(rows * columns, device=device, dtype=torch.int64).view(rows, columns)
+            return {"ids": base % 150_000, "logprobs": base.to(torch.float32) * -1e-3,
+                    "ranks": torch.arange(rows, device=device, dtype=torch.int64)}
+
+        cases = [(False, lambda: None), (True, lambda: torch.cuda._sleep(cycles))]
+        sync = torch.cuda.synchronize
+    else:
+        from fd_async_copy_plugin.runtime.host import HostBackend
+
+        backend = HostBackend(glue=NumpyGlue())
+        say("device cpu: the host backend (HostRuntime: memmove copies, events always complete) with numpy "
+            "arrays as the framework - a smoke path, not a CUDA measurement")
+
+        def make_out(rows, columns):
+            base = np.arange(rows * columns, dtype=np.int64).reshape(rows, columns)
+            return {"ids": HostTensor(base % 150_000), "logprobs": HostTensor(base.astype(np.float32) * -1e-3),
+                    "ranks": HostTensor(np.arange(rows, dtype=np.int64))}
+
+        cases = [(False, lambda: None)]
+        sync = lambda: None  # noqa: E731
+
+    prof = Profiler()
+    wrap_ns = prof.overhead_ns()
+    raw_data: list = []
+    say(f"B in {sizes}, K={args.k}; {args.rounds} interleaved round(s) x {args.steps} measured steps (+{args.warmup} "
+        f"warm-up) per variant, plain and instrumented; a wrapped no-op costs ~{wrap_ns:.0f} ns")
+    say("producer = issuing this step's copies (+ event); consumer = the next step's wait on it and the host reads; "
+        "FD 2.4's consumer reads nothing (its .cpu() already waited)")
+    for rows in sizes:
+        columns = args.k + 1
+        out = make_out(rows, columns)
+        variants, rings = make_variants(backend, out, args.device == "cuda")
+        instrument(prof, backend, rings)
+        try:
+            for busy, busy_fn in cases:
+                plain = {name: {"producer": [], "consumer": [], "wall": []} for name in variants}
+                profiled = {name: {"producer": [], "consumer": [], "wall": []} for name in variants}
+                calls = {name: {"time": collections.Counter(), "calls": collections.Counter()} for name in variants}
+                for _ in range(args.rounds):
+                    for name, fns in variants.items():
+                        r = run_variant(name, fns, args.steps, args.warmup, busy_fn, None, sync)
+                        for key in ("producer", "consumer"):
+                            plain[name][key] += r[key]
+                        for key, values in r["segments"].items():
+                            plain[name].setdefault("segments", {}).setdefault(key, []).extend(values)
+                        plain[name]["wall"].append(r["wall"])
+                        r = run_variant(name, fns, args.steps, args.warmup, busy_fn, prof, sync)
+                        for key in ("producer", "consumer"):
+                            profiled[name][key] += r[key]
+                        for key, values in r["segments"].items():
+                            profiled[name].setdefault("segments", {}).setdefault(key, []).extend(values)
+                        calls[name]["time"].update(prof.time)
+                        calls[name]["calls"].update(prof.calls)
+                for d in (plain, profiled):
+                    for r in d.values():
+                        r["wall"] = statistics.median(r["wall"]) if r["wall"] else 0.0
+                nb = rows * columns * 12 + rows * 8
+                title = (f"B={rows} K={args.k} ({nb} bytes/step), GPU "
+                         + (f"busy (~{args.busy_ms:.1f} ms queued per step)" if busy else "idle"))
+                if args.device == "cpu":
+                    title = f"B={rows} K={args.k} ({nb} bytes/step), host backend"
+                report_case(say, title, plain, profiled, calls, wrap_ns, args.steps * args.rounds)
+                raw_data.append({"title": title, "plain": plain, "instrumented": profiled, "parts": {
+                    name: [[ph, part, t, calls[name]["calls"][(ph, part)]] for (ph, part), t in c["time"].items()]
+                    for name, c in calls.items()}})
+        finally:
+            prof.restore()
+        sync()
+    say("The figures are host times of this script's loop; the breakdown's 'exclusive' time of a part excludes "
+        "the wrapped parts it calls; 'call-site Python' is the step code around the calls (FD's own in production).")
+    say("RESULT: MEASURED")
+    if args.output:
+        Path(args.output).write_text(say.text())
+    if args.json:
+        Path(args.json).write_text(json.dumps({"wrap_ns": wrap_ns, "steps": args.steps * args.rounds,
+                                               "cases": raw_data}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

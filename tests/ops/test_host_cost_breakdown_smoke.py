@@ -1,0 +1,36 @@
+"""``benchmarks/host_cost_breakdown.py`` (issue 24: the plugin's host time per decode step split into
+its parts) runs on the host backend, so a broken script is found before anyone's GPU time is spent.
+The figures there are host memmoves, not CUDA's."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "host_cost_breakdown.py"
+
+
+def test_cpu_smoke_run_reports_every_variant_and_the_parts(tmp_path):
+    out = tmp_path / "report.txt"
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--device", "cpu", "--sizes", "4", "--steps", "5", "--warmup", "2",
+         "--rounds", "1", "--output", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    text = proc.stdout
+    for variant in ("plugin: ring + copy_d2h + record", "plugin, census on"):
+        assert text.count(variant) == 3, variant  # a row of the table, its segments and a breakdown
+    for variant in ("FD 2.4: blocking copies", "FD 2.5: per-step pinned + event"):
+        assert text.count(variant) == 2, variant
+    for segment in ("ring.acquire", "3 x backend.copy_d2h", "backend.record", "backend.wait", "3 x backend.read"):
+        assert text.count(f"producer: {segment}") + text.count(f"consumer: {segment}") == 2, segment
+    # the plugin's parts were each seen: the ring, the census, the runtime's copy and record, the glue
+    for part in ("ring: acquire", "census.record", "HostRuntime.memcpy_d2h_async", "HostRuntime.event_record",
+                 "framework accessors (glue.address)", "backend: copy_d2h", "call-site Python"):
+        assert part in text, part
+    # the breakdown charges the parts to the segment they ran in, scaled to its plain time
+    assert text.count("[3 x backend.copy_d2h:") == 2 and text.count("[backend.wait:") == 2, text[-3000:]
+    # 3 copies and 1 event per step: the calls per step are counted, not guessed
+    copy_line = next(line for line in text.splitlines() if "HostRuntime.memcpy_d2h_async" in line)
+    assert copy_line.split()[-2] == "3.0", copy_line
+    assert text.rstrip().endswith("RESULT: MEASURED") and out.read_text() == text
