@@ -13,7 +13,6 @@ through). Rounds alternate off/on in one process; the figure is the median over 
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 
 

@@ -37,7 +37,7 @@ import logging
 import os
 import sys
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 log = logging.getLogger("fd_async_copy")

@@ -43,7 +43,7 @@ from __future__ import annotations
 import collections
 import threading
 
-from fd_async_copy_plugin.registry.patch import Feature, Patch, Target, wraps
+from fd_async_copy_plugin.registry.patch import Patch, Target, wraps
 
 from .runner import FeatureRunners, RunnerFeature, part, per_runner, runner_state
 from .step_syncs import own_path_reason as step_syncs_own_path

@@ -46,7 +46,7 @@ import threading
 import numpy as np
 import paddle
 
-from fd_async_copy_plugin.registry.patch import Feature, IncompatibleError, Junction, Patch, Target, wraps
+from fd_async_copy_plugin.registry.patch import IncompatibleError, Junction, Patch, Target, wraps
 
 from .runner import FeatureRunners, RunnerFeature, part, per_runner, runner_state
 from ._tensor_watch import PATCHES as TENSOR_WATCH, Watched, basic_key, host_value, rows_of, watching, _UNKNOWN

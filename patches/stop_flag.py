@@ -34,7 +34,7 @@ import numpy as np
 import paddle
 
 from fd_async_copy_plugin.ops.stop_flag_library import MAX_BATCH
-from fd_async_copy_plugin.registry.patch import Feature, IncompatibleError, Patch, Target, wraps
+from fd_async_copy_plugin.registry.patch import IncompatibleError, Patch, Target, wraps
 
 from ._consumers import add_substitute, build_guard, remove_substitute
 from .runner import FeatureRunners, RunnerFeature, build_step_section, part

@@ -3,7 +3,6 @@
 import pytest
 
 import fd_async_copy_plugin
-from fd_async_copy_plugin import runtime
 from fd_async_copy_plugin.testing.reference import copy_backend as replica_backend
 
 

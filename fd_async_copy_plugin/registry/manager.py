@@ -23,7 +23,6 @@ from .plan import (
     PADDLE_INSTALL_HINT,
     PASSTHROUGH,
     PENDING,
-    SKIPPED,
     Decision,
     option_decision,
     requirement_decision,

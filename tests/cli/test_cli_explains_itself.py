@@ -7,12 +7,8 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
-import sys
-import textwrap
 import tomllib
 import zipfile
-from pathlib import Path
 
 import pytest
 

@@ -4,10 +4,7 @@ around it from one table, per-runner state in one object, and tensor watching sc
 from __future__ import annotations
 
 import collections
-import dataclasses
 import random
-import re
-import sys
 import threading
 from pathlib import Path
 
@@ -142,7 +139,7 @@ def test_the_order_of_the_feature_list_changes_nothing(monkeypatch, seed):
                         logprobs=5 if i % 2 else None) for i in range(5)]
     outputs = []
     for order in (list(ALL), requested):
-        with device_for("sim"), plugin_state(Variant("p", ROOTS["fd24"], True, tuple(order)), "sim") as status, \
+        with device_for("sim"), plugin_state(Variant("p", ROOTS["fd24"], True, tuple(order)), "sim"), \
                 collecting():
             seen = []
             outputs.append(run_decode(ROOTS["fd24"], cfg, requests,

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import pytest
 
-from fd_async_copy_plugin import runtime
 from fd_async_copy_plugin.testing.reference import copy_backend as replica_backend
 from fd_async_copy_plugin.testing.reference.driver import Request
 

@@ -312,7 +312,6 @@ def phi_op(name: str, **inputs) -> None:
 
 
 def _is_pinned(t) -> bool:
-    from ... import runtime
     from fd_async_copy_plugin.testing.reference import copy_backend as replica_backend
 
     try:

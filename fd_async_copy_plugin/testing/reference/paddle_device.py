@@ -17,7 +17,6 @@ import contextlib
 
 import paddle
 
-from ... import runtime
 from fd_async_copy_plugin.testing.reference import copy_backend as replica_backend
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import numpy as np
 import paddle
 
-from ... import runtime
 from fd_async_copy_plugin.testing.reference import copy_backend as replica_backend
 from ...runtime import census
 from . import device_tracking

@@ -518,7 +518,6 @@ def run_prompt_logprobs_check(modules: dict, backend_name: str, device: str, voc
     that method reads) before and after enabling: chunked prefill, 20 and whole-vocabulary widths."""
     import fd_async_copy_plugin
     from ... import runtime
-    from fd_async_copy_plugin.testing.reference import copy_backend as replica_backend
 
     name = "prompt logprobs: GPUModelRunner._get_prompt_logprobs_list"
     if RUNNER not in modules or SAMPLER not in modules:

@@ -51,7 +51,6 @@ from ..platforms import current_platform  # noqa: F401
 from ..utils import fill_paddle_tensor
 from .model_runner_base import DistributedOut, DistributedStatus, ModelRunnerBase
 from .output import LogprobsTensors, ModelOutputData, ModelRunnerOutput  # noqa: F401
-from ..... import runtime
 from fd_async_copy_plugin.testing.reference import copy_backend as replica_backend
 from .....runtime import census
 

@@ -36,7 +36,6 @@ from ...tiny_model import TinyModel
 from ...zmq_sink import AsyncOutputThread
 from ...copy_backend import current as current_backend
 from ..engine.request import Request, RequestType
-from ..inter_communicator import ZmqIpcClient
 from ..model_executor.forward_meta import ForwardMeta
 from ..model_executor.layers.sample.meta_data import SamplingMetadata
 from ..model_executor.layers.sample.sampler import Sampler, SpeculativeSampler

@@ -12,7 +12,6 @@ from typing import NamedTuple, Optional
 import paddle
 
 from ...fd24.worker.output import Logprob, LogprobsLists, ModelRunnerOutput, SampleLogprobs  # noqa: F401
-from ..... import runtime
 from fd_async_copy_plugin.testing.reference import copy_backend as replica_backend
 from ...placement import as_device, blocking_d2h, is_device, is_pinned
 

@@ -21,7 +21,6 @@ import paddle
 from ..... import kernels
 from .....message_queue import get_queue, pack_tokens, pack_topk
 from .....placement import as_device, device_ops, host_view, is_pinned, paddle_op_inputs, write_back
-from ....... import runtime
 from fd_async_copy_plugin.testing.reference import copy_backend as replica_backend
 from .....fd24.model_executor.ops.gpu import (  # noqa: F401  (unchanged in 2.5)
     _env_flag,
