@@ -241,7 +241,15 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         self.send_header("Connection", "close")
         self.end_headers()
+        self._leave_once()  # before the body: once the client has read it, it may send its next request
         self.wfile.write(body)
+
+    def _leave_once(self) -> None:
+        """A request stops counting as in flight before its last bytes go out - never after the client
+        has read them (it may then send its next request before this thread runs again)."""
+        if getattr(self, "_in_flight", False):
+            self._in_flight = False
+            self.fake._leave_request()
 
     def do_GET(self):
         if self.path == "/health":
@@ -255,6 +263,7 @@ class _Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length", "0"))
         body = json.loads(self.rfile.read(length))
         self.fake._enter_request()
+        self._in_flight = True
         try:
             if self.path not in ("/v1/completions", "/v1/chat/completions"):
                 return self._send_json(404, {"error": {"message": f"no route {self.path}"}})
@@ -262,7 +271,7 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._send_json(404, {"error": {"message": f"model {body.get('model')!r} not served"}})
             self._answer(body, chat=self.path == "/v1/chat/completions")
         finally:
-            self.fake._leave_request()
+            self._leave_once()
 
     def _answer(self, body: dict, chat: bool) -> None:
         fake = self.fake
@@ -365,6 +374,7 @@ class _Handler(BaseHTTPRequestHandler):
             emit(json.dumps(self._envelope(chat, [choice])))
         if (body.get("stream_options") or {}).get("include_usage"):
             emit(json.dumps(self._envelope(chat, [], usage=meta["usage"])))
+        self._leave_once()  # the client is done at [DONE]
         emit("[DONE]")
         self.wfile.write(b"0\r\n\r\n")
         self.wfile.flush()
