@@ -199,7 +199,7 @@ class PatchManager:
 
     def _apply(self, feature: Feature) -> None:
         # What it builds on may have ended incompatible/failed when it was applied itself.
-        unmet = requirement_decision(feature, self.decisions)
+        unmet = requirement_decision(feature, self.decisions, self.profile.profile)
         if unmet is not None:
             self._decide(feature.name, unmet)
             return
@@ -211,7 +211,8 @@ class PatchManager:
             log.exception("fd_async_copy: applying %s failed; FastDeploy left unpatched", feature.name)
             self._decide(feature.name, Decision(FAILED, f"{type(exc).__name__}: {exc}"))
         else:
-            self._decide(feature.name, Decision(APPLIED, f"mirrors {feature.mirrors}" if feature.mirrors else "applied"))
+            mirrors = feature.mirrors_in(self.profile.profile)
+            self._decide(feature.name, Decision(APPLIED, f"mirrors {mirrors}" if mirrors else "applied"))
 
     def _stand_down(self, name: str, reason: str) -> None:
         """A patch left FastDeploy's own path in place at run time (its wrappers pass through)."""

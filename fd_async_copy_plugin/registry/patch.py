@@ -164,6 +164,14 @@ class Feature:
     #: features this one builds on (their per-runner state): it is applied only with them
     requires: tuple[str, ...] = ()
 
+    def required(self, profile: str) -> tuple[str, ...]:
+        """What this feature builds on in ``profile`` (default: ``requires`` in every profile)."""
+        return self.requires
+
+    def mirrors_in(self, profile: str) -> str:
+        """What it mirrors where it applies in ``profile`` (default: ``mirrors``)."""
+        return self.mirrors
+
     def patches_for(self, profile: str) -> list[Patch]:
         return [p for p in self.patches if p.profiles is None or profile in p.profiles]
 

@@ -84,7 +84,7 @@ def plan(
             decisions[name] = _decide(feature, profile, backend_state)
     for name, decision in list(decisions.items()):
         if decision.state == APPLY:
-            decisions[name] = requirement_decision(features[name], decisions) or decision
+            decisions[name] = requirement_decision(features[name], decisions, profile.profile) or decision
     for name in requested:
         owner = owners.get(name)
         if owner is None:
@@ -96,9 +96,9 @@ def plan(
     return {name: decisions[name] for name in requested}
 
 
-def requirement_decision(feature: Feature, decisions: Mapping[str, Decision]) -> Decision | None:
+def requirement_decision(feature: Feature, decisions: Mapping[str, Decision], profile: str) -> Decision | None:
     """``skipped`` when a feature ``feature`` builds on is not requested or will not run (None: it may)."""
-    for required in feature.requires:
+    for required in feature.required(profile):
         other = decisions.get(required)
         if other is None:
             return Decision(SKIPPED, f"needs {required}: request it too (FD_ASYNC_COPY_FEATURES)")
@@ -132,7 +132,8 @@ def _decide(feature: Feature, profile: ProfileInfo, backend_state: Callable[[], 
     problem = feature.unavailable(name)
     if problem:
         return Decision(SKIPPED, problem)
-    return Decision(APPLY, f"mirrors {feature.mirrors}" if feature.mirrors else "apply")
+    mirrors = feature.mirrors_in(profile.profile)
+    return Decision(APPLY, f"mirrors {mirrors}" if mirrors else "apply")
 
 
 def strict_violations(decisions: Mapping[str, Decision]) -> str:
