@@ -69,14 +69,14 @@ class RunnerState:
     __slots__ = ("stop", "syncs", "overlap", "__weakref__")
 
     def __init__(self) -> None:
-        # stop_flag.StopFlagState, step_syncs.RunnerSyncs, overlap.OverlapState
+        # stop_flag.StopFlagState, step_syncs.RunnerSyncs (no shadow on FD 2.5), overlap.OverlapState
         self.stop = self.syncs = self.overlap = None
 
     # -- what one part needs of another ---------------------------------------------------------
     def step_copies(self) -> None:
         """Right after the update op, before the stop flag's event is recorded: the copies the
         step's event must cover (step_syncs' snapshot, then overlap's step flag)."""
-        if self.syncs is not None:
+        if self.syncs is not None and self.syncs.shadow is not None:
             self.syncs.shadow.issue_snapshot()
         if self.overlap is not None:
             self.overlap.copy_step_flag()
@@ -95,7 +95,7 @@ class RunnerState:
 
     def step_saved(self, reader: str) -> None:
         """A step's save waited on its event: its snapshot has landed."""
-        if self.syncs is not None:
+        if self.syncs is not None and self.syncs.shadow is not None:
             self.syncs.shadow.refresh(reader)
 
 

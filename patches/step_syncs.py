@@ -39,6 +39,7 @@ Delete: when FastDeploy 2.4 is no longer served.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import sys
 import threading
@@ -55,6 +56,7 @@ log = logging.getLogger("fd_async_copy")
 
 RUNNER = "worker.gpu_model_runner"
 POSTPROC = "model_executor.pre_and_post_process"
+FD24, FD25 = ("fastdeploy-2.4",), ("fastdeploy-2.5",)
 
 #: shadow name -> share_inputs key (None: the runner's ``seq_lens_this_time_buffer``)
 SHADOWED = {
@@ -322,14 +324,19 @@ class StepShadow:
 
 
 class RunnerSyncs:
-    """One runner's step_syncs part: the shadow and the device seed."""
+    """One runner's step_syncs part: the device seed, and on FastDeploy 2.4 the shadow."""
 
-    def __init__(self, runner, backend, block_size: int) -> None:
-        self.shadow = StepShadow(runner, backend, block_size)
+    def __init__(self, shadow: StepShadow | None = None) -> None:
+        self.shadow = shadow  # None on FastDeploy 2.5: the seed is all it moves
         self.increment = None  # the device copy of runner.infer_seed_increment
+        self.seed = None  # FastDeploy 2.5: the device infer_seed made at construction
+        # what was answered on the host, and why FastDeploy's own path ran (the shadow's counters on 2.4)
+        self.served = shadow.served if shadow is not None else collections.Counter()
+        self.fallbacks = shadow.fallbacks if shadow is not None else collections.Counter()
 
     def report(self) -> dict:
-        return {"reason": self.shadow.s1_off, "fallbacks": dict(self.shadow.fallbacks), "served": dict(self.shadow.served)}
+        return {"reason": self.shadow.s1_off if self.shadow is not None else "", "fallbacks": dict(self.fallbacks),
+                "served": dict(self.served)}
 
 
 def _device_copy(t, like):
@@ -385,7 +392,7 @@ def build_init_share_inputs(original, ctx):
         si = self.share_inputs
         try:
             si["infer_seed"] = _device_copy(si["infer_seed"], si["stop_flags"])  # T
-            state = RunnerSyncs(self, ctx.backend, self.cache_config.block_size)
+            state = RunnerSyncs(StepShadow(self, ctx.backend, self.cache_config.block_size))
         except Exception as exc:  # never stop FastDeploy: this runner keeps its own path
             registry.stand_down(self, f"cannot set up ({type(exc).__name__}: {exc})")
             return
@@ -531,28 +538,103 @@ def build_get_padding_offset(original, ctx):
     return get_padding_offset
 
 
+# --- FastDeploy 2.5: the sampling seed (T) ------------------------------------------------------
+# 2.5 keeps ``infer_seed`` (InputBatch.init_share_inputs, input_batch.py:170) and the runner's
+# ``infer_seed_increment`` (gpu_model_runner.py:207-211) on the host: ``top_p_sampling`` gets a host
+# ``topp_seed`` and Paddle's data transform synchronizes the stream before copying it - the one long
+# wait of a 2.5 step, and under 2.5's overlap schedule the wait for the forward being prepared. Its
+# writers (insert :897-898 / :1126-1127 setitem of a Python int, ``add_``/``%=`` :2573-2574,
+# ``fill_`` in reset_share_inputs, ``swap_data`` in swap_states) all work in place on a device tensor.
+
+
+def _move_seed(runner, state: RunnerSyncs, place=None) -> None:
+    """``infer_seed`` and its increment as copies of FastDeploy's (same values) on FastDeploy's
+    device, or at ``place``; both always move together (a host seed with a device increment, or
+    the reverse, breaks FastDeploy's ``add_``)."""
+    si = runner.share_inputs
+    if place is None:
+        seed, increment = _device_copy(si["infer_seed"], si["stop_flags"]), _device_copy(runner.infer_seed_increment, si["stop_flags"])
+    else:
+        seed, increment = (paddle.to_tensor(np.array(t.numpy()), place=place) for t in (si["infer_seed"], runner.infer_seed_increment))
+    si["infer_seed"], runner.infer_seed_increment = state.seed, state.increment = seed, increment
+
+
+def build_init_25(original, ctx):
+    registry: FeatureRunners = ctx.state
+
+    @wraps(original)
+    def __init__(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        if getattr(self, "speculative_decoding", False):
+            registry.stand_down(self, "speculative decoding (the proposer's input batch shares the seed): the "
+                                      "seed stays on the host", logging.INFO)
+            return
+        state = RunnerSyncs()
+        try:
+            _move_seed(self, state)
+        except Exception as exc:  # never stop FastDeploy: this runner keeps its host seed
+            registry.stand_down(self, f"cannot move the seed to the device ({type(exc).__name__}: {exc})")
+            return
+        registry.add(self, state)
+
+    return __init__
+
+
+def build_prepare_inputs_25(original, ctx):
+    registry: FeatureRunners = ctx.state
+
+    @per_runner(original, "syncs")
+    def _prepare_inputs(state, self, *args, **kwargs):
+        if self.share_inputs["infer_seed"] is not state.seed or self.infer_seed_increment is not state.increment:
+            try:  # FastDeploy made a new seed or increment (a path the plugin does not know): move again
+                _move_seed(self, state)
+                state.fallbacks["T: FastDeploy re-created the seed; moved to the device again"] += 1
+            except Exception as exc:  # both back on the host: FastDeploy's own path for this runner
+                _move_seed(self, state, paddle.CPUPlace())
+                runner_state(self).syncs = None
+                registry.stand_down(self, f"a re-created seed cannot move to the device ({type(exc).__name__}: {exc})")
+                return original(self, *args, **kwargs)
+        state.served["T device seed"] += 1
+        return original(self, *args, **kwargs)
+
+    return _prepare_inputs
+
+
 class StepSyncsFeature(RunnerFeature):
     name = "step_syncs"
     mirrors = ("FastDeploy #6765/#6668 (device sampling seed), #5440/#6170 (host token count), #5548 "
                "(bad_tokens_len), #6172 (exist_prefill flag), #6356 (block-step flag, async block tables)")
     profiles = {
         "fastdeploy-2.4": "apply",
-        "fastdeploy-2.5": "native: FastDeploy 2.5 removed S1 (#5440/#6170), S2 (#5548) and S3/S7 (#6172) "
-                          "itself; its T and I1 syncs are not patched on 2.5",
+        "fastdeploy-2.5": "apply",
         "fastdeploy-2.6+": "native: FastDeploy develop removed T (#6668/#6765), S1, S2, S3/S7 and I1 (#6356)",
     }
     requires = ("stop_flag",)
     patches = (
-        Patch(Target(RUNNER, "GPUModelRunner._init_share_inputs"), build_init_share_inputs),
-        Patch(Target(RUNNER, "GPUModelRunner.reset_share_inputs"), build_reset_share_inputs),
-        Patch(Target(RUNNER, "GPUModelRunner.insert_tasks_v1"), build_insert),
-        Patch(Target(RUNNER, "GPUModelRunner.insert_prefill_inputs"), build_insert),
-        Patch(Target(RUNNER, "GPUModelRunner._dummy_prefill_inputs"), build_insert),
-        Patch(Target(RUNNER, "GPUModelRunner._prepare_inputs"), build_prepare_inputs),
-        Patch(Target(RUNNER, "GPUModelRunner.exist_prefill"), build_exist_prefill, step=True),
-        Patch(Target(POSTPROC, "get_padding_offset"), build_get_padding_offset, check_get_padding_offset),
-        *TENSOR_WATCH,
+        *(dataclasses.replace(p, profiles=FD24) for p in (
+            Patch(Target(RUNNER, "GPUModelRunner._init_share_inputs"), build_init_share_inputs),
+            Patch(Target(RUNNER, "GPUModelRunner.reset_share_inputs"), build_reset_share_inputs),
+            Patch(Target(RUNNER, "GPUModelRunner.insert_tasks_v1"), build_insert),
+            Patch(Target(RUNNER, "GPUModelRunner.insert_prefill_inputs"), build_insert),
+            Patch(Target(RUNNER, "GPUModelRunner._dummy_prefill_inputs"), build_insert),
+            Patch(Target(RUNNER, "GPUModelRunner._prepare_inputs"), build_prepare_inputs),
+            Patch(Target(RUNNER, "GPUModelRunner.exist_prefill"), build_exist_prefill, step=True),
+            Patch(Target(POSTPROC, "get_padding_offset"), build_get_padding_offset, check_get_padding_offset),
+            *TENSOR_WATCH,
+        )),
+        Patch(Target(RUNNER, "GPUModelRunner.__init__"), build_init_25, profiles=FD25, step=True),
+        Patch(Target(RUNNER, "GPUModelRunner._prepare_inputs"), build_prepare_inputs_25, profiles=FD25),
     )
+
+    def mirrors_in(self, profile: str) -> str:
+        if profile in FD25:
+            return ("FastDeploy #6765 (the sampling seed on the device; 2.5's token-count and block-table "
+                    "waits are not removed here)")
+        return self.mirrors
+
+    def required(self, profile: str) -> tuple[str, ...]:
+        # 2.4: the shadow's snapshot rides on stop_flag's event; 2.5 moves the seed only
+        return self.requires if profile in FD24 else ()
 
     def prepare(self, ctx) -> FeatureRunners:
         return FeatureRunners(self.name, "syncs")

@@ -74,16 +74,17 @@ VARIANTS = {
 #: FastDeploy 2.4 with the opt-in overlap schedule and what it needs
 OVERLAP_FEATURES = ("logprobs", "stop_flag", "sampled_tokens", "step_syncs", "overlap")
 #: The whole-step census (``host_waits``) also covers the overlap schedules: the plugin's on 2.4
-#: (exact count, the default, and FD 2.5's upper bound) and 2.5's own.
+#: (exact count, the default, and FD 2.5's upper bound) and 2.5's own, without and with the plugin.
 CENSUS_VARIANTS = {
     **VARIANTS,
     "fd24-overlap": Variant("fd24-overlap", ROOTS["fd24"], True, OVERLAP_FEATURES),
     "fd24-overlap-bound": Variant("fd24-overlap-bound", ROOTS["fd24"], True, OVERLAP_FEATURES,
                                   env=(("FD_ASYNC_COPY_OVERLAP_COUNT", "bound"),)),
     "fd25-native-overlap": Variant("fd25-native-overlap", ROOTS["fd25"], False, overlap=True),
+    "fd25-plugin-overlap": Variant("fd25-plugin-overlap", ROOTS["fd25"], True, overlap=True),
 }
 CENSUS_ORDER = ("fd24-unpatched", "fd24-backport", "fd24-plugin", "fd24-overlap", "fd24-overlap-bound", "fd25-native",
-                "fd25-native-overlap", "fd25-plugin")
+                "fd25-native-overlap", "fd25-plugin", "fd25-plugin-overlap")
 
 
 @contextlib.contextmanager

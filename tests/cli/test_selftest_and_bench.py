@@ -57,7 +57,7 @@ def test_bench_smoke_json_has_ratio_and_census_side_by_side():
     assert report["ratio_plugin_over_unpatched"] > 0 and report["ratio_backport_over_unpatched"] > 0
     census = report["census_per_step"]
     assert set(census) == {"fd24-unpatched", "fd24-backport", "fd24-plugin", "fd24-overlap", "fd24-overlap-bound",
-                           "fd25-native", "fd25-native-overlap", "fd25-plugin"}
+                           "fd25-native", "fd25-native-overlap", "fd25-plugin", "fd25-plugin-overlap"}
     # The whole-step census (device tracking): fd24-step-syncs.md's counts per plain decode step.
     waits = {name: (row["host_waits"]["total"], row["host_waits_with_logprobs"]["total"]) for name, row in census.items()}
     assert waits == {
@@ -68,8 +68,16 @@ def test_bench_smoke_json_has_ratio_and_census_side_by_side():
         "fd24-overlap-bound": (1, 1),  # the previous step's save event, after this step's forward
         "fd25-native": (4, 4),
         "fd25-native-overlap": (3, 3),
-        "fd25-plugin": (4, 4),
+        "fd25-plugin": (3, 3),  # T gone (the seed on the device): two token_num events and the save event
+        "fd25-plugin-overlap": (2, 2),  # FD 2.5's overlap + the plugin: the last step's save event, token_num
     }
+    # FD 2.5: T was the one long wait; with the plugin only the save event waits for the step's work,
+    # and under 2.5's overlap schedule nothing waits for the forward being prepared
+    assert census["fd25-native"]["host_waits"]["long"] == 2 and census["fd25-native-overlap"]["host_waits"]["long"] == 1
+    assert census["fd25-plugin"]["host_waits"]["long"] == 1
+    assert census["fd25-plugin-overlap"]["host_waits"]["long"] == 0
+    for name in ("fd25-plugin", "fd25-plugin-overlap"):
+        assert "T" not in [s["label"] for s in census[name]["host_waits"]["sites"]], census[name]
     assert census["fd24-unpatched"]["host_waits"]["long"] == 2  # T and S5
     assert [s["label"] for s in census["fd24-plugin"]["host_waits"]["sites"]] == ["save event"]
     assert census["fd24-overlap-bound"]["host_waits"]["long"] == 0  # nothing waits for this step's forward

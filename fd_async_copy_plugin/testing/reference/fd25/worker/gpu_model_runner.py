@@ -2,7 +2,8 @@
 patch points; V1 scheduler only.
 
 - ``share_inputs`` is an ``InputBatch`` (``__init__`` :202); no ``_init_share_inputs``;
-- ``insert_tasks_v1`` sets the pinned flag with ``set_stop(..., True)`` (:931);
+- ``insert_tasks_v1`` writes the request's seed into the host ``infer_seed`` (:897-898) and sets the
+  pinned flag with ``set_stop(..., True)`` (:931);
 - ``_prepare_inputs(last_token_num)`` (:1285): async copies of ``seq_lens_this_time`` /
   ``is_block_step`` into pinned buffers and ``token_num_event``; the host token count for
   ``pre_process`` (from last step's count under the overlap schedule when decode-only);
@@ -183,6 +184,8 @@ class GPUModelRunner(AsyncOutputThread):
             si["min_dec_len"][idx : idx + 1] = request.get("min_tokens", 1)
             si["max_dec_len"][idx : idx + 1] = request.get("max_tokens", self.model_config.max_model_len)
             si["first_token_ids"][idx : idx + 1] = si["input_ids"][idx : idx + 1, :1]
+            if request.get("seed") is not None:  # 2.5 :897-898
+                si["infer_seed"][idx : idx + 1] = request.get("seed")
             si["bad_tokens_len"][idx : idx + 1] = 1
             si["bad_tokens"][idx : idx + 1, :] = np.array([-1], dtype="int64")
             if request.get("stop_token_ids") is not None and request.get("stop_seqs_len") is not None:

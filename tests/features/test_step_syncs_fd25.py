@@ -1,0 +1,222 @@
+"""Feature ``step_syncs`` on FastDeploy 2.5: the sampling seed on the device (T), outputs bit-identical.
+
+FD 2.5 keeps ``infer_seed`` and its increment on the host, so ``top_p_sampling`` makes Paddle
+synchronize the stream every step - its one long wait, and under 2.5's own overlap schedule the wait
+for the forward being prepared. Real CPU Paddle, the fd25 replica, ``host`` and ``sim`` backends.
+Every comparison asserts that the plugin's path ran (the sampler got the device seed each step), so
+a run that quietly kept FastDeploy's host seed cannot pass as identical.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+
+import numpy as np
+import paddle
+import pytest
+
+import fd_async_copy_plugin
+from fd_async_copy_plugin.patches import step_syncs
+from fd_async_copy_plugin.patches.runner import part
+from fd_async_copy_plugin.testing.harness import Variant, device_for, host_waits, plugin_state, run_variant
+from fd_async_copy_plugin.testing.reference import ROOTS
+from fd_async_copy_plugin.testing.reference.device_tracking import tracking
+from fd_async_copy_plugin.testing.reference.driver import DriverConfig, Request, run_decode
+from fd_async_copy_plugin.testing.reference.placement import is_device
+
+pytestmark = pytest.mark.usefixtures("plugin_off")
+
+FD25 = ROOTS["fd25"]
+EOS = [2]
+
+
+def workload(batch: int, steps: int = 14, logprobs=(None,)):
+    """Seeded and default-seeded top-p rows (the seed decides the token), greedy rows, long prompts
+    (chunked prefill), max_tokens=1, and an arrival on every step."""
+    def make(i):
+        kw = dict(logprobs=logprobs[i % len(logprobs)])
+        if i % 3 == 0:
+            kw.update(top_p=0.8, seed=1000 + i)
+        elif i % 3 == 1:
+            kw.update(top_p=0.6)  # FastDeploy's default seed, incremented every step
+        max_tokens = 1 if i % 7 == 3 else steps - i % 5
+        prompt = [(13 * i + 7 * j) % 200 + 3 for j in range(3 + (i * 7) % 23)]
+        return Request(f"q{i}", prompt, max_tokens=max_tokens, eos_token_ids=EOS, **kw)
+
+    first = min(batch, 6)
+    requests = [make(i) for i in range(first)]
+    arrivals = {step: [make(first + step - 1)] for step in range(1, steps)}
+    return requests, arrivals
+
+
+def config(batch, **kw):
+    kw.setdefault("vocab_size", 256)
+    kw.setdefault("max_model_len", 64)
+    kw.setdefault("chunk_size", 8)
+    return DriverConfig(max_num_seqs=batch, **kw)
+
+
+#: every FD 2.5 feature but step_syncs: the reference where unpatched FD 2.5 itself goes wrong
+WITHOUT_SYNCS = ("logprobs", "sync_scope", "flag_race")
+
+
+def run_pair(cfg, requests, arrivals, backend, *, features=None, on_step=None, max_steps=120):
+    """FD 2.5 with the plugin compared bit for bit with unpatched FD 2.5 - or, with 2.5's overlap
+    schedule on the simulator, with the plugin minus step_syncs: there unpatched 2.5 loses a
+    chunk to its own stop-flag race (what ``flag_race`` fixes), so only the seed differs between the
+    two. Returns the plugin's run and its runner's counters (asserting the device seed was in use)."""
+    racy = cfg.overlap and backend == "sim"
+    reference = Variant("fd25-plugin-without-step_syncs", FD25, True, WITHOUT_SYNCS) if racy else \
+        Variant("fd25-native", FD25, False)
+    base = run_variant(reference, cfg, requests, backend=backend, arrivals=arrivals, max_steps=max_steps)
+    counts = {"served": collections.Counter(), "fallbacks": collections.Counter(), "steps": 0}
+
+    def step(n, runner):
+        state = part(runner, "syncs")
+        if state is not None:
+            counts["served"], counts["fallbacks"] = collections.Counter(state.served), collections.Counter(state.fallbacks)
+            counts["steps"] += 1
+            # T: the seed the sampler reads, and its increment, are device tensors
+            assert runner.share_inputs["infer_seed"] is state.seed and is_device(state.seed)
+            assert runner.infer_seed_increment is state.increment and is_device(state.increment)
+        if on_step is not None:
+            on_step(n, runner)
+
+    variant = Variant("p", FD25, True, features)
+    # device marks on (nothing recorded): a tensor made on FastDeploy's device is told from a host one
+    with device_for(backend), plugin_state(variant, backend) as status, tracking(recording=False):
+        assert status["features"]["step_syncs"]["state"] == "applied", status["features"]["step_syncs"]
+        plugin = run_decode(FD25, cfg, requests, arrivals=arrivals, max_steps=max_steps, on_step=step)
+    base.result.assert_same(plugin)
+    return plugin, counts
+
+
+@pytest.mark.parametrize("backend", ["host", "sim"])
+@pytest.mark.parametrize("overlap", [False, True], ids=["plain", "fd25-overlap"])
+@pytest.mark.parametrize("batch", [1, 7, 128])
+def test_bit_identical_to_fastdeploy_25_with_the_seed_on_the_device(backend, overlap, batch):
+    requests, arrivals = workload(batch)
+    result, counts = run_pair(config(batch, overlap=overlap), requests, arrivals, backend)
+    assert result.executed_steps > 5 and counts["steps"] == result.executed_steps
+    assert counts["served"]["T device seed"] >= result.executed_steps, counts  # the patched path ran
+    assert not counts["fallbacks"], counts
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["plain", "fd25-overlap"])
+def test_logprobs_including_minus_one_stay_bit_identical(overlap):
+    requests, arrivals = workload(7, logprobs=(None, 0, 5, -1))
+    cfg = config(7, overlap=overlap, enable_logprob=True)
+    result, counts = run_pair(cfg, requests, arrivals, "sim")
+    assert counts["served"]["T device seed"] >= result.executed_steps
+
+
+def test_without_stop_flag_it_still_applies_on_25_but_not_on_24():
+    # 2.5 moves the seed only: nothing rides on stop_flag's event (native on 2.5 anyway)
+    with device_for("host"), plugin_state(Variant("p", FD25, True, ("step_syncs",)), "host") as status:
+        assert status["features"]["step_syncs"]["state"] == "applied", status["features"]["step_syncs"]
+    with device_for("host"), plugin_state(Variant("p", ROOTS["fd24"], True, ("step_syncs",)), "host") as status:
+        assert status["features"]["step_syncs"]["state"] == "skipped"
+        assert "needs stop_flag" in status["features"]["step_syncs"]["reason"]
+
+
+def _plain_waits(variant, backend="sim"):
+    requests = [Request(f"q{i}", [3 + i, 5, 7], max_tokens=12, eos_token_ids=EOS, top_p=0.7) for i in range(4)]
+    run = run_variant(variant, dataclasses.replace(config(4), chunk_size=None, block_size=64), requests,
+                      backend=backend, max_steps=40, track=True)
+    return host_waits(run.census.steps), run
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["plain", "fd25-overlap"])
+def test_t_is_gone_from_the_step_and_a_planted_host_seed_brings_it_back(monkeypatch, overlap):
+    native, _ = _plain_waits(Variant("n", FD25, False, overlap=overlap))
+    plugin, _ = _plain_waits(Variant("p", FD25, True, overlap=overlap))
+    labels = lambda waits: [s["label"] for s in waits["sites"]]  # noqa: E731
+    assert "T" in labels(native) and "T" not in labels(plugin), (native, plugin)
+    assert plugin["total"] == native["total"] - 1 and plugin["long"] == native["long"] - 1
+    if overlap:  # FD 2.5's own overlap schedule: nothing waits for the forward being prepared
+        assert plugin["long"] == 0, plugin
+    # planted: the seed cannot move - the runner keeps FD's host seed, and the census finds T again
+    monkeypatch.setattr(step_syncs, "_move_seed", lambda runner, state: (_ for _ in ()).throw(ValueError("planted")))
+    planted, _ = _plain_waits(Variant("p", FD25, True, overlap=overlap))
+    assert "T" in labels(planted) and planted["total"] == native["total"], planted
+
+
+def test_a_runner_whose_seed_cannot_move_keeps_fastdeploys_and_status_says_why(monkeypatch):
+    monkeypatch.setattr(step_syncs, "_move_seed", lambda runner, state: (_ for _ in ()).throw(ValueError("planted")))
+    requests, arrivals = workload(4, steps=6)
+    reports = []
+    with device_for("sim"), plugin_state(Variant("p", FD25, True), "sim"), tracking(recording=False):
+        plugin = run_decode(FD25, config(4), requests, arrivals=arrivals, max_steps=60,
+                            on_step=lambda n, r: reports.append((part(r, "syncs"), r.share_inputs["infer_seed"],
+                                                                 fd_async_copy_plugin.status()["features"]["step_syncs"])))
+    base = run_variant(Variant("n", FD25, False), config(4), requests, arrivals=arrivals, backend="sim", max_steps=60)
+    base.result.assert_same(plugin)
+    state, seed, entry = reports[-1]
+    assert state is None and not is_device(seed)  # FastDeploy's host seed, untouched
+    assert entry["state"] == "passthrough" and "cannot move the seed to the device" in entry["reason"], entry
+
+
+def test_a_seed_fastdeploy_recreates_on_the_host_is_moved_again_and_counted():
+    """A path the plugin does not know rebinds ``infer_seed`` to a new host tensor mid-run: the next
+    step moves seed and increment again (never a host seed with a device increment), counted."""
+    requests, arrivals = workload(7)
+
+    def recreate(n, runner):
+        if n == 4:
+            si = runner.share_inputs
+            si["infer_seed"] = paddle.to_tensor(np.array(si["infer_seed"].numpy()), place=paddle.CPUPlace())
+
+    result, counts = run_pair(config(7), requests, arrivals, "sim", on_step=recreate)
+    assert counts["fallbacks"] == {"T: FastDeploy re-created the seed; moved to the device again": 1}, counts
+    assert counts["served"]["T device seed"] >= result.executed_steps
+
+
+def test_a_failing_move_of_a_recreated_seed_puts_both_back_on_the_host_and_stands_down(monkeypatch):
+    requests, arrivals = workload(7)
+    real = step_syncs._move_seed
+
+    def failing(runner, state, place=None):
+        if place is None:
+            raise ValueError("planted")
+        real(runner, state, place)
+
+    def recreate(n, runner):  # a re-created host seed whose move to the device then fails
+        if n == 3:
+            si = runner.share_inputs
+            si["infer_seed"] = paddle.to_tensor(np.array(si["infer_seed"].numpy()), place=paddle.CPUPlace())
+            monkeypatch.setattr(step_syncs, "_move_seed", failing)
+
+    seen = []
+    result, _ = run_pair(config(7), requests, arrivals, "host",
+                         on_step=lambda n, r: (recreate(n, r), seen.append((part(r, "syncs"), r))))
+    assert seen[3][0] is not None and seen[-1][0] is None  # stood down after the failed move
+    runner = seen[-1][1]  # FastDeploy's own path: host seed and host increment, outputs identical
+    assert not is_device(runner.share_inputs["infer_seed"]) and not is_device(runner.infer_seed_increment)
+
+
+def test_a_speculative_decoding_runner_keeps_the_host_seed_and_status_says_why():
+    import importlib
+
+    from fd_async_copy_plugin.testing.reference.driver import _fd_config, _Modules
+
+    fd_config = _fd_config(_Modules(FD25), config(4), 7390)
+    fd_config.speculative_config.method = "mtp"
+    runner_module = importlib.import_module(FD25 + ".worker.gpu_model_runner")
+    with device_for("host"), plugin_state(Variant("p", FD25, True), "host"), tracking(recording=False):
+        runner = runner_module.GPUModelRunner(fd_config, device="gpu", device_id=0, rank=0, local_rank=0)
+        entry = fd_async_copy_plugin.status()["features"]["step_syncs"]
+        assert part(runner, "syncs") is None and not is_device(runner.share_inputs["infer_seed"])
+        assert entry["state"] == "passthrough" and "speculative decoding" in entry["reason"], entry
+
+
+def test_disable_restores_fastdeploys_init_and_prepare_inputs():
+    import importlib
+
+    runner_module = importlib.import_module(FD25 + ".worker.gpu_model_runner")
+    cls = runner_module.GPUModelRunner
+    before = (vars(cls)["__init__"], vars(cls)["_prepare_inputs"])
+    with device_for("host"), plugin_state(Variant("p", FD25, True), "host"):
+        assert (vars(cls)["__init__"], vars(cls)["_prepare_inputs"]) != before
+    assert (vars(cls)["__init__"], vars(cls)["_prepare_inputs"]) == before
+    assert vars(cls)["__init__"] is before[0] and vars(cls)["_prepare_inputs"] is before[1]
