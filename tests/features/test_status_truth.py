@@ -83,10 +83,14 @@ def test_a_runner_the_shadow_cannot_follow_is_left_untouched(sfkit, monkeypatch)
     small = DriverConfig(max_num_seqs=4, vocab_size=64, max_model_len=16, hidden_size=8)
     fd_async_copy_plugin.enable(features=["stop_flag", "step_syncs", "overlap", "logprobs"], backend="host",
                                 root=sfkit.FD24)
+    from fd_async_copy_plugin.testing.reference.device_tracking import tracking
+    from fd_async_copy_plugin.testing.reference.placement import is_device
+
     try:
-        (runner,) = sfkit.build_runners([small])
+        with tracking(recording=False):  # device marks: a seed moved to the device would be marked
+            (runner,) = sfkit.build_runners([small])
         assert part(runner, "stop") is not None and part(runner, "syncs") is None
-        assert runner.share_inputs["infer_seed"].place.is_cpu_place()  # FastDeploy's host seed, untouched
+        assert not is_device(runner.share_inputs["infer_seed"])  # FastDeploy's host seed, untouched
         reported = fd_async_copy_plugin.status()["features"]
         assert reported["step_syncs"]["state"] == "passthrough", reported["step_syncs"]
         assert "speculative decoding" in reported["step_syncs"]["reason"]
@@ -169,3 +173,31 @@ def test_status_during_enable_on_another_thread_is_never_half_done(monkeypatch):
     assert seen["enabled"]
     assert set(seen["features"]) == set(requested), seen["features"]
     assert all(entry["state"] == "applied" for entry in seen["features"].values()), seen["features"]
+
+
+def test_a_runner_configured_for_speculative_decoding_is_detected_and_left_untouched():
+    """Item 7(e) without a monkeypatched reason: a runner FastDeploy builds for speculative decoding
+    (``speculative_config.method`` set) is detected by step_syncs itself, which touches nothing."""
+    import importlib
+
+    from fd_async_copy_plugin.testing.reference.driver import _fd_config, _Modules
+
+    root = ROOTS["fd24"]
+    fd_config = _fd_config(_Modules(root), DriverConfig(max_num_seqs=4, vocab_size=64, max_model_len=16,
+                                                        hidden_size=8), 7391)
+    fd_config.speculative_config.method = "mtp"
+    runner_module = importlib.import_module(root + ".worker.gpu_model_runner")
+    from fd_async_copy_plugin.testing.reference.device_tracking import tracking
+    from fd_async_copy_plugin.testing.reference.placement import is_device
+
+    fd_async_copy_plugin.enable(features=["stop_flag", "step_syncs", "logprobs"], backend="host", root=root)
+    try:
+        with tracking(recording=False):  # device marks: a seed moved to the device would be marked
+            runner = runner_module.GPUModelRunner(fd_config, device="gpu", device_id=0, rank=0, local_rank=0)
+        assert runner.speculative_decoding and part(runner, "syncs") is None
+        assert not is_device(runner.share_inputs["infer_seed"])  # FastDeploy's host seed, untouched
+        reported = fd_async_copy_plugin.status()["features"]["step_syncs"]
+        assert reported["state"] == "passthrough" and "speculative decoding" in reported["reason"], reported
+        del runner
+    finally:
+        fd_async_copy_plugin.disable()
