@@ -81,6 +81,8 @@ def run(args) -> Report:
                 if replica_root.endswith(".fd24"):
                     check_step_syncs(rep, report, profile, replica=True)
                     check_overlap(rep, report, profile, replica=True)
+                elif replica_root.endswith(".fd25") and profile == "fastdeploy-2.5":
+                    check_step_syncs(rep, report, profile, replica=True)  # (d25): the seed on the device
                 if not args.no_behaviour:
                     check_behaviour(fd, rep, report)
     finally:

@@ -32,6 +32,9 @@ particular shape. This section reads that code by AST (it works when nothing imp
 
 Checked on the FastDeploy side when the detected profile is ``fastdeploy-2.4``, and on the replica
 when it is ``...reference.fd24``. Statuses: OK, MISMATCH (an assumption does not hold), INFO, SKIP.
+On ``fastdeploy-2.5`` (and the ``...reference.fd25`` replica) the feature moves the sampling seed only:
+``check_step_syncs`` hands over to ``step_syncs_fd25`` (rows ``(d25)``); other profiles get a SKIP and
+the seed's placement.
 """
 
 from __future__ import annotations
@@ -1106,6 +1109,20 @@ def _probe_stand_down(side: Side) -> tuple[bool | None, str]:
 
 
 def check_step_syncs(side: Side, report: Report, profile: str | None, *, replica: bool = False) -> None:
+    from .step_syncs_fd25 import PROFILE as SEED_PROFILE, check_seed_fd25, seed_placement
+
+    if (replica and side.root.endswith(".fd25")) or (not replica and profile == SEED_PROFILE):
+        # FastDeploy 2.5: the feature moves the sampling seed only (step_syncs_fd25, rows (d25))
+        section = f"{SECTION} replica" if replica else SECTION
+        report.add(section, "profile", "INFO", (f"{side.root} models {SEED_PROFILE}" if replica else SEED_PROFILE)
+                   + f": {SECTION} moves the sampling seed only (sync T), rows (d25); rows (a)-(f) are for {PROFILE}")
+        check_seed_fd25(side, report, section)
+        return
+    if not replica and profile != PROFILE:
+        report.add(SECTION, "profile", "SKIP", f"{SECTION} is applied on {PROFILE}, and on {SEED_PROFILE} for the "
+                   f"sampling seed only; this tree is {profile}")
+        seed_placement(side, report, SECTION)
+        return
     section = feature_section(report, SECTION, profile, PROFILE, replica)
     if section is None:
         return
