@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Decode-step model on the H200: FD 2.4's host waits at their sites, the plugin's fixes, overlap.
+"""Decode-step model on the H200: FD 2.4's and FD 2.5's host waits at their sites, the plugin's fixes, overlap.
 
 Issue 12's "decode-loop model, extended to a whole step". Without Paddle: PyTorch provides the GPU
 work (calibrated spin kernels ``torch.cuda._sleep`` plus small real ops) and the current stream;
@@ -36,15 +36,31 @@ Variants (each places its host waits at the real sites):
   ``fd24+overlap`` is ``FD_ASYNC_COPY_OVERLAP_COUNT=bound`` (FD 2.5's upper bound).
 - ``gpu-only``: the same GPU work and copies back to back, the host two steps ahead (lower bound).
 
+FD 2.5 (``gpu_model_runner.py``; no S1-S3/S5-S7: fixed upstream), reported in their own block against
+``fd25`` and ``gpu-only``. Its ``_prepare_inputs`` launches ``recover_decode_task``, copies
+seq_lens_this_time and is_block_step into pinned buffers and records ``token_num_event``:
+
+- ``fd25``: FD 2.5 unpatched, overlap off. tn (``token_num_event.synchronize()``, short: only the
+  recover kernel and the copies are queued; the count is the host sum of the pinned copy) before the
+  prepare kernels; tn2 (``_postprocess`` waits the same event again: signalled); T before the sampler
+  (``infer_seed`` is a CPU tensor in 2.5, input_batch.py ``.cpu()``); the save event wait.
+- ``fd25-overlap``: FD 2.5's ``execute_model_overlap``: prepare + forward N (token count:
+  ``last_token_num``, the upper bound read in ``_postprocess`` N-1, no wait), save N-1 (its event),
+  ``_postprocess`` N (tn2, which also reads N's pinned counts for N+1; T; sampler, post, copies).
+- ``fd25+plugin``: ``fd25`` with the plugin's FD 2.5 fix: ``infer_seed`` and its increment on the device
+  (as FD develop #6765), so T is gone; tn, tn2 and the save event stay.
+- ``fd25+plugin-overlap``: ``fd25-overlap`` with T gone the same way.
+
 Wall time per step = median of the differences between consecutive saves (the host's timestamp
 after each step's save), over ``--steps`` steps after ``--warmup``, in ``--rounds`` interleaved
 rounds. Every saved step's ids are checked against the expected values (each event wait really
 covered its copy), and the token count each variant used is checked.
 
 Targets: overlap <= 0.92x fd24 in ``tpot11`` and <= 0.70x in ``hostheavy``, judged for each
-token count (``exact``, the default, and ``bound``), with a verdict each; and no mismatched output,
-no wrong token count. RESULT is PASS only when both modes meet both targets and every output is
-right; the line names each mode's verdict (``verdicts()``).
+token count (``exact``, the default, and ``bound``), with a verdict each (``verdicts()``); FD 2.5:
+``fd25+plugin-overlap`` <= 1.03x ``gpu-only`` in both (``fd25_verdicts()``); and no mismatched output,
+no wrong token count. RESULT is PASS only when both modes meet both FD 2.4 targets, the FD 2.5 target
+is met and every output is right; the verdict lines name each mode's and FD 2.5's verdict.
 
     python3 benchmarks/step_model.py [--quick] [--output FILE] [--dry-run] [--config NAME:F:FS:P:B:S]
 
@@ -125,6 +141,38 @@ def mode_ratios(res: dict) -> dict[str, float]:
     return {mode: res[variant]["median"] / res["fd24"]["median"] for mode, variant in MODES.items()}
 
 
+#: FD 2.5's variants: their own block in the report, against ``fd25`` and ``gpu-only``
+FD25 = ("fd25", "fd25-overlap", "fd25+plugin", "fd25+plugin-overlap")
+#: FD 2.5's target: fd25+plugin-overlap's step time over gpu-only's, in each of TARGETS' configs
+FD25_TARGET = 1.03
+
+
+def fd25_ratio(res: dict) -> float:
+    """Step time of FD 2.5's overlap with the plugin over the GPU-only floor (medians)."""
+    return res["fd25+plugin-overlap"]["median"] / res["gpu-only"]["median"]
+
+
+def fd25_verdicts(ratios: dict[str, float]) -> tuple[list[str], list[str]]:
+    """(report lines, failures): FD 2.5's target judged in every config of TARGETS."""
+    lines, failures = [], []
+    met = True
+    for name in TARGETS:
+        if name not in ratios:
+            failures.append(f"{name}: fd25+plugin-overlap not run")
+            met = False
+            continue
+        ratio = ratios[name]
+        ok = ratio <= FD25_TARGET
+        met &= ok
+        lines.append(f"target {name}: fd25+plugin-overlap / gpu-only = {ratio:.3f} (<= {FD25_TARGET:.2f}): "
+                     f"{'met' if ok else 'NOT met'}")
+        if not ok:
+            failures.append(f"{name}: fd25+plugin-overlap / gpu-only {ratio:.3f} > {FD25_TARGET:.2f}")
+    lines.append(f"verdict FD 2.5: fd25+plugin-overlap {'meets' if met else 'MISSES'} the target "
+                 f"(within {100 * (FD25_TARGET - 1):.0f}% of gpu-only in {' and '.join(TARGETS)})")
+    return lines, failures
+
+
 def verdicts(ratios: dict[str, dict[str, float]]) -> tuple[list[str], list[str]]:
     """(report lines, failures): every target judged for every overlap mode, the default first."""
     lines, failures = [], []
@@ -170,6 +218,16 @@ class Pending:
         self.step, self.ids, self.nns, self.seq, self.event, self.done_at = step, ids, nns, seq, event, done_at
 
 
+class TokenNum:
+    """FD 2.5's ``token_num_event`` of a step and the pinned seq_lens_this_time / is_block_step copies
+    it covers (the engine's ``tn_bufs``: FD 2.5's fixed ``*_cpu`` pinned buffers, rewritten every step)."""
+
+    __slots__ = ("seq", "block", "event", "done_at")
+
+    def __init__(self, seq, block, event, done_at=None) -> None:
+        self.seq, self.block, self.event, self.done_at = seq, block, event, done_at
+
+
 class EngineBase:
     """What the schedules call. ``site(name)`` times a host wait (recorded once ``measuring``)."""
 
@@ -181,9 +239,25 @@ class EngineBase:
         self.sites: dict[str, list[float]] = collections.defaultdict(list)
         self.marks: list[float] = []
         self.ring: PinnedRing | None = None
+        self.tn_bufs: dict[str, object] = {}
 
     def _shapes(self):
         return {"ids": [self.B], "not_need_stop": [1], "seq_lens": [self.B]}
+
+    def _pinned(self, backend, prefix: str) -> None:
+        B = self.B
+        self.ring = PinnedRing(backend, f"{prefix}.{self.cfg.name}", {"ids": "int64", "not_need_stop": "bool", "seq_lens": "int32"},
+                               {"ids": B, "not_need_stop": 1, "seq_lens": B}, slots=3)
+        self.tn_bufs = {name: backend.new_pinned([B], dtype, f"{prefix}.{self.cfg.name}.{name}_cpu")
+                        for name, dtype in (("seq_lens", "int32"), ("is_block_step", "bool"))}
+
+    def token_num_wait(self, tn: TokenNum, name: str, read: bool = False):
+        """FD 2.5's ``token_num_event.synchronize()`` at site ``name``; ``read``: then the pinned
+        (seq_lens_this_time, is_block_step) as host arrays (None otherwise)."""
+        self._wait(tn, name, "token_num")
+        if not read:
+            return None
+        return self.backend.read(tn.seq, "token_num"), self.backend.read(tn.block, "token_num")
 
     class _Site:
         __slots__ = ("engine", "name", "t0")
@@ -239,10 +313,10 @@ class TorchEngine(EngineBase):
         self.sampled = z(B, torch.int64)
         self.seed_dev = z(M, torch.int64)
         self.seed_cpu = torch.zeros(M, dtype=torch.int64)  # FD 2.4's CPU infer_seed (pageable)
+        self.is_block_step = z(B, torch.bool)
         self.c_fwd = cycles_for(cfg.forward_ms / self.forward_kernels)
         self.c_samp = cycles_for(cfg.sampler_ms)
-        self.ring = PinnedRing(backend, f"step.{cfg.name}", {"ids": "int64", "not_need_stop": "bool", "seq_lens": "int32"},
-                               {"ids": B, "not_need_stop": 1, "seq_lens": B}, slots=3)
+        self._pinned(backend, "step")
 
     def now(self) -> float:
         return time.perf_counter()
@@ -267,6 +341,14 @@ class TorchEngine(EngineBase):
         tn = self.seq_lens_this_time.sum()
         with self.site("S1"):
             return int(self.backend.blocking_d2h(tn, "S1").item())
+
+    def token_num_async(self) -> TokenNum:  # FD 2.5 _prepare_inputs (:1285-1333)
+        self.seq_lens_this_time.add_(self.is_block_step)  # recover_decode_task (no block-step slot here: + 0)
+        backend = self.backend
+        seq, block = self.tn_bufs["seq_lens"], self.tn_bufs["is_block_step"]
+        backend.copy_d2h(seq, self.seq_lens_this_time, "seq_lens_this_time")
+        backend.copy_d2h(block, self.is_block_step, "is_block_step")
+        return TokenNum(seq, block, backend.record("token_num"))
 
     def prepare_kernels(self, tok: int) -> None:  # the rest of get_padding_offset, sized by a host int
         torch = self.torch
@@ -328,10 +410,13 @@ class TorchEngine(EngineBase):
             backend.copy_d2h(seq, self.seq_lens_this_time, "seq_lens_this_time")
         return Pending(step, ids, nns, seq if snapshot else None, backend.record("post_process"))
 
+    def _wait(self, p, name: str, reason: str) -> None:  # a host wait on an event of the plugin's backend
+        with self.site(name):
+            self.backend.wait(p.event, reason)
+
     def outputs_wait(self, p: Pending):
         backend = self.backend
-        with self.site("event"):
-            backend.wait(p.event, "save")
+        self._wait(p, "event", "save")
         ids = backend.read(p.ids, "save")
         nns = bool(backend.read(p.nns, "save")[0])
         seq = backend.read(p.seq, "save") if p.seq is not None else None
@@ -410,9 +495,9 @@ class FakeEngine(EngineBase):
         self.bad_tokens_len = np.ones(M, dtype=np.int64)
         self.is_prefill = np.zeros(M, dtype=np.int32)
         self.task_signal = np.zeros(M, dtype=np.int32)
+        self.is_block_step = np.zeros(B, dtype=np.bool_)
         self.stale_reads = 0
-        self.ring = PinnedRing(self.backend, f"fake.{cfg.name}", {"ids": "int64", "not_need_stop": "bool", "seq_lens": "int32"},
-                               {"ids": B, "not_need_stop": 1, "seq_lens": B}, slots=3)
+        self._pinned(self.backend, "fake")
 
     def now(self) -> float:
         return self.t * 1e-3
@@ -449,6 +534,20 @@ class FakeEngine(EngineBase):
         with self.site("S1"):
             self._blocking()
             return int(self.seq_lens_this_time.sum())
+
+    def _copies(self, pairs) -> None:  # cudaMemcpyAsync each into pinned, then the event record's host cost
+        for dst, src in pairs:
+            self.t += self.COPY
+            self.tail = max(self.tail, self.t) + self.GPU_SMALL
+            self.backend.copy_d2h(dst, src, "fake")
+        self.t += self.COPY
+
+    def token_num_async(self) -> TokenNum:
+        self._launch(self.GPU_SMALL)  # recover_decode_task
+        seq, block = self.tn_bufs["seq_lens"], self.tn_bufs["is_block_step"]
+        self._copies([(seq, self.seq_lens_this_time), (block, self.is_block_step)])
+        # waited right after it is recorded: done once the GPU reaches the record, a small op after it is issued
+        return TokenNum(seq, block, self.backend.record("token_num"), done_at=max(self.tail, self.t) + self.GPU_SMALL)
 
     def prepare_kernels(self, tok):
         self._launch(self.GPU_SMALL)
@@ -504,23 +603,21 @@ class FakeEngine(EngineBase):
         backend = self.backend
         bufs = self.ring.acquire("save_output", self._shapes()).buffers
         ids, nns, seq = bufs["ids"], bufs["not_need_stop"], bufs["seq_lens"]
-        copies = [(nns, self.not_need_stop_dev), (ids, self.sampled)] + ([(seq, self.seq_lens_this_time)] if snapshot else [])
-        for dst, src in copies:
-            self.t += self.COPY
-            self.tail = max(self.tail, self.t) + self.GPU_SMALL
-            backend.copy_d2h(dst, src, "fake")
-        self.t += self.COPY
+        self._copies([(nns, self.not_need_stop_dev), (ids, self.sampled)] + ([(seq, self.seq_lens_this_time)] if snapshot else []))
         return Pending(step, ids, nns, seq if snapshot else None, backend.record("post_process"), done_at=self.tail)
 
-    def outputs_wait(self, p: Pending):
-        with self.site("event"):
+    def _wait(self, p, name, reason):
+        with self.site(name):
             if p.done_at > self.t:
                 self.t = p.done_at + self.WAKE
             else:
                 self.t += 0.002
-            self.backend.wait(p.event, "save")
+            self.backend.wait(p.event, reason)
         if self.t < p.done_at:
             self.stale_reads += 1
+
+    def outputs_wait(self, p: Pending):
+        self._wait(p, "event", "save")
         backend = self.backend
         ids = backend.read(p.ids, "save")
         nns = bool(backend.read(p.nns, "save")[0])
@@ -600,11 +697,23 @@ def run_backport(c: Ctx, cfg: StepConfig, total: int) -> None:
         c.save(n, ids, nns, cfg.save_ms)
 
 
-def _host_count(c: Ctx, bound: int | None) -> int:
-    if bound is None:  # no snapshot yet (first steps): the synchronous count, as #6259 falls back
+def _exact_count(c: Ctx, tn: TokenNum) -> int:  # FD 2.5: token_num_event.synchronize(), pinned counts summed
+    return c.token_count(int(c.e.token_num_wait(tn, "tn", read=True)[0].sum()))
+
+
+def _host_count(c: Ctx, bound: int | None, tn: TokenNum | None = None) -> int:
+    if bound is None:  # no snapshot yet (first steps): the synchronous count, as #6259 and FD 2.5 fall back
         c.sync_fallbacks += 1
-        return c.token_count(c.e.token_count_sync())
+        return _exact_count(c, tn) if tn is not None else c.token_count(c.e.token_count_sync())
     return c.token_count(bound)
+
+
+def _seed(e: EngineBase, keep_t: bool) -> None:
+    if keep_t:  # T: top_p_sampling's CPU infer_seed drains the stream (the forward), then a pageable H2D
+        e.sync_stream("T")
+        e.seed_h2d()
+    else:
+        e.seed_on_device()
 
 
 def run_one_wait(c: Ctx, cfg: StepConfig, total: int) -> None:
@@ -626,7 +735,31 @@ def run_one_wait(c: Ctx, cfg: StepConfig, total: int) -> None:
         c.save(n, ids, nns, cfg.save_ms)
 
 
-def _run_overlap(c: Ctx, cfg: StepConfig, total: int, keep_t: bool, exact: bool = False) -> None:
+def _run_fd25(c: Ctx, cfg: StepConfig, total: int, keep_t: bool) -> None:
+    """FD 2.5 without its overlap schedule (execute_model -> _prepare_inputs, forward, _postprocess,
+    _save_model_output); ``keep_t``: unpatched (CPU infer_seed), else the plugin's device seed."""
+    e = c.e
+    for n in range(total):
+        c.begin(n)
+        e.host(cfg.prepare_ms)
+        tn = e.token_num_async()  # recover_decode_task, pinned copies, token_num_event.record()
+        e.prepare_kernels(_exact_count(c, tn))  # tn: only the recover kernel and the copies are queued
+        e.forward(n)
+        e.host(cfg.between_ms)
+        e.token_num_wait(tn, "tn2")  # _postprocess waits token_num_event again (signalled)
+        _seed(e, keep_t)
+        e.sampler(n)
+        e.post(n)
+        p = e.outputs_async(n, snapshot=False)
+        ids, nns, _ = e.outputs_wait(p)  # _save_model_output: post_process_event
+        del p
+        c.save(n, ids, nns, cfg.save_ms)
+
+
+def _run_overlap(c: Ctx, cfg: StepConfig, total: int, keep_t: bool, exact: bool = False, fd25: bool = False) -> None:
+    """#6259's schedule; ``fd25``: FD 2.5's execute_model_overlap: prepare N records token_num_event over
+    N's pinned counts, _postprocess N waits it (tn2) and reads them for N+1's upper bound
+    (last_token_num), the outputs carry no seq_lens snapshot."""
     e = c.e
     bound = None
     pending = None
@@ -637,8 +770,9 @@ def _run_overlap(c: Ctx, cfg: StepConfig, total: int, keep_t: bool, exact: bool 
             waited = (pending.step, *e.outputs_wait(pending))
             pending = None
             bound = int(waited[3].sum())  # N-1's snapshot: N's exact count
-        e.host(cfg.prepare_ms)  # prepare N (bound: the pinned snapshot of N-2 at most is known here)
-        e.prepare_kernels(_host_count(c, bound))
+        e.host(cfg.prepare_ms)  # prepare N (bound: the pinned snapshot of N-2 at most is known here; fd25: N-1's)
+        tn = e.token_num_async() if fd25 else None
+        e.prepare_kernels(_host_count(c, bound, tn))
         e.forward(n)
         if waited is not None:  # save N-1 under forward N (its event was waited on before prepare)
             step, ids, nns, _ = waited
@@ -646,17 +780,17 @@ def _run_overlap(c: Ctx, cfg: StepConfig, total: int, keep_t: bool, exact: bool 
         elif pending is not None:  # save N-1: the one wait, on N-1's event (recorded before forward N)
             ids, nns, seq = e.outputs_wait(pending)
             step, pending = pending.step, None
-            bound = int(seq.sum())
+            if seq is not None:
+                bound = int(seq.sum())
             c.save(step, ids, nns, cfg.save_ms)
         e.host(cfg.between_ms)
-        if keep_t:
-            e.sync_stream("T")
-            e.seed_h2d()
-        else:
-            e.seed_on_device()
+        if tn is not None:  # _postprocess N: token_num_event (signalled), last_token_num for N+1
+            seq, block = e.token_num_wait(tn, "tn2", read=True)
+            bound = int(seq.sum()) + int(block.sum())
+        _seed(e, keep_t)
         e.sampler(n)
         e.post(n)
-        pending = e.outputs_async(n, snapshot=True)
+        pending = e.outputs_async(n, snapshot=not fd25)
     e.measuring = False  # the flush waits for the whole queue: not a step's wait
     if pending is not None:  # flush the last step
         ids, nns, _ = e.outputs_wait(pending)
@@ -674,6 +808,22 @@ def run_overlap_t(c, cfg, total):
 
 def run_overlap_exact(c, cfg, total):
     _run_overlap(c, cfg, total, keep_t=False, exact=True)
+
+
+def run_fd25(c, cfg, total):
+    _run_fd25(c, cfg, total, keep_t=True)
+
+
+def run_fd25_overlap(c, cfg, total):
+    _run_overlap(c, cfg, total, keep_t=True, fd25=True)
+
+
+def run_fd25_plugin(c, cfg, total):
+    _run_fd25(c, cfg, total, keep_t=False)
+
+
+def run_fd25_plugin_overlap(c, cfg, total):
+    _run_overlap(c, cfg, total, keep_t=False, fd25=True)
 
 
 def run_gpu_only(c: Ctx, cfg: StepConfig, total: int) -> None:
@@ -710,8 +860,12 @@ VARIANTS = {
     "overlap, T kept": run_overlap_t,
     "overlap, exact": run_overlap_exact,
     "gpu-only": run_gpu_only,
+    "fd25": run_fd25,
+    "fd25-overlap": run_fd25_overlap,
+    "fd25+plugin": run_fd25_plugin,
+    "fd25+plugin-overlap": run_fd25_plugin_overlap,
 }
-SITE_ORDER = ["S7", "S1", "S2", "S3", "T", "T.h2d", "S5.h2d", "S5.d2h", "S6", "event"]
+SITE_ORDER = ["S7", "S1", "tn", "S2", "S3", "tn2", "T", "T.h2d", "S5.h2d", "S5.d2h", "S6", "event"]
 
 
 def run_variant(e: EngineBase, name: str, warmup: int, steps: int) -> dict:
@@ -765,29 +919,39 @@ def measure(e: EngineBase, warmup: int, steps: int, rounds: int) -> dict:
     return out
 
 
-def report(cfg: StepConfig, res: dict, model: dict | None, label: str) -> list[str]:
-    """Prints the table; returns failure strings of the correctness checks."""
-    failures = []
-    base = res["fd24"]["median"]
-    say(f"config {cfg.name}: {cfg.describe()}")
-    head = f"  {'variant':18s} {'ms/step':>8s} {'p10':>7s} {'p90':>7s} {'vs fd24':>8s}"
+def _table(res: dict, model: dict | None, names: list[str], bases: dict[str, str], label: str) -> None:
+    """The rows of ``names``: ms/step, the ratio over each of ``bases`` (variant -> column head), the
+    model's ms/step and ratio over the first base, the waits; then their per-round medians."""
+    first = next(iter(bases))
+    head = f"  {'variant':19s} {'ms/step':>8s} {'p10':>7s} {'p90':>7s}" + "".join(f" {h:>8s}" for h in bases.values())
     if model is not None:
         head += f" {'model':>7s} {'m.ratio':>7s}"
     head += f" {'waited':>7s} {'host':>6s}  waits per step: site count x median us"
     say(head + f"   [{label}]")
-    for name, r in res.items():
-        line = (f"  {name:18s} {r['median']:8.3f} {r['p10']:7.3f} {r['p90']:7.3f} {r['median'] / base:7.3f}x")
+    for name in names:
+        r = res[name]
+        line = (f"  {name:19s} {r['median']:8.3f} {r['p10']:7.3f} {r['p90']:7.3f}"
+                + "".join(f" {r['median'] / res[b]['median']:7.3f}x" for b in bases))
         if model is not None:
             m = model[name]["median"]
-            line += f" {m:7.3f} {m / model['fd24']['median']:6.3f}x"
+            line += f" {m:7.3f} {m / model[first]['median']:6.3f}x"
         sites = ", ".join(f"{s} {r['waits'][s][2]:.0f}x{r['waits'][s][1] * 1e3:.0f}" for s in SITE_ORDER if s in r["waits"])
         line += f" {r['wait_total']:7.3f} {r['median'] - r['wait_total']:6.3f}  {sites}"
         say(line)
+    rounds = ", ".join(f"{n} " + "/".join(f"{x:.2f}" for x in res[n]["round_medians"]) for n in names)
+    say(f"  per-round medians (ms): {rounds}")
+
+
+def report(cfg: StepConfig, res: dict, model: dict | None, label: str) -> list[str]:
+    """Prints the tables (FD 2.4's, then FD 2.5's block); returns failure strings of the correctness checks."""
+    failures = []
+    base = res["fd24"]["median"]
+    say(f"config {cfg.name}: {cfg.describe()}")
+    _table(res, model, [n for n in res if n not in FD25], {"fd24": "vs fd24"}, label)
+    for name, r in res.items():
         if r["mismatches"] or not r["in_order"] or r["bad_tok"]:
             failures.append(f"{cfg.name}/{name}: {r['mismatches']} mismatched saves, in order {r['in_order']}, "
                             f"{r['bad_tok']} wrong token counts")
-    rounds = ", ".join(f"{n} " + "/".join(f"{x:.2f}" for x in r["round_medians"]) for n, r in res.items())
-    say(f"  per-round medians (ms): {rounds}")
     checks = sum(r["mismatches"] for r in res.values())
     say(f"  outputs: every saved step's ids and not_need_stop checked against the expected values: "
         f"{checks} mismatches; saves in step order: {all(r['in_order'] for r in res.values())}; token counts: "
@@ -820,6 +984,18 @@ def report(cfg: StepConfig, res: dict, model: dict | None, label: str) -> list[s
         f"({ox['median'] / base:.3f}x fd24, {ox['median'] / ow['median']:.3f}x one-wait): the wait comes before "
         f"prepare, so the save ({cfg.save_ms:.2f} ms) hides under the forward and the prepare "
         f"({cfg.prepare_ms:.2f} ms) does not; bound (FD 2.5's padded count) {ov['median'] / base:.3f}x.")
+    say("  FD 2.5 (its own step: tn = token_num_event.synchronize() in _prepare_inputs, tn2 = the same event in "
+        "_postprocess, T = the CPU infer_seed, event = post_process_event at save; no S1-S3/S5-S7):")
+    _table(res, model, [n for n in res if n in FD25], {"fd25": "vs fd25", "gpu-only": "vs gpu"}, label)
+    f25, f25o, f25p, f25po = (res[n] for n in FD25)
+    say(f"  fd25+plugin-overlap vs gpu-only: {f25po['median']:.3f} vs {gpu['median']:.3f} ms/step "
+        f"({100 * (f25po['median'] / gpu['median'] - 1):+.1f}%, target <= {100 * (FD25_TARGET - 1):+.0f}%; "
+        f"{f25po['median'] / f25['median']:.3f}x fd25): with the seed on the device FD 2.5's own overlap hides "
+        f"prepare and save under the forward; tn2 and the save event stay. fd25-overlap (T kept): "
+        f"{f25o['median']:.3f} ms ({100 * (f25o['median'] / gpu['median'] - 1):+.1f}% over gpu-only, "
+        f"{f25o['median'] / f25['median']:.3f}x fd25): T makes the sampler launch wait for the forward. "
+        f"Overlap off: fd25 {f25['median']:.3f}, fd25+plugin {f25p['median']:.3f} ms "
+        f"({f25p['median'] / f25['median']:.3f}x): prepare and save stay serial with the GPU.")
     return failures
 
 
@@ -904,7 +1080,7 @@ def main(argv=None) -> int:
         models[name] = measure(fake, min(warmup, 10), min(steps, 60), 1)
         if fake.stale_reads:
             failures.append(f"{name}: dry run read {fake.stale_reads} outputs before their event")
-    ratios = {}
+    ratios, ratios25 = {}, {}
     if args.dry_run:
         say(f"DRY RUN: fake clock (assumed costs: launch {FakeEngine.LAUNCH * 1e3:.0f} us, blocking round trip "
             f"{FakeEngine.ROUND_TRIP * 1e3:.0f} us, event wake-up {FakeEngine.WAKE * 1e3:.0f} us); plugin HostBackend + "
@@ -913,6 +1089,7 @@ def main(argv=None) -> int:
             say()
             failures += report(cfg, models[name], None, "model")
             ratios[name] = mode_ratios(models[name])
+            ratios25[name] = fd25_ratio(models[name])
     else:
         torch, backend, rt, per_ms, cycles_for, time_sleep, probe = torch_setup()
         say(f"framework (GPU work and the stream only): PyTorch {torch.__version__}, {torch.cuda.get_device_name(0)}; "
@@ -932,14 +1109,17 @@ def main(argv=None) -> int:
             res = measure(engine, warmup, steps, rounds)
             failures += report(cfg, res, models[name], "measured on the GPU; model = fake clock")
             ratios[name] = mode_ratios(res)
+            ratios25[name] = fd25_ratio(res)
             say(f"  ({time.perf_counter() - t0:.1f} s)")
             engine = None
     say()
-    lines, missed = verdicts(ratios)
-    for line in lines:
-        say(line)
-    failures += missed
-    say("The numbers are modelled (spin kernels and busy-waits placed at FD 2.4's sites), not FastDeploy measurements.")
+    for judge, judged in ((verdicts, ratios), (fd25_verdicts, ratios25)):
+        lines, missed = judge(judged)
+        for line in lines:
+            say(line)
+        failures += missed
+    say("The numbers are modelled (spin kernels and busy-waits placed at FD 2.4's and FD 2.5's sites), "
+        "not FastDeploy measurements.")
     say(f"RESULT: {'PASS' if not failures else 'FAIL'}" + (f" ({'; '.join(failures)})" if failures else "")
         + (" [dry run: fake clock, not a measurement]" if args.dry_run else ""))
     if args.output:

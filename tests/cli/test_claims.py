@@ -45,6 +45,71 @@ def test_step_model_passes_only_when_both_modes_meet_both_targets():
     assert failures == ["hostheavy: not run"]
 
 
+def _fd25_verdicts(ratios: dict) -> tuple[list[str], list[str]]:
+    code = (
+        "import json, sys; sys.path.insert(0, 'benchmarks'); import step_model; "
+        f"print(json.dumps(step_model.fd25_verdicts({ratios!r})))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return tuple(json.loads(done.stdout.splitlines()[-1]))
+
+
+def test_step_model_judges_fd25_plugin_overlap_against_gpu_only_in_both_configs():
+    lines, failures = _fd25_verdicts({"tpot11": 1.004, "hostheavy": 1.029})
+    assert lines == ["target tpot11: fd25+plugin-overlap / gpu-only = 1.004 (<= 1.03): met",
+                     "target hostheavy: fd25+plugin-overlap / gpu-only = 1.029 (<= 1.03): met",
+                     "verdict FD 2.5: fd25+plugin-overlap meets the target (within 3% of gpu-only in tpot11 and hostheavy)"]
+    assert failures == []
+    lines, failures = _fd25_verdicts({"tpot11": 1.004, "hostheavy": 1.128})  # FD 2.5's own overlap, roughly
+    assert "target hostheavy: fd25+plugin-overlap / gpu-only = 1.128 (<= 1.03): NOT met" in lines
+    assert lines[-1].startswith("verdict FD 2.5: fd25+plugin-overlap MISSES the target")
+    assert failures == ["hostheavy: fd25+plugin-overlap / gpu-only 1.128 > 1.03"]
+    lines, failures = _fd25_verdicts({"hostheavy": 1.0})
+    assert failures == ["tpot11: fd25+plugin-overlap not run"] and "MISSES" in lines[-1]
+
+
+def _row(text: str, config: str, name: str) -> list[str]:
+    """The columns of variant ``name``'s row in ``config``'s block of a step_model report."""
+    block = text.split(f"config {config}:")[1].split("\nconfig ")[0]
+    line = next(line for line in block.splitlines() if re.match(rf"^  {re.escape(name)}\s{{2,}}\d", line))
+    return line[2 + len(name):].split()
+
+
+def test_step_model_dry_run_models_fd25_in_its_own_block_with_its_verdict():
+    done = subprocess.run([sys.executable, "benchmarks/step_model.py", "--quick", "--dry-run"], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    text = done.stdout
+    assert "Traceback" not in done.stderr, done.stderr
+    for config in ("tpot11", "hostheavy"):
+        block = text.split(f"config {config}:")[1].split("\nconfig ")[0]
+        fd25_block = block.split("\n  FD 2.5 (")[1]
+        assert re.search(r"variant\s+ms/step\s+p10\s+p90\s+vs fd25\s+vs gpu\s+waited", fd25_block)
+        for name in ("fd25", "fd25-overlap", "fd25+plugin", "fd25+plugin-overlap"):
+            assert re.search(rf"^  {re.escape(name)}\s", fd25_block, re.M), (config, name)
+            assert not re.search(rf"^  {re.escape(name)}\s", block.split("\n  FD 2.5 (")[0], re.M), (config, name)
+        # FD 2.5's waits at their sites: tn before the prepare kernels, tn2 in _postprocess, T, the save event
+        # (columns after the name: ms/step p10 p90 vs-fd25 vs-gpu waited host, then the waits)
+        waits = {name: " ".join(_row(text, config, name)[7:]) for name in
+                 ("fd25", "fd25-overlap", "fd25+plugin", "fd25+plugin-overlap")}
+        assert re.fullmatch(r"tn 1x\d+, tn2 1x\d+, T 1x\d+, T.h2d 1x\d+, event 1x\d+", waits["fd25"]), waits
+        assert re.fullmatch(r"tn2 1x\d+, T 1x\d+, T.h2d 1x\d+, event 1x\d+", waits["fd25-overlap"]), waits
+        assert re.fullmatch(r"tn 1x\d+, tn2 1x\d+, event 1x\d+", waits["fd25+plugin"]), waits
+        assert re.fullmatch(r"tn2 1x\d+, event 1x\d+", waits["fd25+plugin-overlap"]), waits
+        # the modelled numbers: the plugin + FD 2.5's overlap at the GPU-only floor, FD 2.5's own overlap not
+        vs_gpu = {name: float(_row(text, config, name)[4].rstrip("x")) for name in waits}
+        assert vs_gpu["fd25+plugin-overlap"] <= 1.03 and vs_gpu["fd25-overlap"] >= 1.05, vs_gpu
+        assert float(_row(text, config, "fd25")[3].rstrip("x")) == 1.0
+    assert "target tpot11: fd25+plugin-overlap / gpu-only = " in text
+    assert "target hostheavy: fd25+plugin-overlap / gpu-only = " in text
+    assert ("verdict FD 2.5: fd25+plugin-overlap meets the target (within 3% of gpu-only in tpot11 and hostheavy)"
+            in text.splitlines())
+    # FD 2.4's verdicts as before, and RESULT judges them all
+    assert "verdict: exact (default) MISSES the targets; bound meets the targets" in text.splitlines()
+    result = text.splitlines()[-1]
+    assert result.startswith("RESULT: FAIL (hostheavy: overlap exact / fd24") and "fd25" not in result
+
+
 README = (REPO / "README.md").read_text()
 
 

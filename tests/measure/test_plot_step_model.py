@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import subprocess
 import sys
 
 import pytest
@@ -34,16 +35,36 @@ def test_parses_every_config_and_variant_of_the_recorded_file(plot, recorded):
     assert (tpot.forward_ms, tpot.sampler_ms, tpot.host_ms) == (9.0, 0.5, 2.0)
     assert tpot.bound == "GPU-bound" and configs["hostheavy"].bound == "host-bound"
     fd24 = tpot.rows["fd24"]
-    assert (fd24.ms, fd24.p10, fd24.p90, fd24.ratio, fd24.waited, fd24.host) == (11.772, 11.630, 12.080, 1.0, 9.332, 2.440)
+    assert (fd24.ms, fd24.p10, fd24.p90, fd24.ratio, fd24.waited, fd24.host) == (11.700, 11.472, 12.063, 1.0, 9.326, 2.374)
     # FD 2.4's blocking points, a copy's H2D/D2H parts folded into their site
     assert fd24.wait_sites == ["S7", "S1", "S2", "S3", "T", "S5", "S6"]
     assert tpot.rows["fd24+one-wait"].wait_sites == ["event"]
     assert tpot.rows["overlap, T kept"].wait_sites == ["T", "event"]
     hostheavy = configs["hostheavy"]
-    assert hostheavy.rows["fd24+overlap"].ms == 3.525 and hostheavy.rows["overlap, exact"].ms == 5.322
-    assert hostheavy.rows["gpu-only"].host == 0.670
+    assert hostheavy.rows["fd24+overlap"].ms == 3.550 and hostheavy.rows["overlap, exact"].ms == 5.352
+    assert hostheavy.rows["gpu-only"].host == 0.612
     for config in configs.values():
         assert all(key in config.rows for key, _ in plot.VARIANTS)
+
+
+def test_a_report_with_the_fd25_block_parses_to_the_fd24_chart(plot):
+    """A GPU run's report (measured + model columns; here the fake clock fills both) has FD 2.5's block
+    after FD 2.4's table: the chart's rows are still FD 2.4's, none taken from that block."""
+    code = (
+        "import sys; sys.path.insert(0, 'benchmarks'); import step_model as m\n"
+        "for name, cfg in m.CONFIGS.items():\n"
+        "    res = m.measure(m.FakeEngine(cfg, 64, 256), 5, 20, 1)\n"
+        "    m.report(cfg, res, res, 'fake clock twice')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "fd25+plugin-overlap" in done.stdout and "  FD 2.5 (" in done.stdout
+    configs = plot.parse(done.stdout)
+    assert list(configs) == ["tpot11", "hostheavy"]
+    for config in configs.values():
+        assert all(key in config.rows for key, _ in plot.VARIANTS)
+        assert not [name for name in config.rows if name.startswith("fd25")], list(config.rows)
+        assert config.rows["fd24"].ratio == 1.0 and config.rows["fd24"].wait_sites[:2] == ["S7", "S1"]
 
 
 def test_a_file_that_is_not_step_model_output_is_refused(plot, recorded):
@@ -52,9 +73,9 @@ def test_a_file_that_is_not_step_model_output_is_refused(plot, recorded):
     without_gpu_only = "\n".join(line for line in recorded.splitlines() if not line.lstrip().startswith("gpu-only"))
     with pytest.raises(plot.ParseError, match="gpu-only"):
         plot.parse(without_gpu_only)
-    bad_sum = recorded.replace("11.772  11.630  12.080   1.000x  11.594  1.000x   9.332  2.440",
-                               "11.772  11.630  12.080   1.000x  11.594  1.000x   9.332  3.440")
-    with pytest.raises(plot.ParseError, match="waited 9.332 \\+ host 3.44"):
+    bad_sum = recorded.replace("11.700  11.472  12.063   1.000x  11.594  1.000x   9.326  2.374",
+                               "11.700  11.472  12.063   1.000x  11.594  1.000x   9.326  3.374")
+    with pytest.raises(plot.ParseError, match="waited 9.326 \\+ host 3.374"):
         plot.parse(bad_sum)
 
 
