@@ -9,7 +9,8 @@ overlap with its sampler wait T kept, the plugin's overlap with the exact token 
 default) and with FD 2.5's upper bound, and the GPU-only floor. Each bar is the median time per
 decode step, split into the host's own work ("host") and the time the host spends blocked in
 waits ("waited"), as ``step_model.py`` measured them; the label names the sites the host waits at
-in each step (FD 2.4's S1-S7 and T, the plugin's one save ``event``).
+in each step (FD 2.4's S1-S7 and T, the plugin's one save ``event``). Below a line, when the file
+has them, FD 2.5's variants (``tn``/``tn2``: its token-count event), their ratios against FD 2.5.
 
 Everything drawn comes from the results file (``parse`` reads it; nothing is typed in here), so
 re-running ``step_model.py`` on another GPU and then this script redraws the picture. The numbers
@@ -39,6 +40,14 @@ VARIANTS = (
     ("fd24+overlap", "overlap, bound"),
     ("gpu-only", "GPU only"),
 )
+#: FD 2.5's variants (step_model.py's "FD 2.5" block: ratios against ``fd25``), drawn below FD 2.4's
+#: when the file has them (results recorded before they existed have none)
+FD25_VARIANTS = (
+    ("fd25", "FD 2.5"),
+    ("fd25-overlap", "FD 2.5 overlap"),
+    ("fd25+plugin", "FD 2.5 + plugin"),
+    ("fd25+plugin-overlap", "FD 2.5 overlap + plugin"),
+)
 
 _CONFIG = re.compile(
     r"^config (?P<name>\S+): forward (?P<forward>[\d.]+) ms, sampler (?P<sampler>[\d.]+) ms of GPU work; "
@@ -47,6 +56,11 @@ _CONFIG = re.compile(
 _ROW = re.compile(
     r"^\s+(?P<name>\S.*?)\s{2,}(?P<ms>[\d.]+)\s+(?P<p10>[\d.]+)\s+(?P<p90>[\d.]+)\s+(?P<ratio>[\d.]+)x\s+"
     r"(?P<model>[\d.]+)\s+(?P<mratio>[\d.]+)x\s+(?P<waited>[\d.]+)\s+(?P<host>[\d.]+)\s+(?P<waits>.*)$"
+)
+#: a row of the FD 2.5 block: one more ratio column (``vs fd25``, then ``vs gpu``)
+_ROW25 = re.compile(
+    r"^\s+(?P<name>fd25\S*)\s+(?P<ms>[\d.]+)\s+(?P<p10>[\d.]+)\s+(?P<p90>[\d.]+)\s+(?P<ratio>[\d.]+)x\s+"
+    r"(?P<gpu>[\d.]+)x\s+(?P<model>[\d.]+)\s+(?P<mratio>[\d.]+)x\s+(?P<waited>[\d.]+)\s+(?P<host>[\d.]+)\s+(?P<waits>.*)$"
 )
 _WAIT = re.compile(r"(?P<site>[\w.]+) (?P<count>\d+)x(?P<us>\d+)")
 
@@ -105,7 +119,7 @@ def parse(text: str) -> dict[str, Config]:
         if verdict:
             current.bound = verdict[1]
             continue
-        m = _ROW.match(line)
+        m = _ROW25.match(line) or _ROW.match(line)
         if m:
             waits = [(w["site"], int(w["count"]), int(w["us"])) for w in _WAIT.finditer(m["waits"].split("[")[0])]
             current.rows[m["name"]] = Row(m["name"], float(m["ms"]), float(m["p10"]), float(m["p90"]),
@@ -130,10 +144,13 @@ def render(configs: dict[str, Config], output: str, source: str = "benchmarks/re
     import matplotlib.pyplot as plt
 
     names = list(configs)
-    fig, axes = plt.subplots(len(names), 1, figsize=(10, 2.3 + 2.0 * len(names)), squeeze=False)
+    fig, axes = plt.subplots(len(names), 1, figsize=(10, 2.3 + 3.0 * len(names)), squeeze=False)
     for ax, name in zip(axes[:, 0], names):
         config = configs[name]
         rows = [(config.rows[key], label) for key, label in VARIANTS]
+        fd25 = [(config.rows[key], label) for key, label in FD25_VARIANTS if key in config.rows]
+        if len(fd25) == len(FD25_VARIANTS):
+            rows += fd25
         ys = list(range(len(rows)))[::-1]
         host = [r.host for r, _ in rows]
         waited = [r.waited for r, _ in rows]
@@ -141,18 +158,21 @@ def render(configs: dict[str, Config], output: str, source: str = "benchmarks/re
         ax.barh(ys, waited, left=host, color="#f0a35e", label="host blocked in waits")
         for y, (row, _) in zip(ys, rows):
             ax.errorbar(row.ms, y, xerr=[[row.ms - row.p10], [row.p90 - row.ms]], fmt="none", ecolor="#333", capsize=2, lw=0.8)
-            ax.text(row.p90 + 0.12, y, f"{row.ms:.2f} ms ({row.ratio:.3f}x)  waits: {' '.join(row.wait_sites)}",
+            base = "FD 2.5" if row.name.startswith("fd25") else "FD 2.4"
+            ax.text(row.p90 + 0.12, y, f"{row.ms:.2f} ms ({row.ratio:.3f}x {base})  waits: {' '.join(row.wait_sites)}",
                     va="center", fontsize=8)
+        if len(rows) > len(VARIANTS):  # FD 2.5's rows below a line
+            ax.axhline(ys[len(VARIANTS) - 1] - 0.5, color="#999", lw=0.6)
         floor = config.rows["gpu-only"].ms
         ax.axvline(floor, color="#555", ls="--", lw=0.8)
         ax.set_yticks(ys, [label for _, label in rows], fontsize=9)
-        ax.set_xlim(0, max(r.p90 for r, _ in rows) * 1.6)
+        ax.set_xlim(0, max(r.p90 for r, _ in rows) * 1.8)
         ax.set_xlabel("ms per decode step (median; whiskers p10-p90)", fontsize=9)
         bound = f", overlap {config.bound}" if config.bound else ""
         ax.set_title(f"{name}: forward {config.forward_ms:.2f} + sampler {config.sampler_ms:.2f} ms GPU, "
                      f"{config.host_ms:.2f} ms host phases{bound}; dashed: GPU only", fontsize=10)
         ax.legend(loc="lower right", fontsize=8)
-    fig.suptitle("Modelled FD 2.4 decode step on an H200 (spin kernels and busy-waits at FD's sites; "
+    fig.suptitle("Modelled FD 2.4 and FD 2.5 decode steps on an H200 (spin kernels and busy-waits at FD's sites; "
                  f"not FastDeploy measurements)\nfrom {source}", fontsize=9)
     fig.tight_layout()
     fig.savefig(output, dpi=110, metadata={"Software": None})

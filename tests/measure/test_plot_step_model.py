@@ -47,9 +47,9 @@ def test_parses_every_config_and_variant_of_the_recorded_file(plot, recorded):
         assert all(key in config.rows for key, _ in plot.VARIANTS)
 
 
-def test_a_report_with_the_fd25_block_parses_to_the_fd24_chart(plot):
+def test_a_report_with_the_fd25_block_parses_both_blocks(plot):
     """A GPU run's report (measured + model columns; here the fake clock fills both) has FD 2.5's block
-    after FD 2.4's table: the chart's rows are still FD 2.4's, none taken from that block."""
+    after FD 2.4's table: FD 2.4's rows keep their ratios against FD 2.4, FD 2.5's against FD 2.5."""
     code = (
         "import sys; sys.path.insert(0, 'benchmarks'); import step_model as m\n"
         "for name, cfg in m.CONFIGS.items():\n"
@@ -63,8 +63,15 @@ def test_a_report_with_the_fd25_block_parses_to_the_fd24_chart(plot):
     assert list(configs) == ["tpot11", "hostheavy"]
     for config in configs.values():
         assert all(key in config.rows for key, _ in plot.VARIANTS)
-        assert not [name for name in config.rows if name.startswith("fd25")], list(config.rows)
+        assert all(key in config.rows for key, _ in plot.FD25_VARIANTS), list(config.rows)
         assert config.rows["fd24"].ratio == 1.0 and config.rows["fd24"].wait_sites[:2] == ["S7", "S1"]
+        assert config.rows["fd25"].ratio == 1.0 and config.rows["fd25"].wait_sites == ["tn", "tn2", "T", "event"]
+        assert "T" not in config.rows["fd25+plugin-overlap"].wait_sites
+
+
+def test_the_recorded_fd25_rows_are_parsed(plot, recorded):
+    row = plot.parse(recorded)["hostheavy"].rows["fd25+plugin-overlap"]
+    assert (row.ms, row.ratio, row.waited, row.host) == (3.694, 0.565, 0.054, 3.640)
 
 
 def test_a_file_that_is_not_step_model_output_is_refused(plot, recorded):
