@@ -1,4 +1,5 @@
-"""Feature ``step_syncs``: one host wait per FastDeploy 2.4 decode step (the save event).
+"""Feature ``step_syncs``: one host wait per FastDeploy 2.4 decode step (the save event); no wait for
+the forward at FastDeploy 2.5's sampler.
 
 Why:    With the stop-flag and logprob backports, a plain FastDeploy 2.4 decode step still blocks the
         host at five points (fd24-step-syncs.md): **T** ``top_p_sampling`` gets the CPU tensor
@@ -31,9 +32,11 @@ How:    A host shadow of the step state the host needs (``seq_lens_this_time`` b
         speculative decoding, a block column outside the table), FastDeploy's own synchronous path
         runs; every such step is counted by cause (``status()``: the runner's ``fallbacks``).
 Mirrors: FastDeploy #6765/#6668 (T), #5440/#6170 (S1), #5548 (S2), #6172 (S3/S7), #6356 (I1).
-FD:     2.4 only, with ``stop_flag`` active on the runner (its event covers the snapshot). 2.5 has
-        S1/S2/S3 fixed itself (its T and I1 are not patched here); develop has all of them.
-Delete: when FastDeploy 2.4 is no longer served.
+FD:     2.4, with ``stop_flag`` active on the runner (its event covers the snapshot). 2.5 has
+        S1/S2/S3 fixed itself; there only T is removed (the seed and its increment moved to the
+        device after ``GPUModelRunner.__init__``; no shadow, no other feature needed): its two
+        short ``token_num_event`` waits and I1 stay. develop has all of them fixed.
+Delete: the 2.4 part when FastDeploy 2.4 is no longer served; the 2.5 part with 2.5.
 """
 
 from __future__ import annotations
@@ -552,10 +555,11 @@ def _move_seed(runner, state: RunnerSyncs, place=None) -> None:
     device, or at ``place``; both always move together (a host seed with a device increment, or
     the reverse, breaks FastDeploy's ``add_``)."""
     si = runner.share_inputs
+    pair = (si["infer_seed"], runner.infer_seed_increment)
     if place is None:
-        seed, increment = _device_copy(si["infer_seed"], si["stop_flags"]), _device_copy(runner.infer_seed_increment, si["stop_flags"])
+        seed, increment = (_device_copy(t, si["stop_flags"]) for t in pair)
     else:
-        seed, increment = (paddle.to_tensor(np.array(t.numpy()), place=place) for t in (si["infer_seed"], runner.infer_seed_increment))
+        seed, increment = (paddle.to_tensor(np.array(t.numpy()), place=place) for t in pair)
     si["infer_seed"], runner.infer_seed_increment = state.seed, state.increment = seed, increment
 
 
