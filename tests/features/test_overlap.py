@@ -212,6 +212,103 @@ def test_an_engine_further_behind_is_still_fastdeploy_24_one_step_further_behind
     assert result.preemptions >= 3
 
 
+# ---- a running batch emptied by preemption (issue 25: all-preempted and empty batches) ----------
+#
+# The driver's preemption (FD 2.4's ``_trigger_preempt``) takes victims from the end of the running
+# list and stops at the request that needs the blocks; the requests admitted before it are never its
+# victims. So a step preempts every running request only if the first admitted one cannot fit with
+# every other block free, i.e. needs more blocks than the pool has - and it never needs more than its
+# prompt + max_tokens, which ``_validate_request`` requires to fit (KV blocks are held by running
+# requests only), so no step preempts them all. The closest case it can run: every running
+# request but one preempted in the same step; the survivor finishes while the victims wait for
+# blocks, so no request is running and every unfinished one is a preempted victim (with the engine
+# one step behind, the device runs an empty batch meanwhile); then the victims are rescheduled,
+# prefilled again with prompt + received tokens, and finish, one of them preempted a second time.
+
+
+def emptied_by_preemption_workload():
+    """5 KV blocks of 4 tokens: o0's 16-token prompt in 8-token chunks needs all 5 for its last
+    chunk at step 1 and preempts o2 and o1 (admitted after it, 1 block each) at once."""
+    cfg = config(max_num_seqs=4, block_size=4, num_gpu_blocks=5, preemption=True, enable_logprob=True)
+    return cfg, [_req(0, 16, 3), _req(1, 2, 17, logprobs=5), _req(2, 2, 17, top_p=0.7, seed=9)], {}
+
+
+@pytest.fixture
+def schedule_log(monkeypatch):
+    """One list per driver run (in run order), one entry per step: the running requests before and
+    after scheduling, the step's PREEMPTED tasks, the preempted requests not finished (nor prefilled
+    again) before scheduling, and whether the step executed. Read from the driver's scheduler; the
+    wrappers change nothing it does."""
+    from fd_async_copy_plugin.testing.reference import driver
+
+    runs = []
+    init, schedule, after = (driver._Scheduler.__init__, driver._Scheduler.schedule,
+                             driver._Scheduler.after_execute)
+
+    def _init(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        runs.append([])
+        self._test_log = runs[-1]
+
+    def _schedule(self):
+        before = [t.user.request_id for t in self.running]
+        waiting = sorted(rid for rid, t in self.tracked.items() if t.preempted and not t.done)
+        tasks = schedule(self)
+        preempted = self.mod.request.RequestType.PREEMPTED
+        self._test_log.append(dict(
+            before=before, after=[t.user.request_id for t in self.running],
+            preempted=[t.request_id for t in tasks if t.task_type == preempted],
+            victims=waiting, executed=False))
+        return tasks
+
+    def _after(self, *args, **kwargs):
+        self._test_log[-1]["executed"] = True
+        return after(self, *args, **kwargs)
+
+    monkeypatch.setattr(driver._Scheduler, "__init__", _init)
+    monkeypatch.setattr(driver._Scheduler, "schedule", _schedule)
+    monkeypatch.setattr(driver._Scheduler, "after_execute", _after)
+    return runs
+
+
+def assert_emptied_by_preemption(log, result):
+    """The moment happened: all but one running request preempted in one step, later a step with no
+    request running and only preempted victims unfinished; every victim rescheduled and finished.
+    Returns the steps between the two moments that ran no batch (the device idle)."""
+    mass = [s for s, e in enumerate(log) if len(e["preempted"]) >= 2 and len(e["after"]) == 1
+            and len(e["before"]) == len(e["preempted"]) + 1]
+    assert mass, log
+    first = mass[0]
+    victims = log[first]["preempted"]
+    emptied = [s for s, e in enumerate(log) if s > first and not e["before"] and e["victims"]]
+    assert emptied, log[first:]
+    assert log[emptied[0]]["victims"] == sorted(victims), (victims, log[emptied[0]])
+    for rid in victims:
+        out = result.outputs[rid]
+        assert out.finished and out.preemptions and all(p[1] is not None for p in out.preemptions), (rid, out)
+        assert len(out.token_ids) > out.preemptions[-1][1], (rid, out)  # tokens after its second prefill
+    return [s for s in range(first + 1, emptied[0]) if not log[s]["executed"]]
+
+
+def _schedule_only(log):
+    return [{k: v for k, v in e.items() if k != "executed"} for e in log]
+
+
+@pytest.mark.parametrize("backend", ["host", "sim"])
+def test_a_batch_emptied_by_preemption_is_fastdeploy_24_one_step_behind(backend, count_mode, schedule_log):
+    cfg, requests, arrivals = emptied_by_preemption_workload()
+    result, served = run_exact(cfg, requests, arrivals, backend, max_steps=200)
+    base_log, plugin_log = schedule_log  # the unpatched run (engine one step behind), then the plugin's
+    assert _schedule_only(base_log) == _schedule_only(plugin_log)
+    # FD 2.4 one step behind ran an empty batch (nothing executed) while only victims were left ...
+    idle = assert_emptied_by_preemption(base_log, result)
+    assert idle and assert_emptied_by_preemption(plugin_log, result) == [], idle
+    # ... where overlap ran a flush step: it sent the survivor's last save, which was still pending
+    assert all(plugin_log[s]["executed"] for s in idle)
+    assert served["flush step (batch drained)"] > 0 and served["overlap steps"] > 0, served
+    assert result.preemptions >= 3
+
+
 def test_planted_dropping_the_pending_step_of_a_preempted_slot_is_caught(monkeypatch):
     """A plausible wrong design: "the slot was preempted, so its pending output is stale" - the
     pending save is dropped at an insert that preempts. The victim's in-flight token (and the other

@@ -21,6 +21,9 @@ from fd_async_copy_plugin.testing.harness import Variant, device_for, host_waits
 from fd_async_copy_plugin.testing.reference import ROOTS
 from fd_async_copy_plugin.testing.reference.driver import DriverConfig, Request, run_decode
 from fd_async_copy_plugin.patches.runner import part
+# the workload where preemption empties the running batch, and the record of its steps
+from test_overlap import assert_emptied_by_preemption, emptied_by_preemption_workload
+from test_overlap import schedule_log  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.usefixtures("plugin_off")
 
@@ -139,6 +142,27 @@ def test_preemption_mid_flight_is_followed_by_the_shadow(backend, blocks, lag):
     result, served, fallbacks = run_pair(cfg, requests, arrivals, backend, max_steps=400)
     assert result.preemptions >= 4 and all(o.finished for o in result.outputs.values())
     assert served["S1 token count"] >= result.executed_steps - 1, served
+    assert served["I1 block-table rows staged"] > 0, served
+    assert set(fallbacks) == {"shadow loaded (construction)"}, fallbacks
+
+
+@pytest.mark.parametrize("backend", ["host", "sim"])
+@pytest.mark.parametrize("lag", [0, 1])
+def test_a_batch_emptied_by_preemption_is_followed_by_the_shadow(backend, lag, schedule_log):
+    """Issue 25's all-preempted batch, as close as the driver gets (test_overlap.py says why no step
+    preempts every running request): two of three running requests preempted in one step, the
+    survivor finishes, no request runs while only the victims are left (with the engine one step
+    behind, an empty batch runs on the device), then both are prefilled again and finish."""
+    cfg, requests, arrivals = emptied_by_preemption_workload()
+    cfg = dataclasses.replace(cfg, engine_lag=lag)
+    result, served, fallbacks = run_pair(cfg, requests, arrivals, backend, max_steps=200)
+    base_log, plugin_log = schedule_log  # the unpatched run, then the plugin's: the same steps
+    assert base_log == plugin_log
+    idle = assert_emptied_by_preemption(plugin_log, result)
+    assert bool(idle) == bool(lag), idle  # FD's engine one step behind: nothing ran for a step
+    assert result.preemptions >= 3 and all(o.finished for o in result.outputs.values())
+    assert served["S1 token count"] >= result.executed_steps - 1, served
+    assert served["S3/S7 exist_prefill"] >= result.executed_steps, served
     assert served["I1 block-table rows staged"] > 0, served
     assert set(fallbacks) == {"shadow loaded (construction)"}, fallbacks
 
