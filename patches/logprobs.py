@@ -54,7 +54,6 @@ RING_SLOTS = 2  # FD 2.5's overlap schedule still references step N's output whe
 MAX_PINNED_BYTES = 64 << 20
 #: Marks the plugin's gather_logprobs (sync_scope checks it to know prompt results are host-owned).
 _ITEM_BYTES = {field: np.dtype(dtype).itemsize for field, dtype in DTYPES.items()}
-_COPY_LABELS = {field: f"gather_logprobs.{field}" for field in FIELDS}
 
 #: What the statements after the maths may call: the copies the plugin replaces (FastDeploy's
 #: ``.cpu()`` / pinned ``empty_like`` + ``copy_``).
@@ -201,11 +200,11 @@ class LogprobsCopier:
                 level = logging.WARNING if self.capped_steps == 1 else logging.DEBUG
                 log.log(level, "fd_async_copy: %s; step copied blocking (%d so far)", exc, self.capped_steps)
                 return self._blocking(sources)
-            buffers = slot.buffers
-            self.backend.copy_d2h_many([(buffers[f], sources[f], _COPY_LABELS[f]) for f in FIELDS], "gather_logprobs")
-            result = self.AsyncLogprobsTensors(*(buffers[name] for name in FIELDS))
+            copies = [(slot.buffers[f], sources[f], f"gather_logprobs.{f}") for f in FIELDS]
+            self.backend.copy_d2h_many(copies, "gather_logprobs")  # the three copies, then their event
+            result = self.AsyncLogprobsTensors(*(slot.buffers[name] for name in FIELDS))
             self.async_steps += 1
-            del slot, buffers
+            del slot, copies
         if prompt:
             # FastDeploy copies prompt logprobs into its own CPU buffers right away: hand it host-owned
             # tensors (one event-scoped wait per chunk; 2.5 does a device-wide sync here).

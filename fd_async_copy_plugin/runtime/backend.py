@@ -18,7 +18,7 @@ import ctypes
 import logging
 import threading
 import weakref
-from collections import deque
+from collections import deque, namedtuple
 from math import prod
 from typing import Iterable
 
@@ -158,16 +158,10 @@ class PinnedMemory:
         self.rt.host_free(self.ptr)
 
 
-class _Pinned:
-    """What a pinned buffer's allocation fixed (checked by identity: ``buf() is`` the tensor)."""
-
-    __slots__ = ("buf", "memory", "ptr", "dtype", "itemsize", "flat")
-
-    def __init__(self, buf, memory: PinnedMemory, dtype: str, flat: np.ndarray) -> None:
-        self.buf, self.memory, self.ptr = weakref.ref(buf), weakref.ref(memory), memory.ptr
-        self.dtype, self.itemsize = dtype, flat.itemsize
-        # A view of the whole allocation that does not keep it alive (used only while ``buf`` lives).
-        self.flat = flat
+#: What a pinned buffer's allocation fixed: the tensor and its PinnedMemory (weakly; checked by
+#: identity), the address, the dtype name, and a flat view of the whole allocation that does not
+#: keep it alive (used only while the tensor lives, so while the memory does).
+_Pinned = namedtuple("_Pinned", "buf memory ptr dtype flat")
 
 
 class CopyEvent:
@@ -256,7 +250,7 @@ class CopyBackend:
                 "the host wrap is not zero-copy"
             )
         flat = np.frombuffer((ctypes.c_byte * max(1, nbytes)).from_address(memory.ptr), dtype=np_dtype, count=count)
-        self._pinned[id(t)] = _Pinned(t, memory, self.glue.dtype(t), flat)
+        self._pinned[id(t)] = _Pinned(weakref.ref(t), weakref.ref(memory), memory.ptr, self.glue.dtype(t), flat)
         return t
 
     def _facts(self, buf) -> _Pinned | None:
@@ -284,7 +278,7 @@ class CopyBackend:
         if dtype != facts.dtype:
             raise ValueError(f"copy_d2h: source dtype {dtype} differs from the pinned buffer's {facts.dtype}")
         shape = glue.shape(src)
-        nbytes = (prod(shape) if shape else 1) * facts.itemsize
+        nbytes = (prod(shape) if shape else 1) * facts.flat.itemsize
         if nbytes > memory.nbytes:
             raise ValueError(
                 f"copy_d2h: {nbytes} bytes ({list(shape)} {dtype}) do not fit the pinned buffer's "

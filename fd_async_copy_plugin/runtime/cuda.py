@@ -114,29 +114,21 @@ class RuntimeBackend(CopyBackend):
     def copy_d2h_many(self, copies, label):
         for _, src, _ in copies:  # first use of a device: probed before the backend lock is taken
             device = self.glue.gpu_device(src)
-            if device is not None and device not in self.probes:
-                self.ensure_probed(device)
+            if device is not None:
+                self.ensure_probed(device)  # then a dict lookup (raises if the probe failed)
         return super().copy_d2h_many(copies, label)
 
     def _issue(self, copies) -> None:
         self._batch.clear()  # (lock held) the current stream is the calling thread's, asked again
         super()._issue(copies)
 
-    def _stream(self, device: int | None) -> int:
-        """The framework's current stream on ``device`` (0: host memory), once per batch."""
-        if device is None:
-            return 0
-        stream = self._batch.get(device)
-        if stream is None:
-            self.ensure_probed(device)  # a dict lookup: ``copy_d2h_many`` probed
-            stream = self._batch[device] = self.glue.stream(device)
-        return stream
-
     def _copy(self, dst, src, seq, label):
         # Called with the backend lock held (``CopyBackend._issue``): issue order is sequence order.
         device, src_ptr = self._source(src)
         memory, _, nbytes = self._fit(dst, src)
-        stream = self._stream(device)
+        stream = 0 if device is None else self._batch.get(device)
+        if stream is None:  # asked once per batch of copies (``_issue``)
+            stream = self._batch[device] = self.glue.stream(device)
         if nbytes:
             self.rt.memcpy_d2h_async(memory.ptr, src_ptr, nbytes, stream)
             memory.fence(stream, seq, -1 if device is None else device)
