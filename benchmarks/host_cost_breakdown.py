@@ -4,9 +4,12 @@
 One decode step's output copies (logprob ids / logprobs / ranks of B rows x K+1 columns, as in
 ``cuda_layer_check.py``'s timing part), GPU idle and GPU busy (~2 ms of queued work per step), for:
 
-- ``plugin``: ``PinnedRing.acquire`` + one ``CudaBackend.copy_d2h`` per tensor + ``record``; the
-  consumer (next step) ``wait``s on the event and ``read``s each buffer - the plugin's real code;
+- ``plugin``: ``PinnedRing.acquire`` + one ``CudaBackend.copy_d2h_many`` (the three copies and their
+  event: what the logprobs feature's producer calls); the consumer (next step) ``wait``s on the
+  event and ``read``s each buffer - the plugin's real code;
 - ``plugin, census on``: the same inside an active census (tests and ``bench`` run it on);
+- ``plugin, per-copy API``: ``acquire`` + one ``copy_d2h`` per tensor + ``record`` (the API other
+  producers use; issue 24's "before" measured this path);
 - ``FD 2.4``: blocking copies (``cudaMemcpyAsync`` into pageable memory + stream synchronize each);
 - ``FD 2.5``: per-step pinned allocation + copies + a new event, freed a step later;
 - ``floor``: only the CUDA calls a step cannot avoid, through ctypes with prebuilt arguments
@@ -216,7 +219,9 @@ def instrument(prof: Profiler, backend, rings) -> None:
         prof.wrap(ring, "acquire", "ring: acquire (refcounts, slot choice)")
     prof.wrap(census_module, "record", "census.record")
     prof.wrap(backend_module, "host_view", "backend: host_view (zero-copy view)")
-    for method, part in (("copy_d2h", "copy_d2h"), ("_copy", "copy_d2h"), ("_fit", "_fit (dtype/shape/capacity)"),
+    for method, part in (("copy_d2h", "copy_d2h"), ("copy_d2h_many", "copy_d2h"), ("_issue", "copy_d2h"),
+                         ("_copy", "copy_d2h"), ("_facts", "is_pinned/memory_of"),
+                         ("_fit", "_fit (dtype/shape/capacity)"),
                          ("ensure_probed", "ensure_probed"), ("record", "record"), ("_record_native", "record"),
                          ("_event", "record"), ("wait", "wait"), ("_wait_native", "wait"),
                          ("read", "read (np.array copy-out)"), ("is_pinned", "is_pinned/memory_of"),
@@ -249,9 +254,11 @@ def make_variants(backend, out, is_cuda: bool):
     nbytes = {f: int(np.prod(glue.shape(t))) * np.dtype(DTYPES[f]).itemsize for f, t in out.items()}
     pageable = {f: np.empty(nbytes[f], dtype=np.uint8) for f in DTYPES}
     capacity = {f: int(np.prod(glue.shape(t))) for f, t in out.items()}
-    rings = {name: PinnedRing(backend, f"bench.{name}", DTYPES, capacity, slots=2) for name in ("plain", "census")}
+    rings = {name: PinnedRing(backend, f"bench.{name}", DTYPES, capacity, slots=2)
+             for name in ("plain", "census", "per-copy")}
+    labels = {f: f"bench.{f}" for f in DTYPES}
 
-    def plugin_producer(ring):
+    def plugin_producer(ring, batched=True):
         def produce(state):  # the segments' times: a few perf_counter_ns reads per step, no wrappers
             seg = state.setdefault("segments", collections.defaultdict(list))
             pr = state.get("prof")  # instrumented runs: the parts are charged to their segment
@@ -260,23 +267,34 @@ def make_variants(backend, out, is_cuda: bool):
             t0 = ns()
             slot = ring.acquire("bench", {f: list(glue.shape(t)) for f, t in out.items()})
             t1 = ns()
-            if pr is not None:
-                pr.phase = "producer: 3 x backend.copy_d2h"
-            t1 = ns()
-            for f in DTYPES:
-                backend.copy_d2h(slot.buffers[f], out[f], f)
-            t2 = ns()
-            if pr is not None:
-                pr.phase = "producer: backend.record"
-            t2 = ns()
-            event = backend.record("bench")
-            t3 = ns()
+            if batched:  # the logprobs producer's call: 3 copies + the event
+                if pr is not None:
+                    pr.phase = "producer: backend.copy_d2h_many"
+                t1 = ns()
+                buffers = slot.buffers
+                event = backend.copy_d2h_many([(buffers[f], out[f], labels[f]) for f in DTYPES], "bench")
+                t3 = t2 = ns()
+            else:
+                if pr is not None:
+                    pr.phase = "producer: 3 x backend.copy_d2h"
+                t1 = ns()
+                for f in DTYPES:
+                    backend.copy_d2h(slot.buffers[f], out[f], labels[f])
+                t2 = ns()
+                if pr is not None:
+                    pr.phase = "producer: backend.record"
+                t2 = ns()
+                event = backend.record("bench")
+                t3 = ns()
             if pr is not None:
                 pr.phase = "producer"
             previous, state["prev"] = state.get("prev"), ([slot.buffers[f] for f in DTYPES], event)
             seg["producer: ring.acquire"].append(t1 - t0)
-            seg["producer: 3 x backend.copy_d2h"].append(t2 - t1)
-            seg["producer: backend.record"].append(t3 - t2)
+            if batched:
+                seg["producer: backend.copy_d2h_many"].append(t3 - t1)
+            else:
+                seg["producer: 3 x backend.copy_d2h"].append(t2 - t1)
+                seg["producer: backend.record"].append(t3 - t2)
             return previous
         return produce
 
@@ -369,8 +387,10 @@ def make_variants(backend, out, is_cuda: bool):
         floor = {"floor: 3 ctypes cudaMemcpyAsync + 1 cudaEventRecord": (floor_produce, floor_consume, floor_cleanup)}
 
     variants = {
-        "plugin: ring + copy_d2h + record": (plugin_producer(rings["plain"]), plugin_consume, None),
+        "plugin: ring + copy_d2h_many": (plugin_producer(rings["plain"]), plugin_consume, None),
         "plugin, census on": (plugin_producer(rings["census"]), plugin_consume, None),
+        "plugin, per-copy API: ring + copy_d2h + record": (plugin_producer(rings["per-copy"], False), plugin_consume,
+                                                           None),
         "FD 2.4: blocking copies": (blocking, no_consume, None),
         "FD 2.5: per-step pinned + event": (per_step_pinned, per_step_consume, per_step_cleanup),
         **floor,

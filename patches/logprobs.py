@@ -200,12 +200,11 @@ class LogprobsCopier:
                 level = logging.WARNING if self.capped_steps == 1 else logging.DEBUG
                 log.log(level, "fd_async_copy: %s; step copied blocking (%d so far)", exc, self.capped_steps)
                 return self._blocking(sources)
-            for name in FIELDS:
-                self.backend.copy_d2h(slot.buffers[name], sources[name], f"gather_logprobs.{name}")
-            self.backend.record("gather_logprobs")
+            copies = [(slot.buffers[f], sources[f], f"gather_logprobs.{f}") for f in FIELDS]
+            self.backend.copy_d2h_many(copies, "gather_logprobs")  # the three copies, then their event
             result = self.AsyncLogprobsTensors(*(slot.buffers[name] for name in FIELDS))
             self.async_steps += 1
-            del slot
+            del slot, copies
         if prompt:
             # FastDeploy copies prompt logprobs into its own CPU buffers right away: hand it host-owned
             # tensors (one event-scoped wait per chunk; 2.5 does a device-wide sync here).

@@ -7,8 +7,8 @@ and the reference replica of FastDeploy are written against this contract only, 
 code runs on all three.
 
 Thread safety: FastDeploy runs an output thread beside the model loop, so copies, records and the
-event lookup hold the backend's lock (a copy is issued under it, so sequence order is stream order);
-host waits do not hold it.
+event lookup hold the backend's (re-entrant) lock (a copy is issued under it, so sequence order is
+stream order); host waits do not hold it.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import ctypes
 import logging
 import threading
 import weakref
-from collections import deque
+from collections import deque, namedtuple
 from math import prod
 from typing import Iterable
 
@@ -158,6 +158,12 @@ class PinnedMemory:
         self.rt.host_free(self.ptr)
 
 
+#: What a pinned buffer's allocation fixed: the tensor and its PinnedMemory (weakly; checked by
+#: identity), the address, the dtype name, and a flat view of the whole allocation that does not
+#: keep it alive (used only while the tensor lives, so while the memory does).
+_Pinned = namedtuple("_Pinned", "buf memory ptr dtype flat")
+
+
 class CopyEvent:
     """A point in the copy stream. ``seq`` orders events of one backend."""
 
@@ -195,16 +201,15 @@ class CopyBackend:
             rt = HostRuntime()
         self.glue = glue  # tensor accessors (runtime/glue.py): the only framework-specific part
         self.rt = rt  # the CUDA layer (runtime/cudart.py), or its host-memory stand-in
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._seq = 0  # sequence number of the last copy issued
         self._completed = 0  # every copy with seq <= _completed has landed, from the host's view
         # Keyed by id() but checked by identity through weak references: an id can be reused by an
         # unrelated tensor once a buffer is gone, and must never make that tensor look pinned.
         # (Paddle tensors cannot be dict keys themselves: their == is elementwise.)
-        self._pinned: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+        self._pinned: dict[int, _Pinned] = {}  # id(buf) -> its allocation's facts, until free_pinned
         self._copy_seq: dict[int, tuple[int, str, weakref.ref]] = {}  # id(dst) -> last copy
         self._recent_events: deque[CopyEvent] = deque(maxlen=64)
-        self._memory: dict[int, weakref.ref] = {}  # id(buf) -> its PinnedMemory (weakly)
         self._h2d_seq: dict[int, tuple[int, str, weakref.ref]] = {}  # id(src) -> last H2D reading it
 
     # -- allocation ---------------------------------------------------------------------------
@@ -213,9 +218,7 @@ class CopyBackend:
         ``cuda``) and wrapped zero-copy as a host tensor of the glue's framework."""
         census.record("pinned_alloc", label)
         release_freed()
-        t = self._alloc([int(s) for s in shape], dtype)
-        self._pinned[id(t)] = t
-        return t
+        return self._alloc([int(s) for s in shape], dtype)
 
     def free_pinned(self, t, label: str) -> None:
         """Forget ``t``. Its memory is released when the last reference to the tensor goes, after
@@ -224,7 +227,6 @@ class CopyBackend:
         self._pinned.pop(id(t), None)
         self._copy_seq.pop(id(t), None)
         self._h2d_seq.pop(id(t), None)
-        self._memory.pop(id(t), None)
         release_freed()  # what went earlier (``t`` itself is still referenced here)
 
     def release_freed(self) -> int:
@@ -247,21 +249,25 @@ class CopyBackend:
                 f"wrapping pinned memory {memory.ptr:#x} gave a tensor at {self.glue.address(t):#x}: "
                 "the host wrap is not zero-copy"
             )
-        self._memory[id(t)] = weakref.ref(memory)
+        flat = np.frombuffer((ctypes.c_byte * max(1, nbytes)).from_address(memory.ptr), dtype=np_dtype, count=count)
+        self._pinned[id(t)] = _Pinned(weakref.ref(t), weakref.ref(memory), memory.ptr, self.glue.dtype(t), flat)
         return t
 
+    def _facts(self, buf) -> _Pinned | None:
+        facts = self._pinned.get(id(buf))
+        return facts if facts is not None and facts.buf() is buf else None
+
     def memory_of(self, buf) -> PinnedMemory | None:
-        if not self.is_pinned(buf):
-            return None
-        ref = self._memory.get(id(buf))
-        return ref() if ref is not None else None
+        facts = self._facts(buf)
+        return facts.memory() if facts is not None else None
 
     def _fit(self, dst, src) -> tuple[PinnedMemory, tuple[int, ...], int]:
         """Give ``dst`` ``src``'s shape (Paddle ``copy_`` semantics) inside its allocation, after
         checking the dtype and the capacity; returns (memory, shape, bytes to copy)."""
-        if not self.is_pinned(dst):
+        facts = self._facts(dst)
+        if facts is None:
             raise ValueError("copy_d2h: the destination is not a pinned buffer of this backend (new_pinned)")
-        memory = self.memory_of(dst)
+        memory = facts.memory()
         glue = self.glue
         if memory is None or glue.address(dst) != memory.ptr:
             raise AsyncCopyError(
@@ -269,10 +275,10 @@ class CopyBackend:
                 "copy_ of a larger tensor reallocated it); write pinned buffers only through the backend"
             )
         dtype = glue.dtype(src)
-        if dtype != glue.dtype(dst):
-            raise ValueError(f"copy_d2h: source dtype {dtype} differs from the pinned buffer's {glue.dtype(dst)}")
+        if dtype != facts.dtype:
+            raise ValueError(f"copy_d2h: source dtype {dtype} differs from the pinned buffer's {facts.dtype}")
         shape = glue.shape(src)
-        nbytes = (prod(shape) if shape else 1) * np_dtype_of(dtype).itemsize
+        nbytes = (prod(shape) if shape else 1) * facts.flat.itemsize
         if nbytes > memory.nbytes:
             raise ValueError(
                 f"copy_d2h: {nbytes} bytes ({list(shape)} {dtype}) do not fit the pinned buffer's "
@@ -282,7 +288,7 @@ class CopyBackend:
         return memory, shape, nbytes
 
     def is_pinned(self, t) -> bool:
-        return t is not None and self._pinned.get(id(t)) is t
+        return self._facts(t) is not None
 
     def unusable_for(self, src) -> str:
         """Why copies of ``src`` must not go through this backend ("" when they may)."""
@@ -299,12 +305,23 @@ class CopyBackend:
     # -- copies and events --------------------------------------------------------------------
     def copy_d2h(self, dst, src, label: str) -> None:
         """Issue a non-blocking D2H copy of ``src`` into the pinned buffer ``dst``."""
-        census.record("async_d2h", label)
+        self.copy_d2h_many(((dst, src, label),), None)
+
+    def copy_d2h_many(self, copies, label: str | None) -> CopyEvent | None:
+        """Issue the non-blocking D2H copies ``(dst, src, copy_label)`` in order, then (``label`` not
+        None) ``record(label)``: ``copy_d2h`` each and a record, under one lock acquisition (nothing
+        of another thread in between) with the framework's stream asked once (a step's outputs)."""
         with self._lock:  # issued under the lock: sequence order is stream order, for every thread
+            self._issue(copies)
+            return None if label is None else self.record(label)
+
+    def _issue(self, copies) -> None:
+        # Backend lock held.
+        for dst, src, label in copies:
+            census.record("async_d2h", label)
             self._seq += 1
-            seq = self._seq
-            self._copy_seq[id(dst)] = (seq, label, weakref.ref(dst))
-            self._copy(dst, src, seq, label)
+            self._copy_seq[id(dst)] = (self._seq, label, weakref.ref(dst))
+            self._copy(dst, src, self._seq, label)
 
     def copy_h2d(self, dst_ptr: int, device: int | None, src, offset: int, nbytes: int, label: str) -> None:
         """Issue a non-blocking H2D copy of ``nbytes`` at byte ``offset`` of the pinned buffer ``src``
@@ -382,12 +399,13 @@ class CopyBackend:
         last = self._last_copy(buf)
         if last is None or last[0] <= self._completed:
             return None
+        found = None
         with self._wait_lock("covering_event"):  # another thread may be recording (FD's output thread)
-            events = list(self._recent_events)
-        for event in events:
-            if event.seq >= last[0]:
-                return event
-        return None
+            for event in reversed(self._recent_events):  # in seq order: the earliest covering one
+                if event.seq < last[0]:
+                    break
+                found = event
+        return found
 
     def wait(self, event: CopyEvent, reason: str) -> None:
         """Host waits for ``event`` only. Free when a later event was already waited on."""
@@ -427,7 +445,12 @@ class CopyBackend:
         """
         census.record("host_read", reader)
         self._check_readable(buf, reader)
-        view = host_view(buf, self.glue)
+        facts, glue = self._facts(buf), self.glue
+        if facts is not None and glue.address(buf) == facts.ptr:  # the allocation's own view
+            shape = glue.shape(buf)
+            view = facts.flat[:prod(shape) if shape else 1].reshape(shape)
+        else:
+            view = host_view(buf, glue)
         return np.array(view if start is None and end is None else view[start:end], copy=True)
 
     def to_host(self, t, reader: str, start: int | None = None, end: int | None = None):

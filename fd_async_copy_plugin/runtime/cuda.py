@@ -65,6 +65,7 @@ class RuntimeBackend(CopyBackend):
         self._probe_ops = probe_ops  # the framework ops the probe uses (None: Paddle's)
         self.probes: dict[int, dict] = {}  # device -> probe_accessors() result
         self._streams: dict[int, int] = {}  # stream -> device, every stream copied on so far
+        self._batch: dict[int, int] = {}  # device -> its current stream, asked once per batch of copies
         self._events: dict[int, list[int]] = {}  # stream -> pool of event handles
         self._next_event = 0
 
@@ -110,19 +111,24 @@ class RuntimeBackend(CopyBackend):
             raise ValueError("copy_d2h: the source must be contiguous (a copy by address reads it flat)")
         return device, glue.address(src)
 
-    def copy_d2h(self, dst, src, label: str) -> None:
-        device = self.glue.gpu_device(src)
-        if device is not None:
-            self.ensure_probed(device)  # first use of the device: before the backend lock is taken
-        super().copy_d2h(dst, src, label)
+    def copy_d2h_many(self, copies, label):
+        for _, src, _ in copies:  # first use of a device: probed before the backend lock is taken
+            device = self.glue.gpu_device(src)
+            if device is not None:
+                self.ensure_probed(device)  # then a dict lookup (raises if the probe failed)
+        return super().copy_d2h_many(copies, label)
+
+    def _issue(self, copies) -> None:
+        self._batch.clear()  # (lock held) the current stream is the calling thread's, asked again
+        super()._issue(copies)
 
     def _copy(self, dst, src, seq, label):
-        # Called with the backend lock held (``CopyBackend.copy_d2h``): issue order is sequence order.
+        # Called with the backend lock held (``CopyBackend._issue``): issue order is sequence order.
         device, src_ptr = self._source(src)
-        if device is not None:
-            self.ensure_probed(device)  # a dict lookup after ``copy_d2h`` probed
         memory, _, nbytes = self._fit(dst, src)
-        stream = self.glue.stream(device) if device is not None else 0
+        stream = 0 if device is None else self._batch.get(device)
+        if stream is None:  # asked once per batch of copies (``_issue``)
+            stream = self._batch[device] = self.glue.stream(device)
         if nbytes:
             self.rt.memcpy_d2h_async(memory.ptr, src_ptr, nbytes, stream)
             memory.fence(stream, seq, -1 if device is None else device)

@@ -96,7 +96,8 @@ def find_cudart() -> tuple[ctypes.CDLL, str]:
 
 
 class CudaRuntime:
-    """ctypes bindings of the few CUDA runtime calls the plugin needs, raising ``CudaError``."""
+    """ctypes bindings of the few CUDA runtime calls the plugin needs, raising ``CudaError``. Their
+    argtypes are set once: addresses, sizes and handles go in as Python ints (nothing built per call)."""
 
     def __init__(self, lib: ctypes.CDLL | None = None, origin: str = "") -> None:
         if lib is None:
@@ -171,7 +172,7 @@ class CudaRuntime:
     def pointer_info(self, ptr: int) -> tuple[str, int]:
         """(memory type, device) of an address: ``("device", 0)`` for a GPU allocation on gpu:0."""
         attrs = _PointerAttributes()
-        self._call("cudaPointerGetAttributes", ctypes.byref(attrs), ctypes.c_void_p(ptr))
+        self._call("cudaPointerGetAttributes", ctypes.byref(attrs), ptr)
         return MEMORY_TYPES.get(attrs.type, str(attrs.type)), attrs.device
 
     # -- pinned host memory -----------------------------------------------------------------------
@@ -181,16 +182,14 @@ class CudaRuntime:
         return ptr.value
 
     def host_free(self, ptr: int) -> None:
-        self._call("cudaFreeHost", ctypes.c_void_p(ptr))
+        self._call("cudaFreeHost", ptr)
 
     # -- copies -----------------------------------------------------------------------------------
     def memcpy_d2h_async(self, dst: int, src: int, nbytes: int, stream: int) -> None:
-        self._call("cudaMemcpyAsync", ctypes.c_void_p(dst), ctypes.c_void_p(src), int(nbytes),
-                   _MEMCPY_DEVICE_TO_HOST, ctypes.c_void_p(stream))
+        self._call("cudaMemcpyAsync", dst, src, nbytes, _MEMCPY_DEVICE_TO_HOST, stream)
 
     def memcpy_h2d_async(self, dst: int, src: int, nbytes: int, stream: int) -> None:
-        self._call("cudaMemcpyAsync", ctypes.c_void_p(dst), ctypes.c_void_p(src), int(nbytes),
-                   _MEMCPY_HOST_TO_DEVICE, ctypes.c_void_p(stream))
+        self._call("cudaMemcpyAsync", dst, src, nbytes, _MEMCPY_HOST_TO_DEVICE, stream)
 
     # -- events and streams -----------------------------------------------------------------------
     def event_create(self, blocking: bool = True) -> int:
@@ -201,20 +200,20 @@ class CudaRuntime:
         return ev.value
 
     def event_record(self, event: int, stream: int) -> None:
-        self._call("cudaEventRecord", ctypes.c_void_p(event), ctypes.c_void_p(stream))
+        self._call("cudaEventRecord", event, stream)
 
     def event_query(self, event: int) -> bool:
-        return self._call("cudaEventQuery", ctypes.c_void_p(event)) == 0
+        return self._call("cudaEventQuery", event) == 0
 
     def event_synchronize(self, event: int) -> None:
         """Blocks this thread only (the GIL is released for the call)."""
-        self._call("cudaEventSynchronize", ctypes.c_void_p(event))
+        self._call("cudaEventSynchronize", event)
 
     def event_destroy(self, event: int) -> None:
-        self._call("cudaEventDestroy", ctypes.c_void_p(event))
+        self._call("cudaEventDestroy", event)
 
     def stream_synchronize(self, stream: int) -> None:
-        self._call("cudaStreamSynchronize", ctypes.c_void_p(stream))
+        self._call("cudaStreamSynchronize", stream)
 
     def device_synchronize(self) -> None:
         self._call("cudaDeviceSynchronize")

@@ -18,18 +18,21 @@ def test_cpu_smoke_run_reports_every_variant_and_the_parts(tmp_path):
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     text = proc.stdout
-    for variant in ("plugin: ring + copy_d2h + record", "plugin, census on"):
+    for variant in ("plugin: ring + copy_d2h_many", "plugin, census on", "plugin, per-copy API"):
         assert text.count(variant) == 3, variant  # a row of the table, its segments and a breakdown
     for variant in ("FD 2.4: blocking copies", "FD 2.5: per-step pinned + event"):
         assert text.count(variant) == 2, variant
-    for segment in ("ring.acquire", "3 x backend.copy_d2h", "backend.record", "backend.wait", "3 x backend.read"):
-        assert text.count(f"producer: {segment}") + text.count(f"consumer: {segment}") == 2, segment
+    # the logprobs producer's path (batched; the plain and the census variant) and the per-copy API
+    for segment, variants in (("ring.acquire", 3), ("backend.copy_d2h_many", 2), ("3 x backend.copy_d2h", 1),
+                              ("backend.record", 1), ("backend.wait", 3), ("3 x backend.read", 3)):
+        assert text.count(f"producer: {segment} ") + text.count(f"consumer: {segment} ") == variants, segment
     # the plugin's parts were each seen: the ring, the census, the runtime's copy and record, the glue
     for part in ("ring: acquire", "census.record", "HostRuntime.memcpy_d2h_async", "HostRuntime.event_record",
                  "framework accessors (glue.address)", "backend: copy_d2h", "call-site Python"):
         assert part in text, part
     # the breakdown charges the parts to the segment they ran in, scaled to its plain time
-    assert text.count("[3 x backend.copy_d2h:") == 2 and text.count("[backend.wait:") == 2, text[-3000:]
+    assert text.count("[backend.copy_d2h_many:") == 2 and text.count("[3 x backend.copy_d2h:") == 1, text[-3000:]
+    assert text.count("[backend.wait:") == 3, text[-3000:]
     # 3 copies and 1 event per step: the calls per step are counted, not guessed
     copy_line = next(line for line in text.splitlines() if "HostRuntime.memcpy_d2h_async" in line)
     assert copy_line.split()[-2] == "3.0", copy_line

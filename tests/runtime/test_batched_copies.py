@@ -1,0 +1,179 @@
+"""``CopyBackend.copy_d2h_many`` (issue 24): a step's copies and their covering event in one call.
+
+It must keep every guarantee of ``copy_d2h`` + ``record``: the same checks per copy, one census
+record per copy, the simulator still catching an early read and a reused referenced slot, and
+sequence order = stream order with the event covering exactly its batch when threads race. The
+``cuda`` path (``RuntimeBackend``) asks the framework for the stream once per batch and reaches the
+ctypes calls with plain ints.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import paddle
+import pytest
+
+from fd_async_copy_plugin.runtime import HostBackend, PinnedRing, SimulatedBackend, collecting
+from fd_async_copy_plugin.runtime.backend import AsyncCopyError, BufferInUseError, PendingCopyError
+from fd_async_copy_plugin.runtime.cudart import CudaRuntime
+
+from test_cuda_layer import STREAM, gpu_backend
+
+BACKENDS = pytest.mark.parametrize("make", [HostBackend, SimulatedBackend], ids=["host", "sim"])
+
+
+def _sources():
+    return (paddle.arange(6, dtype="int64").reshape([2, 3]), paddle.full([2, 3], 0.5, dtype="float32"),
+            paddle.arange(2, dtype="int64"))
+
+
+@BACKENDS
+def test_one_call_issues_the_copies_in_order_and_records_the_event_covering_them(make):
+    backend = make()
+    bufs = [backend.new_pinned([8], d, f"b{i}") for i, d in enumerate(("int64", "float32", "int64"))]
+    ids, lp, ranks = _sources()
+    with collecting() as census:
+        event = backend.copy_d2h_many(list(zip(bufs, (ids, lp, ranks), ("s.ids", "s.lp", "s.ranks"))), "s")
+    assert event.seq == backend._seq == 3 and event.label == "s"
+    assert [e for e in census._current.events if e[0] == "async_d2h"] == [
+        ("async_d2h", "s.ids"), ("async_d2h", "s.lp"), ("async_d2h", "s.ranks")]
+    assert all(backend.covering_event(b) is event for b in bufs if backend.copy_in_flight(b))
+    rows = backend.to_host(bufs[0], "reader", 1, 2).numpy()  # waits on the event (sim: lands then)
+    assert rows.tolist() == [[3, 4, 5]]
+    assert backend.read(bufs[1], "reader").tolist() == [[0.5] * 3] * 2
+    assert backend.read(bufs[2], "reader").tolist() == [0, 1]
+    assert backend.copy_d2h_many([], "empty").seq == 3  # nothing issued: an event at the same point
+
+
+@BACKENDS
+def test_each_copy_of_a_batch_is_checked_like_copy_d2h(make):
+    backend = make()
+    buf = backend.new_pinned([4], "int64", "b")
+    with pytest.raises(ValueError, match="do not fit"):
+        backend.copy_d2h_many([(buf, paddle.arange(5, dtype="int64"), "big")], "s")
+    with pytest.raises(ValueError, match="dtype"):
+        backend.copy_d2h_many([(buf, paddle.arange(4, dtype="int32"), "dtype")], "s")
+    with pytest.raises(ValueError, match="not a pinned buffer"):
+        backend.copy_d2h_many([(paddle.zeros([4], dtype="int64"), paddle.arange(4, dtype="int64"), "x")], "s")
+    backend.free_pinned(buf, "b")
+    with pytest.raises(ValueError, match="not a pinned buffer"):  # the cached facts went with the free
+        backend.copy_d2h_many([(buf, paddle.arange(4, dtype="int64"), "freed")], "s")
+
+
+def test_the_simulator_catches_an_early_read_through_the_batched_path():
+    backend = SimulatedBackend()
+    bufs = [backend.new_pinned([8], d, f"b{i}") for i, d in enumerate(("int64", "float32", "int64"))]
+    event = backend.copy_d2h_many(list(zip(bufs, _sources(), ("s.ids", "s.lp", "s.ranks"))), "s")
+    for buf, label in zip(bufs, ("s.ids", "s.lp", "s.ranks")):
+        with pytest.raises(PendingCopyError, match=rf"before the copy '{label}'"):
+            backend.read(buf, "early")
+    backend.wait(event, "reader")
+    assert backend.read(bufs[2], "reader").tolist() == [0, 1]
+
+
+def test_the_simulator_catches_a_reused_referenced_slot_filled_by_batches():
+    backend = SimulatedBackend()
+    ring = PinnedRing(backend, "r", {"x": "int64", "y": "float32"}, {"x": 4, "y": 4}, slots=2)
+    slot = ring.acquire("w", {"x": [4], "y": [4]})
+    backend.copy_d2h_many([(slot.buffers["x"], paddle.arange(4, dtype="int64"), "w.x"),
+                           (slot.buffers["y"], paddle.ones([4], dtype="float32"), "w.y")], "w")
+    held = slot.buffers["y"]  # a consumer still holds the step's output
+    ring._select = lambda: slot  # a reuse-policy bug: the referenced slot is chosen again
+    with pytest.raises(BufferInUseError, match="still referenced"):
+        ring.acquire("w", {"x": [4], "y": [4]})
+    del held
+
+
+@BACKENDS
+def test_two_threads_batches_are_contiguous_in_stream_order_and_each_event_covers_its_own(make):
+    backend = make()
+    issued = []  # (seq, label) in the order the copies reach the stream
+    real_copy = backend._copy
+
+    def logged(dst, src, seq, label):
+        issued.append((seq, label))
+        real_copy(dst, src, seq, label)
+
+    backend._copy = logged
+    events = {}
+    steps = 200
+
+    def producer(name):
+        bufs = [backend.new_pinned([4], "int64", f"{name}{i}") for i in range(3)]
+        src = paddle.arange(4, dtype="int64")
+        for step in range(steps):
+            copies = [(b, src, f"{name}.{step}.{i}") for i, b in enumerate(bufs)]
+            events[(name, step)] = backend.copy_d2h_many(copies, f"{name}.{step}")
+            backend.wait(events[(name, step)], name)
+
+    threads = [threading.Thread(target=producer, args=(n,)) for n in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert [seq for seq, _ in issued] == list(range(1, 2 * 3 * steps + 1))  # sequence order = stream order
+    where = {label: seq for seq, label in issued}
+    for (name, step), event in events.items():
+        seqs = [where[f"{name}.{step}.{i}"] for i in range(3)]
+        assert seqs == list(range(seqs[0], seqs[0] + 3)), (name, step, seqs)  # nothing in between
+        assert event.seq == seqs[-1]  # the event covers its batch, and nothing later
+
+
+def test_the_cuda_path_asks_for_the_stream_once_per_batch_and_records_after_the_copies():
+    backend, rt = gpu_backend()
+    asked = []
+    real_stream = backend.glue.stream
+    backend.glue.stream = lambda device: asked.append(device) or real_stream(device)
+    bufs = [backend.new_pinned([8], d, f"b{i}") for i, d in enumerate(("int64", "float32", "int64"))]
+    rt.log.clear()
+    event = backend.copy_d2h_many(list(zip(bufs, _sources(), ("s.ids", "s.lp", "s.ranks"))), "s")
+    assert asked == [0]
+    assert rt.kinds() == ["memcpy"] * 3 + ["record"] and all(e[4] == STREAM for e in rt.log[:3])
+    assert rt.log[3] == ("record", event.native[0], STREAM)
+    backend.copy_d2h(bufs[0], _sources()[0], "again")  # a later call asks again (the thread's stream now)
+    assert asked == [0, 0]
+    backend.glue.stream = lambda device: 1 / 0  # a failing accessor: nothing issued, no event
+    with pytest.raises(ZeroDivisionError):
+        backend.copy_d2h_many([(bufs[0], _sources()[0], "x")], "s")
+    assert backend.covering_event(bufs[0]) is None  # no event was recorded after the failed copy
+
+
+def test_cuda_runtime_passes_plain_ints_to_the_prebuilt_functions():
+    class Fn:
+        def __init__(self, log, name):
+            self.log, self.name = log, name
+
+        def __call__(self, *args):
+            self.log.append((self.name, args))
+            return 0
+
+    class Lib:
+        _name = "fake"
+
+        def __init__(self):
+            self.log = []
+
+        def __getattr__(self, name):
+            fn = Fn(self.log, name)
+            setattr(self, name, fn)
+            return fn
+
+    lib = Lib()
+    rt = CudaRuntime(lib=lib, origin="fake")
+    rt.memcpy_d2h_async(0x1000, 0x2000, 64, 0x5EED)
+    rt.event_record(7, 0x5EED)
+    rt.event_synchronize(7)
+    assert lib.log == [("cudaMemcpyAsync", (0x1000, 0x2000, 64, 2, 0x5EED)), ("cudaEventRecord", (7, 0x5EED)),
+                       ("cudaEventSynchronize", (7,))]
+    assert lib.cudaMemcpyAsync.argtypes is not None  # set once, at construction
+
+
+def test_a_read_of_a_reallocated_buffer_goes_through_its_own_pointer_not_the_cached_view():
+    backend = HostBackend()
+    buf = backend.new_pinned([4], "int64", "b")
+    backend.copy_d2h(buf, paddle.arange(4, dtype="int64"), "w")
+    buf.set_(paddle.full([4], 9, dtype="int64"), [4])  # a framework op re-pointed it
+    assert backend.read(buf, "reader").tolist() == [9, 9, 9, 9]
+    with pytest.raises(AsyncCopyError, match="no longer points at its memory"):
+        backend.copy_d2h_many([(buf, paddle.arange(4, dtype="int64"), "w")], "s")
