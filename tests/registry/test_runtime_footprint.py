@@ -57,10 +57,12 @@ RUNTIME = {
 SCAFFOLDING = ("testing", "cli", "serving_ab", "runtime.simulated", "ops.build",
                "pytest_plugin")
 #: Issue 14's budget: code lines (blank lines, comments and docstrings not counted - every patch
-#: module carries its why/how/mirrors/delete header, and the CUDA layer documents each call).
-MAX_RUNTIME_CODE_LINES = 4500
+#: module carries its why/how/mirrors/delete header, and the CUDA layer documents each call). Raised
+#: from 4500 / 7000 when FD 2.5's seed path (issue 22, ~60 lines) and the batched copies (issue 24)
+#: came in: a new FastDeploy line served is what a budget is revisited for, never a reason to drop it.
+MAX_RUNTIME_CODE_LINES = 4600
 #: and a ceiling on the physical lines, docs included
-MAX_RUNTIME_LINES = 7000
+MAX_RUNTIME_LINES = 7100
 
 
 def loaded_by_register(prelude: str = "") -> tuple[set[str], dict]:
