@@ -22,8 +22,9 @@ from fd_async_copy_plugin.patches.runner import part
 from fd_async_copy_plugin.testing.harness import Variant, device_for, host_waits, plugin_state, run_variant
 from fd_async_copy_plugin.testing.reference import ROOTS
 from fd_async_copy_plugin.testing.reference.device_tracking import tracking
-from fd_async_copy_plugin.testing.reference.driver import DriverConfig, Request, run_decode
+from fd_async_copy_plugin.testing.reference.driver import Request, run_decode
 from fd_async_copy_plugin.testing.reference.placement import is_device
+from test_step_syncs import config  # the same small model: vocabulary 256, 64 tokens, chunks of 8
 
 pytestmark = pytest.mark.usefixtures("plugin_off")
 
@@ -48,13 +49,6 @@ def workload(batch: int, steps: int = 14, logprobs=(None,)):
     requests = [make(i) for i in range(first)]
     arrivals = {step: [make(first + step - 1)] for step in range(1, steps)}
     return requests, arrivals
-
-
-def config(batch, **kw):
-    kw.setdefault("vocab_size", 256)
-    kw.setdefault("max_model_len", 64)
-    kw.setdefault("chunk_size", 8)
-    return DriverConfig(max_num_seqs=batch, **kw)
 
 
 #: every FD 2.5 feature but step_syncs: the reference where unpatched FD 2.5 itself goes wrong
