@@ -17,6 +17,7 @@ import pytest
 from fd_async_copy_plugin.runtime import HostBackend, PinnedRing, SimulatedBackend, collecting
 from fd_async_copy_plugin.runtime.backend import AsyncCopyError, BufferInUseError, PendingCopyError
 from fd_async_copy_plugin.runtime.cudart import CudaRuntime
+from fd_async_copy_plugin.runtime.glue import PaddleGlue
 
 from test_cuda_layer import STREAM, gpu_backend
 
@@ -177,3 +178,32 @@ def test_a_read_of_a_reallocated_buffer_goes_through_its_own_pointer_not_the_cac
     assert backend.read(buf, "reader").tolist() == [9, 9, 9, 9]
     with pytest.raises(AsyncCopyError, match="no longer points at its memory"):
         backend.copy_d2h_many([(buf, paddle.arange(4, dtype="int64"), "w")], "s")
+
+
+@BACKENDS
+def test_the_shape_is_set_only_when_it_changes_and_a_changed_one_is_applied(make):
+    calls = []
+
+    class CountingGlue(PaddleGlue):
+        def set_shape(self, t, shape):
+            calls.append(tuple(shape))
+            super().set_shape(t, shape)
+
+    backend = make(glue=CountingGlue())
+    buf = backend.new_pinned([6], "int64", "b")
+    for step, shape in enumerate(([2, 3], [2, 3], [3, 2], [3, 2], [6], [1, 2])):
+        src = paddle.arange(6, dtype="int64").reshape(shape) * (step + 1) if shape != [1, 2] else \
+            paddle.to_tensor([[7, 8]], dtype="int64")
+        backend.wait(backend.copy_d2h_many([(buf, src, "w")], "s"), "r")
+        assert list(buf.shape) == shape and backend.read(buf, "r").tolist() == src.numpy().tolist()
+    assert calls == [(2, 3), (3, 2), (6,), (1, 2)]  # the repeated shapes were not set again
+
+
+def test_a_batch_with_a_bad_copy_issues_none_of_its_copies():
+    backend = HostBackend()
+    good, bad = backend.new_pinned([4], "int64", "good"), backend.new_pinned([4], "float32", "bad")
+    with pytest.raises(ValueError, match="dtype"):
+        backend.copy_d2h_many([(good, paddle.arange(4, dtype="int64"), "w.good"),
+                               (bad, paddle.arange(4, dtype="int64"), "w.bad")], "w")
+    assert backend._seq == 0 and not backend.copy_in_flight(good) and backend._last_copy(good) is None
+
