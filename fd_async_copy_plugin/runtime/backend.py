@@ -162,8 +162,8 @@ class _Pinned:
     """What a pinned buffer's allocation fixed: the tensor and its PinnedMemory (weakly; checked by
     identity), the address, the dtype name, a flat view of the whole allocation that does not keep
     it alive (used only while the tensor lives, so while the memory does); and the shape the backend
-    last gave the tensor (only the backend shapes a pinned buffer, as only it writes one), with
-    ``view``, the allocation's view in that shape."""
+    last gave the tensor, with ``view``, the allocation's view in that shape (used by ``read`` only
+    while the tensor still has that shape)."""
 
     __slots__ = ("buf", "memory", "ptr", "dtype", "flat", "shape", "view")
 
@@ -295,8 +295,8 @@ class CopyBackend:
                 f"copy_d2h: {nbytes} bytes ({list(shape)} {dtype}) do not fit the pinned buffer's "
                 f"{memory.nbytes}; allocate it larger (a pinned buffer never grows in place)"
             )
-        if shape != facts.shape:  # unchanged: the tensor has it already (the backend gave it)
-            glue.set_shape(dst, shape)
+        glue.set_shape(dst, shape)  # (a no-op when the tensor has it: also after a foreign reshape)
+        if shape != facts.shape:
             facts.reshape(shape)
         return memory, shape, nbytes
 
@@ -458,11 +458,11 @@ class CopyBackend:
         """
         census.record("host_read", reader)
         self._check_readable(buf, reader)
-        facts = self._facts(buf)
-        if facts is not None and self.glue.address(buf) == facts.ptr:
-            view = facts.view  # the allocation's own view, in the shape the backend gave the tensor
+        facts, glue = self._facts(buf), self.glue
+        if facts is not None and glue.address(buf) == facts.ptr and glue.shape(buf) == facts.shape:
+            view = facts.view  # the allocation's own view, in the tensor's shape
         else:
-            view = host_view(buf, self.glue)
+            view = host_view(buf, glue)
         return (view if start is None and end is None else view[start:end]).copy()
 
     def to_host(self, t, reader: str, start: int | None = None, end: int | None = None):
