@@ -18,7 +18,7 @@ import ctypes
 import logging
 import threading
 import weakref
-from collections import deque, namedtuple
+from collections import deque
 from math import prod
 from typing import Iterable
 
@@ -158,10 +158,21 @@ class PinnedMemory:
         self.rt.host_free(self.ptr)
 
 
-#: What a pinned buffer's allocation fixed: the tensor and its PinnedMemory (weakly; checked by
-#: identity), the address, the dtype name, and a flat view of the whole allocation that does not
-#: keep it alive (used only while the tensor lives, so while the memory does).
-_Pinned = namedtuple("_Pinned", "buf memory ptr dtype flat")
+class _Pinned:
+    """What a pinned buffer's allocation fixed: the tensor and its PinnedMemory (weakly; checked by
+    identity), the address, the dtype name, a flat view of the whole allocation that does not keep
+    it alive (used only while the tensor lives, so while the memory does); and the shape the backend
+    last gave the tensor, with ``view``, the allocation's view in that shape (used by ``read`` only
+    while the tensor still has that shape)."""
+
+    __slots__ = ("buf", "memory", "ptr", "dtype", "flat", "shape", "view")
+
+    def __init__(self, buf, memory, ptr: int, dtype: str, flat: np.ndarray, shape: tuple) -> None:
+        self.buf, self.memory, self.ptr, self.dtype, self.flat = buf, memory, ptr, dtype, flat
+        self.reshape(shape)
+
+    def reshape(self, shape: tuple) -> None:
+        self.shape, self.view = shape, self.flat[:prod(shape) if shape else 1].reshape(shape)
 
 
 class CopyEvent:
@@ -250,7 +261,8 @@ class CopyBackend:
                 "the host wrap is not zero-copy"
             )
         flat = np.frombuffer((ctypes.c_byte * max(1, nbytes)).from_address(memory.ptr), dtype=np_dtype, count=count)
-        self._pinned[id(t)] = _Pinned(weakref.ref(t), weakref.ref(memory), memory.ptr, self.glue.dtype(t), flat)
+        self._pinned[id(t)] = _Pinned(weakref.ref(t), weakref.ref(memory), memory.ptr, self.glue.dtype(t), flat,
+                                      tuple(shape))
         return t
 
     def _facts(self, buf) -> _Pinned | None:
@@ -264,12 +276,11 @@ class CopyBackend:
     def _fit(self, dst, src) -> tuple[PinnedMemory, tuple[int, ...], int]:
         """Give ``dst`` ``src``'s shape (Paddle ``copy_`` semantics) inside its allocation, after
         checking the dtype and the capacity; returns (memory, shape, bytes to copy)."""
-        facts = self._facts(dst)
-        if facts is None:
+        facts = self._pinned.get(id(dst))
+        if facts is None or facts.buf() is not dst:
             raise ValueError("copy_d2h: the destination is not a pinned buffer of this backend (new_pinned)")
-        memory = facts.memory()
-        glue = self.glue
-        if memory is None or glue.address(dst) != memory.ptr:
+        memory, glue = facts.memory(), self.glue
+        if memory is None or glue.address(dst) != facts.ptr:
             raise AsyncCopyError(
                 "copy_d2h: the pinned buffer no longer points at its memory (a framework op such as a "
                 "copy_ of a larger tensor reallocated it); write pinned buffers only through the backend"
@@ -284,7 +295,9 @@ class CopyBackend:
                 f"copy_d2h: {nbytes} bytes ({list(shape)} {dtype}) do not fit the pinned buffer's "
                 f"{memory.nbytes}; allocate it larger (a pinned buffer never grows in place)"
             )
-        glue.set_shape(dst, shape)
+        glue.set_shape(dst, shape)  # (a no-op when the tensor has it: also after a foreign reshape)
+        if shape != facts.shape:
+            facts.reshape(shape)
         return memory, shape, nbytes
 
     def is_pinned(self, t) -> bool:
@@ -446,12 +459,11 @@ class CopyBackend:
         census.record("host_read", reader)
         self._check_readable(buf, reader)
         facts, glue = self._facts(buf), self.glue
-        if facts is not None and glue.address(buf) == facts.ptr:  # the allocation's own view
-            shape = glue.shape(buf)
-            view = facts.flat[:prod(shape) if shape else 1].reshape(shape)
+        if facts is not None and glue.address(buf) == facts.ptr and glue.shape(buf) == facts.shape:
+            view = facts.view  # the allocation's own view, in the tensor's shape
         else:
             view = host_view(buf, glue)
-        return np.array(view if start is None and end is None else view[start:end], copy=True)
+        return (view if start is None and end is None else view[start:end]).copy()
 
     def to_host(self, t, reader: str, start: int | None = None, end: int | None = None):
         """``t`` as a tensor the host may read now, without running a Paddle op on pinned memory.

@@ -101,31 +101,35 @@ class RuntimeBackend(CopyBackend):
         return ""
 
     # -- copies ----------------------------------------------------------------------------------
-    def _source(self, src) -> tuple[int | None, int]:
-        """(device, address) of a copy source."""
+    def copy_d2h_many(self, copies, label):
+        # Before the lock: every copy checked and its facts read once (``_plan``; a source on a device
+        # not used before is probed first), so nothing is issued if one fails; under it, the calls.
+        return super().copy_d2h_many([(dst, self._plan(dst, src), name) for dst, src, name in copies], label)
+
+    def _plan(self, dst, src) -> tuple:
+        """(device, source address, memory, bytes, what keeps the source alive) of a copy into ``dst``."""
         glue = self.glue
         device = glue.gpu_device(src)
-        if device is None and self.device_sources:
-            raise ValueError("copy_d2h: the source must be a GPU tensor for the cuda backend")
-        if not glue.is_contiguous(src):
-            raise ValueError("copy_d2h: the source must be contiguous (a copy by address reads it flat)")
-        return device, glue.address(src)
+        if (device is None) == self.device_sources or not glue.is_contiguous(src):
+            return self._plan_other(dst, src, device)
+        if device is not None:
+            self.ensure_probed(device)  # then a dict lookup (raises if the probe failed)
+        memory, _, nbytes = self._fit(dst, src)
+        return device, glue.address(src), memory, nbytes, None
 
-    def copy_d2h_many(self, copies, label):
-        for _, src, _ in copies:  # first use of a device: probed before the backend lock is taken
-            device = self.glue.gpu_device(src)
-            if device is not None:
-                self.ensure_probed(device)  # then a dict lookup (raises if the probe failed)
-        return super().copy_d2h_many(copies, label)
+    def _plan_other(self, dst, src, device) -> tuple:
+        """A source that cannot be copied by address (the ``host`` backend copies it another way)."""
+        if device is None:
+            raise ValueError("copy_d2h: the source must be a GPU tensor for the cuda backend")
+        raise ValueError("copy_d2h: the source must be contiguous (a copy by address reads it flat)")
 
     def _issue(self, copies) -> None:
         self._batch.clear()  # (lock held) the current stream is the calling thread's, asked again
         super()._issue(copies)
 
-    def _copy(self, dst, src, seq, label):
+    def _copy(self, dst, plan, seq, label):
         # Called with the backend lock held (``CopyBackend._issue``): issue order is sequence order.
-        device, src_ptr = self._source(src)
-        memory, _, nbytes = self._fit(dst, src)
+        device, src_ptr, memory, nbytes, _ = plan  # ``_plan``'s facts
         stream = 0 if device is None else self._batch.get(device)
         if stream is None:  # asked once per batch of copies (``_issue``)
             stream = self._batch[device] = self.glue.stream(device)

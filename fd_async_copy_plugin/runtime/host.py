@@ -9,7 +9,6 @@ a GPU) are copied through the framework instead.
 
 from __future__ import annotations
 
-from .backend import host_view
 from .census import record as census_record
 from .cuda import RuntimeBackend
 from .cudart import HostRuntime
@@ -28,13 +27,10 @@ class HostBackend(RuntimeBackend):
         out = self.glue.blocking_d2h(src)
         return self.glue.from_numpy(self.glue.snapshot(out)) if out is src else out
 
-    def _copy(self, dst, src, seq, label):
-        glue = self.glue
-        if glue.gpu_device(src) is None and glue.is_contiguous(src):
-            return super()._copy(dst, src, seq, label)
-        data = glue.snapshot(src)
-        self._fit(dst, src)
-        host_view(dst, glue)[...] = data
+    def _plan_other(self, dst, src, device):
+        data = self.glue.snapshot(src)  # through the framework, as the source is now (stream order)
+        memory, _, nbytes = self._fit(dst, src)
+        return None, data.ctypes.data, memory, nbytes, data
 
     def copy_in_flight(self, buf) -> bool:
         return False  # every host copy has landed when copy_d2h returns

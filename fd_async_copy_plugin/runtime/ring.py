@@ -87,6 +87,7 @@ class PinnedRing:
             raise RingFull(f"pinned ring {name!r} needs {initial} bytes for its first {slots} slot(s), "
                            f"over its cap of {max_bytes}")
         self._next = 0
+        self._vetted: PinnedSlot | None = None  # the last slot ``is_free`` found free
         #: Held by ``acquire``; a producer handing buffers to other threads holds it from ``acquire``
         #: until its result references them (else another thread could pick the same free slot).
         self.lock = threading.RLock()
@@ -108,15 +109,17 @@ class PinnedRing:
 
     def external_refs(self, slot: PinnedSlot) -> dict[str, int]:
         """References to the slot's buffers held outside the ring (and outside the backend)."""
-        refs = {}
-        for name in slot.buffers:
-            extra = _refcount(slot.buffers[name]) - slot.baseline[name] - self.backend.internal_refs(slot.buffers[name])
-            if extra > 0:
-                refs[name] = extra
-        return refs
+        buffers, internal = slot.buffers, self.backend.internal_refs
+        return {name: extra for name, base in slot.baseline.items()
+                if (extra := _refcount(buffers[name]) - base - internal(buffers[name])) > 0}
 
     def is_free(self, slot: PinnedSlot) -> bool:
-        return not self.external_refs(slot)
+        buffers, internal = slot.buffers, self.backend.internal_refs
+        for name, base in slot.baseline.items():
+            if _refcount(buffers[name]) - base - internal(buffers[name]) > 0:
+                return False
+        self._vetted = slot  # found free under the lock: ``_acquire`` need not check it again
+        return True
 
     def _select(self) -> PinnedSlot | None:
         """The reuse policy: the next free slot of the initial ones in ring order, else the first
@@ -129,6 +132,15 @@ class PinnedRing:
         for candidate in self.slots[base:]:
             if self.is_free(candidate):
                 return candidate
+        return None
+
+    def _choose(self, writer: str) -> PinnedSlot | None:
+        """``_select``'s slot after one check: ``is_free``'s if it found that slot free, else (a policy
+        returning a slot it did not check) ``_verify_unreferenced``, which reports a referenced one."""
+        self._vetted = None
+        slot = self._select()
+        if slot is None or slot is self._vetted or self._verify_unreferenced(slot, writer):
+            return slot
         return None
 
     def _verify_unreferenced(self, slot: PinnedSlot, writer: str) -> bool:
@@ -174,11 +186,10 @@ class PinnedRing:
                     slot.idle_since = None
                 elif slot.idle_since is None:
                     slot.idle_since = self._acquires
-            for slot in sorted(self.slots, key=lambda s: s.last_acquired):
+            due = [s for s in self.slots if s.idle_since is not None and self._acquires - s.idle_since >= min_idle]
+            for slot in sorted(due, key=lambda s: s.last_acquired):
                 if len(self.slots) <= self.base_slots:
                     break
-                if slot.idle_since is None or self._acquires - slot.idle_since < min_idle:
-                    continue
                 self.slots.remove(slot)
                 for name in list(slot.buffers):
                     buffer = slot.buffers.pop(name)
@@ -211,14 +222,12 @@ class PinnedRing:
         self._acquires += 1
         if len(self.slots) > self.base_slots:
             self.release_idle()
-        slot = self._select()
-        if slot is not None and not self._verify_unreferenced(slot, writer):
-            slot = None
+        slot = self._choose(writer)
         if self.max_bytes is not None:
             growth = self._growth(slot, need, reserve)
             if growth and self.nbytes + growth > self.max_bytes:
                 self.release_idle(min_idle=0)  # under pressure: every idle extra slot goes first
-                slot = self._select() if slot is None else slot
+                slot = self._choose(writer) if slot is None else slot
                 growth = self._growth(slot, need, reserve)
                 if growth and self.nbytes + growth > self.max_bytes:
                     self.refused += 1

@@ -177,3 +177,31 @@ def test_a_read_of_a_reallocated_buffer_goes_through_its_own_pointer_not_the_cac
     assert backend.read(buf, "reader").tolist() == [9, 9, 9, 9]
     with pytest.raises(AsyncCopyError, match="no longer points at its memory"):
         backend.copy_d2h_many([(buf, paddle.arange(4, dtype="int64"), "w")], "s")
+
+
+@BACKENDS
+def test_every_copy_gives_the_buffer_its_shape_and_a_read_follows_the_tensors_shape(make):
+    """A changed shape is applied; a shape someone else gave the tensor in place (no copy) is not
+    trusted away: the next copy sets the source's again, and a read reads the tensor's shape."""
+    backend = make()
+    buf = backend.new_pinned([6], "int64", "b")
+    for step, shape in enumerate(([2, 3], [2, 3], [3, 2], [3, 2], [6], [1, 2])):
+        src = paddle.arange(6, dtype="int64").reshape(shape) * (step + 1) if shape != [1, 2] else \
+            paddle.to_tensor([[7, 8]], dtype="int64")
+        backend.wait(backend.copy_d2h_many([(buf, src, "w")], "s"), "r")
+        assert list(buf.shape) == shape and backend.read(buf, "r").tolist() == src.numpy().tolist()
+    backend.glue.set_shape(buf, (2, 1))  # a foreign in-place reshape, bytes unchanged
+    assert backend.read(buf, "r").tolist() == [[7], [8]]
+    src = paddle.to_tensor([[5, 6]], dtype="int64")
+    backend.wait(backend.copy_d2h_many([(buf, src, "w")], "s"), "r")  # the same shape as the last copy
+    assert list(buf.shape) == [1, 2] and backend.read(buf, "r").tolist() == [[5, 6]]
+
+
+def test_a_batch_with_a_bad_copy_issues_none_of_its_copies():
+    backend = HostBackend()
+    good, bad = backend.new_pinned([4], "int64", "good"), backend.new_pinned([4], "float32", "bad")
+    with pytest.raises(ValueError, match="dtype"):
+        backend.copy_d2h_many([(good, paddle.arange(4, dtype="int64"), "w.good"),
+                               (bad, paddle.arange(4, dtype="int64"), "w.bad")], "w")
+    assert backend._seq == 0 and not backend.copy_in_flight(good) and backend._last_copy(good) is None
+

@@ -56,6 +56,20 @@ def test_planted_bug_reusing_a_slot_one_step_too_early_is_caught():
     assert ring.acquire("step3", {"x": [2, 3]}).index == 1
 
 
+def test_a_policy_returning_another_slot_than_the_one_it_found_free_is_still_reported():
+    class SwappingRing(PinnedRing):
+        def _select(self):  # the bug: checks the next slot, returns the one before it
+            candidate = self.slots[self._next % len(self.slots)]
+            return self.slots[(self._next - 1) % len(self.slots)] if self.is_free(candidate) else None
+
+    backend = SimulatedBackend()
+    ring = SwappingRing(backend, "swap", {"x": "int64"}, {"x": 4}, slots=2)
+    held = ring.acquire("w0", {"x": [4]}).buffers["x"]  # slot 1 (the one before slot 0), still held
+    with pytest.raises(BufferInUseError, match=r"'w1'.*slot 1 of pinned ring 'swap'.*reused too early"):
+        ring.acquire("w1", {"x": [4]})
+    del held
+
+
 def test_capacity_grows_once_and_never_shrinks():
     sim = SimulatedBackend()
     with collecting() as c:
