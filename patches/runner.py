@@ -229,6 +229,13 @@ def per_runner(original, slot: str):
     return decorate
 
 
+def is_cuda_runner(runner_module) -> bool:
+    """The runner module's platform is CUDA (DCU and Iluvatar runners subclass ``GPUModelRunner``
+    on their own platforms: they keep FastDeploy's behaviour)."""
+    platform = getattr(runner_module, "current_platform", None)
+    return platform is None or platform.is_cuda()
+
+
 def build_step_section(original, ctx):
     """A link that adds nothing but the step gate (declared with ``Patch(..., step=True)``)."""
     return original

@@ -52,7 +52,7 @@ import paddle
 
 from fd_async_copy_plugin.registry.patch import IncompatibleError, Junction, Patch, Target, wraps
 
-from .runner import FeatureRunners, RunnerFeature, part, per_runner, runner_state
+from .runner import FeatureRunners, RunnerFeature, is_cuda_runner, part, per_runner, runner_state
 from ._tensor_watch import PATCHES as TENSOR_WATCH, Watched, basic_key, host_value, rows_of, watching, _UNKNOWN
 
 log = logging.getLogger("fd_async_copy")
@@ -565,10 +565,15 @@ def _move_seed(runner, state: RunnerSyncs, place=None) -> None:
 
 def build_init_25(original, ctx):
     registry: FeatureRunners = ctx.state
+    runner_module = ctx.module(RUNNER)
 
     @wraps(original)
     def __init__(self, *args, **kwargs):
         original(self, *args, **kwargs)
+        if not is_cuda_runner(runner_module):
+            registry.stand_down(self, "not a CUDA platform (a DCU/Iluvatar runner): FastDeploy's seed stays",
+                                logging.INFO)
+            return
         if getattr(self, "speculative_decoding", False):
             registry.stand_down(self, "speculative decoding (the proposer's input batch shares the seed): the "
                                       "seed stays on the host", logging.INFO)

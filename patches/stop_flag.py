@@ -37,7 +37,7 @@ from fd_async_copy_plugin.ops.stop_flag_library import MAX_BATCH
 from fd_async_copy_plugin.registry.patch import IncompatibleError, Patch, Target, wraps
 
 from ._consumers import add_substitute, build_guard, remove_substitute
-from .runner import FeatureRunners, RunnerFeature, build_step_section, part
+from .runner import FeatureRunners, RunnerFeature, build_step_section, is_cuda_runner, part
 
 log = logging.getLogger("fd_async_copy")
 
@@ -157,11 +157,6 @@ class StopFlagRunners(FeatureRunners):
 # --- runner patches -----------------------------------------------------------------------------
 
 
-def _is_cuda_runner(runner_module) -> bool:
-    platform = getattr(runner_module, "current_platform", None)
-    return platform is None or platform.is_cuda()
-
-
 def build_init_share_inputs(original, ctx):
     registry: StopFlagRunners = ctx.state
     runner_module = ctx.module(RUNNER)
@@ -169,7 +164,7 @@ def build_init_share_inputs(original, ctx):
     @wraps(original)
     def _init_share_inputs(self, max_num_seqs: int):
         original(self, max_num_seqs)
-        if not _is_cuda_runner(runner_module):
+        if not is_cuda_runner(runner_module):
             return  # DCU/Iluvatar subclasses on their platforms keep FastDeploy 2.4's behaviour
         on_gpu = self.share_inputs["stop_flags"].place.is_gpu_place()
         if on_gpu != (ctx.backend.name == "cuda"):

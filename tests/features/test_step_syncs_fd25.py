@@ -214,3 +214,25 @@ def test_disable_restores_fastdeploys_init_and_prepare_inputs():
         assert (vars(cls)["__init__"], vars(cls)["_prepare_inputs"]) != before
     assert (vars(cls)["__init__"], vars(cls)["_prepare_inputs"]) == before
     assert vars(cls)["__init__"] is before[0] and vars(cls)["_prepare_inputs"] is before[1]
+
+
+def test_a_runner_on_another_platform_keeps_the_host_seed(monkeypatch):
+    """DCU and Iluvatar runners subclass 2.5's GPUModelRunner on their own platforms: untouched."""
+    import importlib
+
+    runner_module = importlib.import_module(FD25 + ".worker.gpu_model_runner")
+
+    class NotCuda:
+        def is_cuda(self):
+            return False
+
+    monkeypatch.setattr(runner_module, "current_platform", NotCuda(), raising=False)
+    requests, arrivals = workload(4, steps=6)
+    seen = []
+    with device_for("sim"), plugin_state(Variant("p", FD25, True), "sim"), tracking(recording=False):
+        run_decode(FD25, config(4), requests, arrivals=arrivals, max_steps=60,
+                   on_step=lambda n, r: seen.append((part(r, "syncs"), is_device(r.share_inputs["infer_seed"]),
+                                                     fd_async_copy_plugin.status()["features"]["step_syncs"])))
+    state, on_device, entry = seen[-1]
+    assert state is None and not on_device
+    assert entry["state"] == "passthrough" and "not a CUDA platform" in entry["reason"], entry
