@@ -245,7 +245,7 @@ def test_a_runner_stop_flag_leaves_alone_keeps_fastdeploys_path(monkeypatch):
     FastDeploy's path under step_syncs too (per runner, with the reason); outputs identical."""
     from fd_async_copy_plugin.patches import stop_flag
 
-    monkeypatch.setattr(stop_flag, "_is_cuda_runner", lambda module: False)
+    monkeypatch.setattr(stop_flag, "is_cuda_runner", lambda module: False)
     requests = [_req(i, 4 + i, 6) for i in range(3)]
     cfg = config(8, chunk_size=None)
     base = run_variant(Variant("u", FD24, False), cfg, requests, backend="host")
