@@ -78,6 +78,9 @@ def test_bench_smoke_json_has_ratio_and_census_side_by_side():
     assert census["fd25-plugin-overlap"]["host_waits"]["long"] == 0
     for name in ("fd25-plugin", "fd25-plugin-overlap"):
         assert "T" not in [s["label"] for s in census[name]["host_waits"]["sites"]], census[name]
+    # every host read on a patched path comes after a wait that covers it, in every variant
+    assert all(row["first_read_after_wait"] for row in census.values()), \
+        {name: row["first_read_after_wait"] for name, row in census.items()}
     assert census["fd24-unpatched"]["host_waits"]["long"] == 2  # T and S5
     assert [s["label"] for s in census["fd24-plugin"]["host_waits"]["sites"]] == ["save event"]
     assert census["fd24-overlap-bound"]["host_waits"]["long"] == 0  # nothing waits for this step's forward
