@@ -276,8 +276,8 @@ class CopyBackend:
     def _fit(self, dst, src) -> tuple[PinnedMemory, tuple[int, ...], int]:
         """Give ``dst`` ``src``'s shape (Paddle ``copy_`` semantics) inside its allocation, after
         checking the dtype and the capacity; returns (memory, shape, bytes to copy)."""
-        facts = self._pinned.get(id(dst))
-        if facts is None or facts.buf() is not dst:
+        facts = self._facts(dst)
+        if facts is None:
             raise ValueError("copy_d2h: the destination is not a pinned buffer of this backend (new_pinned)")
         memory, glue = facts.memory(), self.glue
         if memory is None or glue.address(dst) != facts.ptr:

@@ -12,11 +12,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _verdicts(ratios: dict) -> tuple[list[str], list[str]]:
-    """benchmarks/step_model.py's verdicts(), run where Paddle is not imported (the model asserts it)."""
+def _verdicts(ratios: dict, function: str = "verdicts") -> tuple[list[str], list[str]]:
+    """benchmarks/step_model.py's ``verdicts()`` (or another verdict ``function``), run where Paddle is
+    not imported (the model asserts it)."""
     code = (
         "import json, sys; sys.path.insert(0, 'benchmarks'); import step_model; "
-        f"print(json.dumps(step_model.verdicts({ratios!r})))"
+        f"print(json.dumps(step_model.{function}({ratios!r})))"
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
@@ -57,13 +58,7 @@ def test_step_model_passes_only_when_both_modes_meet_both_targets():
 
 
 def _fd25_verdicts(ratios: dict) -> tuple[list[str], list[str]]:
-    code = (
-        "import json, sys; sys.path.insert(0, 'benchmarks'); import step_model; "
-        f"print(json.dumps(step_model.fd25_verdicts({ratios!r})))"
-    )
-    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    return tuple(json.loads(done.stdout.splitlines()[-1]))
+    return _verdicts(ratios, "fd25_verdicts")
 
 
 def test_step_model_judges_fd25_plugin_overlap_against_gpu_only_in_both_configs():
