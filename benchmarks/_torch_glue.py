@@ -15,14 +15,20 @@ import torch
 class TorchGlue:
     name = "torch"
 
+    def __init__(self) -> None:
+        self._dtypes: dict = {}  # torch dtype -> its name (as ``PaddleGlue`` caches Paddle's)
+
     def address(self, t):
         return int(t.data_ptr())
 
     def shape(self, t):
-        return tuple(int(s) for s in t.shape)
+        return tuple(t.shape)  # torch.Size: a tuple of ints
 
     def dtype(self, t):
-        return str(t.dtype).rsplit(".", 1)[-1]
+        name = self._dtypes.get(t.dtype)
+        if name is None:
+            name = self._dtypes[t.dtype] = str(t.dtype).rsplit(".", 1)[-1]
+        return name
 
     def is_contiguous(self, t):
         return t.is_contiguous()

@@ -220,7 +220,7 @@ def instrument(prof: Profiler, backend, rings) -> None:
     prof.wrap(census_module, "record", "census.record")
     prof.wrap(backend_module, "host_view", "backend: host_view (zero-copy view)")
     for method, part in (("copy_d2h", "copy_d2h"), ("copy_d2h_many", "copy_d2h"), ("_issue", "copy_d2h"),
-                         ("_copy", "copy_d2h"), ("_plan", "copy_d2h"), ("_facts", "is_pinned/memory_of"),
+                         ("_copy", "copy_d2h"), ("_facts", "is_pinned/memory_of"),
                          ("_fit", "_fit (dtype/shape/capacity)"),
                          ("ensure_probed", "ensure_probed"), ("record", "record"), ("_record_native", "record"),
                          ("_event", "record"), ("wait", "wait"), ("_wait_native", "wait"),

@@ -162,17 +162,18 @@ class _Pinned:
     """What a pinned buffer's allocation fixed: the tensor and its PinnedMemory (weakly; checked by
     identity), the address, the dtype name, a flat view of the whole allocation that does not keep
     it alive (used only while the tensor lives, so while the memory does); and the shape the backend
-    last gave the tensor, with ``view``, the allocation's view in that shape (used by ``read`` only
-    while the tensor still has that shape)."""
+    last gave the tensor (checked against the capacity once, when it changed), its bytes, and
+    ``view``, the allocation's view in that shape (used by ``read`` only while the tensor has it)."""
 
-    __slots__ = ("buf", "memory", "ptr", "dtype", "flat", "shape", "view")
+    __slots__ = ("buf", "memory", "ptr", "dtype", "flat", "shape", "nbytes", "view")
 
     def __init__(self, buf, memory, ptr: int, dtype: str, flat: np.ndarray, shape: tuple) -> None:
         self.buf, self.memory, self.ptr, self.dtype, self.flat = buf, memory, ptr, dtype, flat
         self.reshape(shape)
 
     def reshape(self, shape: tuple) -> None:
-        self.shape, self.view = shape, self.flat[:prod(shape) if shape else 1].reshape(shape)
+        count = prod(shape) if shape else 1
+        self.shape, self.nbytes, self.view = shape, count * self.flat.itemsize, self.flat[:count].reshape(shape)
 
 
 class CopyEvent:
@@ -273,32 +274,31 @@ class CopyBackend:
         facts = self._facts(buf)
         return facts.memory() if facts is not None else None
 
-    def _fit(self, dst, src) -> tuple[PinnedMemory, tuple[int, ...], int]:
-        """Give ``dst`` ``src``'s shape (Paddle ``copy_`` semantics) inside its allocation, after
-        checking the dtype and the capacity; returns (memory, shape, bytes to copy)."""
-        facts = self._facts(dst)
-        if facts is None:
+    def _fit(self, dst, shape: tuple, dtype: str) -> _Pinned:
+        """Give ``dst`` the source's ``shape`` (Paddle ``copy_`` semantics) inside its allocation,
+        after checking the ``dtype`` and - when the shape is not the one last given - the capacity;
+        returns the buffer's facts (``memory``: its allocation, ``nbytes``: the bytes to copy)."""
+        facts = self._pinned.get(id(dst))
+        if facts is None or facts.buf() is not dst:
             raise ValueError("copy_d2h: the destination is not a pinned buffer of this backend (new_pinned)")
-        memory, glue = facts.memory(), self.glue
-        if memory is None or glue.address(dst) != facts.ptr:
+        glue = self.glue
+        if facts.memory() is None or glue.address(dst) != facts.ptr:
             raise AsyncCopyError(
                 "copy_d2h: the pinned buffer no longer points at its memory (a framework op such as a "
                 "copy_ of a larger tensor reallocated it); write pinned buffers only through the backend"
             )
-        dtype = glue.dtype(src)
         if dtype != facts.dtype:
             raise ValueError(f"copy_d2h: source dtype {dtype} differs from the pinned buffer's {facts.dtype}")
-        shape = glue.shape(src)
-        nbytes = (prod(shape) if shape else 1) * facts.flat.itemsize
-        if nbytes > memory.nbytes:
-            raise ValueError(
-                f"copy_d2h: {nbytes} bytes ({list(shape)} {dtype}) do not fit the pinned buffer's "
-                f"{memory.nbytes}; allocate it larger (a pinned buffer never grows in place)"
-            )
-        glue.set_shape(dst, shape)  # (a no-op when the tensor has it: also after a foreign reshape)
         if shape != facts.shape:
+            nbytes = (prod(shape) if shape else 1) * facts.flat.itemsize
+            if nbytes > facts.memory().nbytes:
+                raise ValueError(
+                    f"copy_d2h: {nbytes} bytes ({list(shape)} {dtype}) do not fit the pinned buffer's "
+                    f"{facts.memory().nbytes}; allocate it larger (a pinned buffer never grows in place)"
+                )
             facts.reshape(shape)
-        return memory, shape, nbytes
+        glue.set_shape(dst, shape)  # (a no-op when the tensor has it: also after a foreign reshape)
+        return facts
 
     def is_pinned(self, t) -> bool:
         return self._facts(t) is not None

@@ -17,6 +17,7 @@ checks that those accessors agree with the layer; a disagreement raises ``Access
 
 from __future__ import annotations
 
+from . import census
 from .backend import AsyncCopyError, CopyBackend, CopyEvent
 
 _EVENT_POOL = 8
@@ -64,8 +65,8 @@ class RuntimeBackend(CopyBackend):
         self._probe_enabled = probe
         self._probe_ops = probe_ops  # the framework ops the probe uses (None: Paddle's)
         self.probes: dict[int, dict] = {}  # device -> probe_accessors() result
+        self._probed_ok: set[int] = set()  # devices whose probe passed (the copies' one check)
         self._streams: dict[int, int] = {}  # stream -> device, every stream copied on so far
-        self._batch: dict[int, int] = {}  # device -> its current stream, asked once per batch of copies
         self._events: dict[int, list[int]] = {}  # stream -> pool of event handles
         self._next_event = 0
 
@@ -85,7 +86,9 @@ class RuntimeBackend(CopyBackend):
             result["with_kernels"] = kernels is not None
             self.probes[device] = result
         if not result["ok"]:
+            self._probed_ok.discard(device)
             raise AccessorProbeError(f"gpu:{device}: {result['reason']}")
+        self._probed_ok.add(device)
         return result
 
     def unusable_for(self, src) -> str:
@@ -102,41 +105,41 @@ class RuntimeBackend(CopyBackend):
 
     # -- copies ----------------------------------------------------------------------------------
     def copy_d2h_many(self, copies, label):
-        # Before the lock: every copy checked and its facts read once (``_plan``; a source on a device
-        # not used before is probed first), so nothing is issued if one fails; under it, the calls.
-        return super().copy_d2h_many([(dst, self._plan(dst, src), name) for dst, src, name in copies], label)
-
-    def _plan(self, dst, src) -> tuple:
-        """(device, source address, memory, bytes, what keeps the source alive) of a copy into ``dst``."""
-        glue = self.glue
-        device = glue.gpu_device(src)
-        if (device is None) == self.device_sources or not glue.is_contiguous(src):
-            return self._plan_other(dst, src, device)
-        if device is not None:
-            self.ensure_probed(device)  # then a dict lookup (raises if the probe failed)
-        memory, _, nbytes = self._fit(dst, src)
-        return device, glue.address(src), memory, nbytes, None
+        # Before the lock: every copy checked and its facts read once (a source on a device not used
+        # before is probed first), so nothing is issued if one fails. Under it: the bookkeeping of
+        # each copy and its CUDA call in order, the current stream of each device asked once (the
+        # calling thread's), then the event (``record``).
+        glue, probed, planned = self.glue, self._probed_ok, []
+        for dst, src, name in copies:
+            device = glue.gpu_device(src)
+            if (device is None) == self.device_sources or not glue.is_contiguous(src):
+                planned.append((dst, name, *self._plan_other(dst, src, device)))
+                continue
+            if device is not None and device not in probed:
+                self.ensure_probed(device)  # probes a device not used before (raises if it failed)
+            planned.append((dst, name, device, glue.address(src), self._fit(dst, glue.shape(src), glue.dtype(src)),
+                            None))
+        with self._lock:  # issued under the lock: sequence order is stream order, for every thread
+            streams, seq, last, known, memcpy = {}, self._seq, self._copy_seq, self._streams, self.rt.memcpy_d2h_async
+            for dst, name, device, src_ptr, facts, _ in planned:
+                census.record("async_d2h", name)
+                self._seq = seq = seq + 1
+                last[id(dst)] = (seq, name, facts.buf)  # (``facts.buf``: the weak reference to ``dst``)
+                stream = streams.get(device)
+                if stream is None:
+                    stream = streams[device] = 0 if device is None else glue.stream(device)
+                    known.setdefault(stream, -1 if device is None else device)
+                if facts.nbytes:
+                    memcpy(facts.ptr, src_ptr, facts.nbytes, stream)
+                    facts.memory().fence(stream, seq, -1 if device is None else device)
+            return None if label is None else self.record(label)
 
     def _plan_other(self, dst, src, device) -> tuple:
-        """A source that cannot be copied by address (the ``host`` backend copies it another way)."""
+        """A source that cannot be copied by address (the ``host`` backend copies it another way):
+        (device, source address, the destination's facts, what keeps the source alive)."""
         if device is None:
             raise ValueError("copy_d2h: the source must be a GPU tensor for the cuda backend")
         raise ValueError("copy_d2h: the source must be contiguous (a copy by address reads it flat)")
-
-    def _issue(self, copies) -> None:
-        self._batch.clear()  # (lock held) the current stream is the calling thread's, asked again
-        super()._issue(copies)
-
-    def _copy(self, dst, plan, seq, label):
-        # Called with the backend lock held (``CopyBackend._issue``): issue order is sequence order.
-        device, src_ptr, memory, nbytes, _ = plan  # ``_plan``'s facts
-        stream = 0 if device is None else self._batch.get(device)
-        if stream is None:  # asked once per batch of copies (``_issue``)
-            stream = self._batch[device] = self.glue.stream(device)
-        if nbytes:
-            self.rt.memcpy_d2h_async(memory.ptr, src_ptr, nbytes, stream)
-            memory.fence(stream, seq, -1 if device is None else device)
-        self._streams.setdefault(stream, -1 if device is None else device)
 
     def _copy_h2d(self, dst_ptr, device, memory, offset, nbytes, seq, label):
         # Backend lock held (``CopyBackend.copy_h2d``). ``device`` None: host memory (``host``).
@@ -172,10 +175,10 @@ class RuntimeBackend(CopyBackend):
     def _record_native(self, seq, label):
         # Called with the backend lock held (``CopyBackend.record``): every copy issued so far is
         # on one of these streams, and no copy is issued between the records.
-        recorded = []
-        for stream, device in list(self._streams.items()):
+        recorded, record = [], self.rt.event_record
+        for stream, device in self._streams.items():  # (``_event`` adds no stream)
             event = self._event(stream, device)
-            self.rt.event_record(event, stream)
+            record(event, stream)
             recorded.append(event)
         return tuple(recorded)
 

@@ -29,8 +29,7 @@ class HostBackend(RuntimeBackend):
 
     def _plan_other(self, dst, src, device):
         data = self.glue.snapshot(src)  # through the framework, as the source is now (stream order)
-        memory, _, nbytes = self._fit(dst, src)
-        return None, data.ctypes.data, memory, nbytes, data
+        return None, data.ctypes.data, self._fit(dst, self.glue.shape(src), self.glue.dtype(src)), data
 
     def copy_in_flight(self, buf) -> bool:
         return False  # every host copy has landed when copy_d2h returns

@@ -223,7 +223,9 @@ class PinnedRing:
         if len(self.slots) > self.base_slots:
             self.release_idle()
         slot = self._choose(writer)
-        if self.max_bytes is not None:
+        # The common step: a free slot that holds it (no growth, nothing to check against the cap).
+        fits = slot is not None and all(n <= slot.capacity[f] for f, n in need.items())
+        if not fits and self.max_bytes is not None:
             growth = self._growth(slot, need, reserve)
             if growth and self.nbytes + growth > self.max_bytes:
                 self.release_idle(min_idle=0)  # under pressure: every idle extra slot goes first
@@ -244,7 +246,7 @@ class PinnedRing:
                 len(self.slots),
             )
             slot = self._add_slot(need)
-        for name, elements in need.items():
+        for name, elements in () if fits else need.items():
             if elements > slot.capacity[name]:
                 # Grow once, to at least what this step needs; never shrink inside the loop.
                 elements = max(elements, int(reserve.get(name, 0)))

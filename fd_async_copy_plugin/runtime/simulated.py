@@ -76,7 +76,7 @@ class SimulatedBackend(CopyBackend):
 
     def _copy(self, dst, src, seq, label):
         data = self.glue.snapshot(src)
-        self._fit(dst, src)
+        self._fit(dst, self.glue.shape(src), self.glue.dtype(src))
         host_view(dst, self.glue)[...] = poison_like(data)
         self._pending[id(dst)] = (dst, data, seq, label)
 

@@ -151,14 +151,14 @@ def test_planted_numpy_of_the_device_stop_flag_is_caught(monkeypatch):
 
 
 def test_planted_host_read_inside_the_cuda_paths_copy_is_caught(monkeypatch):
-    """The copy by address (``RuntimeBackend._plan``, where it reads the source's facts, then
-    ``_copy``: the ``cuda`` backend's code, run by ``host`` on ``HostRuntime``) is tracked: only the
-    simulator's modelled DMA (``glue.snapshot``) is not."""
+    """The copy by address (``RuntimeBackend.copy_d2h_many``, where it reads the sources' facts,
+    then ``_issue``: the ``cuda`` backend's code, run by ``host`` on ``HostRuntime``) is tracked: only
+    the simulator's modelled DMA (``glue.snapshot``) is not."""
 
-    def numel_in_the_copy(self, dst, src):
-        if int(src.numel()) == 0:  # a device value read where only metadata may be
+    def numel_in_the_copy(self, copies, label):
+        if any(int(src.numel()) == 0 for _, src, _ in copies):  # a device value read where only metadata may be
             raise ValueError
 
-    _plant(monkeypatch, RuntimeBackend, "_plan", numel_in_the_copy)
+    _plant(monkeypatch, RuntimeBackend, "copy_d2h_many", numel_in_the_copy)
     run = tracked_plugin_run()
     _caught(run, numel_in_the_copy, "d2h")
