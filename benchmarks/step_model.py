@@ -999,6 +999,56 @@ def report(cfg: StepConfig, res: dict, model: dict | None, label: str) -> list[s
     return failures
 
 
+# --- the plugin's own host work per step (issue 24) ----------------------------------------------
+
+HOST_OVERHEAD_TARGET_US = 80.0
+
+
+def plugin_host_overhead(e: EngineBase, steps: int = 300, warmup: int = 20) -> dict:
+    """The plugin's own host work per decode step, apart from FastDeploy's launches (issue 24): the
+    output copies (``outputs_async``: ring acquire, 3 copies, their event) and the save's host reads
+    (``outputs_wait`` without its event wait, timed apart and taken out), one step behind as at a save,
+    nothing else queued; real host time (``perf_counter``) on either engine. Median and p90 in us."""
+    backend, waited, per_step = e.backend, [], []
+    real_wait = backend.wait
+
+    def timed_wait(event, reason):
+        t0 = time.perf_counter()
+        real_wait(event, reason)
+        waited.append(time.perf_counter() - t0)
+
+    e.begin_variant()
+    backend.wait = timed_wait  # this instance only, for this loop
+    gc.collect()
+    gc.disable()  # as ``run_variant``: no collector pauses inside the measured loop
+    try:
+        pending = None
+        for n in range(warmup + steps):
+            t0 = time.perf_counter()
+            issued = e.outputs_async(n, snapshot=True)
+            if pending is not None:
+                waited.clear()
+                e.outputs_wait(pending)
+            spent = time.perf_counter() - t0 - sum(waited)
+            pending = issued
+            if n >= warmup:
+                per_step.append(spent * 1e6)
+        e.outputs_wait(pending)
+    finally:
+        gc.enable()
+        del backend.wait
+    per_step.sort()
+    return {"median_us": statistics.median(per_step), "p90_us": per_step[int(0.9 * (len(per_step) - 1))],
+            "steps": len(per_step)}
+
+
+def host_overhead_line(name: str, r: dict) -> str:
+    met = r["median_us"] <= HOST_OVERHEAD_TARGET_US
+    return (f"  plugin host overhead per step ({name}): {r['median_us']:.1f} us median (p90 {r['p90_us']:.1f}) over "
+            f"{r['steps']} steps: ring acquire + 3 copies + event, and the save's 3 reads (its event wait excluded); "
+            f"target <= {HOST_OVERHEAD_TARGET_US:.0f} us: {'met' if met else 'MISSED'}")
+
+
 # --- PyTorch set-up (GPU only) ------------------------------------------------------------------
 
 
@@ -1088,6 +1138,8 @@ def main(argv=None) -> int:
         for name, cfg in configs.items():
             say()
             failures += report(cfg, models[name], None, "model")
+            say(host_overhead_line(f"{name}, host backend, real time", plugin_host_overhead(
+                FakeEngine(cfg, args.batch, args.max_seqs))))
             ratios[name] = mode_ratios(models[name])
             ratios25[name] = fd25_ratio(models[name])
     else:
@@ -1108,6 +1160,7 @@ def main(argv=None) -> int:
                 f"sampler {samp:.3f} ms (CUDA events)")
             res = measure(engine, warmup, steps, rounds)
             failures += report(cfg, res, models[name], "measured on the GPU; model = fake clock")
+            say(host_overhead_line(name, plugin_host_overhead(engine)))
             ratios[name] = mode_ratios(res)
             ratios25[name] = fd25_ratio(res)
             say(f"  ({time.perf_counter() - t0:.1f} s)")

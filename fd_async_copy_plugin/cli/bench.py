@@ -112,6 +112,8 @@ def run(args) -> int:
         "host_time_per_step": summary,
         "ratio_plugin_over_unpatched": ratio,
         "ratio_backport_over_unpatched": ratio_backport,
+        # the plugin's host overhead per step, net of the FastDeploy work it replaces (issue 24)
+        "plugin_overhead_us_per_step": 1e3 * (summary["fd24-plugin"]["median_ms"] - summary["fd24-unpatched"]["median_ms"]),
         "target_ratio": TARGET_RATIO,
         "target_met": met,
         "verdict": verdict_line,
@@ -198,6 +200,8 @@ def format_report(report: dict, format_census) -> str:
         f"(target <= {report['target_ratio']}); backport only/unpatched: "
         f"{report['ratio_backport_over_unpatched']:.3f}"
     )
+    lines.append(f"plugin host overhead per decode step: {report['plugin_overhead_us_per_step']:+.1f} us "
+                 "(median plugin - median unpatched)")
     lines.append(report["verdict"])
     lines.append("")
     census_rows = {k: v for k, v in report["census_per_step"].items() if "blocking_d2h" in v}

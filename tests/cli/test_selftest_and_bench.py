@@ -7,6 +7,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 
 def cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
@@ -55,6 +57,15 @@ def test_bench_smoke_json_has_ratio_and_census_side_by_side():
     report = json.loads(proc.stdout)
     assert set(report["host_time_per_step"]) == {"fd24-unpatched", "fd24-backport", "fd24-plugin"}
     assert report["ratio_plugin_over_unpatched"] > 0 and report["ratio_backport_over_unpatched"] > 0
+    times = report["host_time_per_step"]  # the plugin's host overhead per step, its own figure (issue 24)
+    assert report["plugin_overhead_us_per_step"] == pytest.approx(
+        1e3 * (times["fd24-plugin"]["median_ms"] - times["fd24-unpatched"]["median_ms"]))
+    from fd_async_copy_plugin.cli.bench import format_report
+    from fd_async_copy_plugin.testing.harness import format_census
+
+    text = format_report(report, format_census)
+    assert (f"plugin host overhead per decode step: {report['plugin_overhead_us_per_step']:+.1f} us "
+            "(median plugin - median unpatched)") in text
     census = report["census_per_step"]
     assert set(census) == {"fd24-unpatched", "fd24-backport", "fd24-plugin", "fd24-overlap", "fd24-overlap-bound",
                            "fd25-native", "fd25-native-overlap", "fd25-plugin", "fd25-plugin-overlap"}
