@@ -266,3 +266,112 @@ def test_a_runner_on_another_platform_keeps_the_host_seed(monkeypatch):
     state, on_device, entry = seen[-1]
     assert state is None and not on_device
     assert entry["state"] == "passthrough" and "not a CUDA platform" in entry["reason"], entry
+
+
+# --- the token_num waits: what makes them removable, and what shows when that breaks ----------
+
+
+def _token_pair(backend, overlap, **kw):
+    requests, arrivals = workload(7)
+    return run_pair(config(7, overlap=overlap), requests, arrivals, backend, **kw)
+
+
+def _differs(backend, overlap) -> str:
+    """Run the pair; "" when the plugin's run was bit-identical, else what broke."""
+    try:
+        _token_pair(backend, overlap)
+    except Exception as exc:  # a mismatch (AssertionError) or FastDeploy failing on a wrong count
+        return f"{type(exc).__name__}: {str(exc)[:200]}"
+    return ""
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["plain", "fd25-overlap"])
+def test_a_planted_wrong_shadow_count_breaks_bit_identity(monkeypatch, overlap):
+    """The shadow's answer is what FastDeploy's count becomes: one token too few in the served
+    ``seq_lens_this_time`` (the last running slot with tokens) and the outputs differ."""
+    real = step_syncs.TokenShadow.answer
+
+    def wrong(self, name, site, like):
+        out = real(self, name, site, like)
+        if out is not None and name == "this_time":
+            rows = np.flatnonzero(out.reshape(-1) > 0)
+            if rows.size:
+                out.reshape(-1)[rows[-1]] -= 1
+        return out
+
+    monkeypatch.setattr(step_syncs.TokenShadow, "answer", wrong)
+    assert _differs("sim", overlap)
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["plain", "fd25-overlap"])
+def test_a_planted_early_read_of_the_pinned_count_shows_under_the_simulator(monkeypatch, overlap):
+    """The waits are really skipped: when the shadow does not answer and the owed wait is dropped,
+    FastDeploy reads its pinned buffer while the copy is in flight - the simulator's poison."""
+    from fd_async_copy_plugin.patches import _tensor_watch
+
+    monkeypatch.setattr(step_syncs.TokenShadow, "answer", lambda self, name, site, like: None)
+    monkeypatch.setattr(_tensor_watch.DeferredEvent, "settle", lambda self: None)
+    assert _differs("sim", overlap)
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["plain", "fd25-overlap"])
+def test_without_answers_fastdeploys_own_waits_run_and_stay_bit_identical(monkeypatch, overlap):
+    """The counted fallback: the shadow answers nothing, the owed wait runs before FastDeploy's read."""
+    monkeypatch.setattr(step_syncs.TokenShadow, "answer", lambda self, name, site, like: None)
+    result, counts = _token_pair("sim", overlap)
+    assert counts["served"]["token_num _prepare_inputs"] == 0 and counts["served"]["token_num _postprocess"] == 0
+
+
+#: FD 2.5 block steps: few KV blocks, requests block (is_block_step), get DECODE tasks, are recovered
+BLOCKY_25 = config(8, max_model_len=128, vocab_size=1024, num_gpu_blocks=14)
+
+
+@pytest.mark.parametrize("backend", ["host", "sim"])
+@pytest.mark.parametrize("overlap", [False, True], ids=["plain", "fd25-overlap"])
+def test_block_steps_and_recovery_are_followed_by_the_token_shadow(backend, overlap):
+    from test_step_syncs import block_step_workload
+
+    requests, arrivals = block_step_workload()
+    recovered = []
+
+    def watch(n, runner):
+        shadow = part(runner, "syncs").shadow
+        recovered.append(bool(np.any(shadow.arrays["block_step"])) if shadow.known("block_step") else False)
+
+    result, counts = run_pair(dataclasses.replace(BLOCKY_25, overlap=overlap), requests, arrivals, backend,
+                              on_step=watch, max_steps=300)
+    assert any(recovered), "no block step happened: the workload does not test recovery"
+    assert_token_num_served(result, counts, overlap, backend)
+
+
+def test_a_dummy_run_and_a_reset_reload_the_shadow_and_are_counted():
+    """A dummy/profile run's _prepare_inputs keeps FastDeploy's waits and the shadow is lost; the next
+    real step loads it again (one counted load); InputBatch.reset_share_inputs likewise."""
+    requests, arrivals = workload(7)
+
+    def disturb(n, runner):
+        if n == 3:
+            runner._prepare_inputs(is_dummy_or_profile_run=True)
+        if n == 6:
+            runner.share_inputs.reset_share_inputs()
+
+    seen = []
+    with device_for("sim"), plugin_state(Variant("p", FD25, True), "sim"), tracking(recording=False):
+        run_decode(FD25, config(7), requests, arrivals=arrivals, max_steps=60,
+                   on_step=lambda n, r: (disturb(n, r), seen.append(collections.Counter(part(r, "syncs").fallbacks))))
+    last = seen[-1]
+    assert last["token_num: dummy/profile run"] == 1, last
+    assert last["shadow loaded (after a dummy run, a reset or an untracked write)"] == 2, last
+
+
+def test_a_recreated_share_inputs_tensor_keeps_fastdeploys_waits_counted():
+    requests, arrivals = workload(7)
+
+    def recreate(n, runner):
+        if n == 4:
+            si = runner.share_inputs
+            si["is_block_step"] = paddle.to_tensor(np.array(si["is_block_step"].numpy()))
+
+    result, counts = run_pair(config(7), requests, arrivals, "sim", on_step=recreate)
+    assert counts["fallbacks"]["token_num: share_inputs['is_block_step'] was re-created"] > 0, counts
+    assert counts["served"]["token_num _prepare_inputs"] >= 4, counts
