@@ -832,8 +832,25 @@ def token_num_off(runner, runner_module, postproc, shadow: TokenShadow) -> str:
     return ""
 
 
+class _ViewWrite(Watched):
+    """``share_inputs["seq_lens_this_time"]`` (a view of the buffer, rebound by every insert): a write
+    through it (2.5 :834, speculative decoding only) is not followed - the shadow of it is lost."""
+
+    def __init__(self, shadow: "TokenShadow", tensor) -> None:
+        super().__init__(tensor)
+        self.shadow = shadow
+
+    def setitem(self, original, key, value):
+        self.shadow.lose("this_time", "a write through the seq_lens_this_time view")
+        return NotImplemented
+
+
 def _watched_25(shadow: TokenShadow) -> list:
-    return [_Mirror25(shadow, name, t) for name, t in shadow.tensors.items()]
+    out = [_Mirror25(shadow, name, t) for name, t in shadow.tensors.items()]
+    view = shadow.share_inputs["seq_lens_this_time"]
+    if view is not shadow.tensors["this_time"]:
+        out.append(_ViewWrite(shadow, view))
+    return out
 
 
 def build_prepare_inputs_tokens_25(original, ctx):
