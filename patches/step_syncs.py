@@ -33,9 +33,14 @@ How:    A host shadow of the step state the host needs (``seq_lens_this_time`` b
         runs; every such step is counted by cause (``status()``: the runner's ``fallbacks``).
 Mirrors: FastDeploy #6765/#6668 (T), #5440/#6170 (S1), #5548 (S2), #6172 (S3/S7), #6356 (I1).
 FD:     2.4, with ``stop_flag`` active on the runner (its event covers the snapshot). 2.5 has
-        S1/S2/S3 fixed itself; there only T is removed (the seed and its increment moved to the
-        device after ``GPUModelRunner.__init__``; no shadow, no other feature needed): its two
-        short ``token_num_event`` waits and I1 stay. develop has all of them fixed.
+        S1/S2/S3 fixed itself; there T is removed (the seed and its increment moved to the device
+        after ``GPUModelRunner.__init__``) and its two short ``token_num_event`` waits
+        (``_prepare_inputs`` :1332-1341, ``_postprocess`` :2365-2371): ``TokenShadow`` keeps the
+        same kind of exact host shadow, its snapshot copied right after ``update_inputs_v1`` and
+        taken after the save's own wait on post_process_event (no wait of its own); FD's
+        ``create_event()`` made inside ``_prepare_inputs`` is a ``DeferredEvent`` whose wait is
+        owed and runs only before a read of the pinned counts the shadow does not answer (counted
+        by cause). No other feature needed. I1 stays on 2.5. develop has all of them fixed.
 Delete: the 2.4 part when FastDeploy 2.4 is no longer served; the 2.5 part with 2.5.
 """
 
@@ -1022,8 +1027,8 @@ class StepSyncsFeature(RunnerFeature):
 
     def mirrors_in(self, profile: str) -> str:
         if profile in FD25:
-            return ("FastDeploy #6765 (the sampling seed on the device; 2.5's token-count and block-table "
-                    "waits are not removed here)")
+            return ("FastDeploy #6765 (the sampling seed on the device); 2.5's two token_num_event waits "
+                    "answered from a host shadow (the block-table waits stay)")
         return self.mirrors
 
     def required(self, profile: str) -> tuple[str, ...]:
