@@ -852,8 +852,11 @@ class _ViewWrite(Watched):
 
 def _watched_25(shadow: TokenShadow) -> list:
     out = [_Mirror25(shadow, name, t) for name, t in shadow.tensors.items()]
-    view = shadow.share_inputs["seq_lens_this_time"]
-    if view is not shadow.tensors["this_time"]:
+    try:  # (none before the first insert)
+        view = shadow.share_inputs["seq_lens_this_time"]
+    except (KeyError, AttributeError):
+        view = None
+    if view is not None and view is not shadow.tensors["this_time"]:
         out.append(_ViewWrite(shadow, view))
     return out
 

@@ -197,7 +197,7 @@ def census_row(run: VariantRun, skip: int = 2) -> dict:
     row["first_read_after_wait"] = all(
         s.first_read_after_wait(on_patched_path) in (True, None) for s in steps
     )
-    row["fallbacks"] = fallbacks_by_cause(run.final_status)
+    row["fallbacks"] = fallbacks_by_cause(getattr(run, "final_status", None))
     row["pinned_alloc_after_warmup"] = sum(s.count("pinned_alloc") + s.count("pinned_free") for s in steps)
     if any(k == "host_wait" for s in run.census.steps for k, _ in s.events):
         row["host_waits"] = host_waits(run.census.steps, skip)
