@@ -375,3 +375,30 @@ def test_a_recreated_share_inputs_tensor_keeps_fastdeploys_waits_counted():
     result, counts = run_pair(config(7), requests, arrivals, "sim", on_step=recreate)
     assert counts["fallbacks"]["token_num: share_inputs['is_block_step'] was re-created"] > 0, counts
     assert counts["served"]["token_num _prepare_inputs"] >= 4, counts
+
+
+def test_a_write_through_the_seq_lens_this_time_view_loses_the_shadow_until_the_next_snapshot():
+    """2.5 writes through the view only under speculative decoding (:834); any such write inside an
+    insert is not followed: the next count is FastDeploy's own (counted), the snapshot brings it back."""
+    requests, arrivals = workload(7)
+    planted = []
+
+    def plant(n, runner):
+        if n == 3 and not planted:
+            sampler, real = runner.sampler, runner.sampler.apply_logits_processor
+
+            def writing(idx, *args, **kwargs):  # called inside insert_tasks_v1, once per prefill
+                si = runner.share_inputs
+                if not planted and si["seq_lens_this_time"].shape[0] > 0:
+                    value = np.array(si["seq_lens_this_time"][0:1].numpy())
+                    si["seq_lens_this_time"][0:1] = value  # the same value: outputs stay identical
+                    planted.append(n)
+                return real(idx, *args, **kwargs)
+
+            sampler.apply_logits_processor = writing
+
+    result, counts = run_pair(config(7), requests, arrivals, "sim", on_step=plant)
+    assert planted, "no insert after the plant"
+    cause = "token_num _prepare_inputs: the shadow of this_time is not known"
+    assert counts["fallbacks"][cause] == 1, counts
+    assert counts["served"]["token_num _prepare_inputs"] == result.executed_steps - 1, counts
