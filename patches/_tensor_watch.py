@@ -38,7 +38,7 @@ class Watched:
     def __init__(self, tensor) -> None:
         self.tensor = tensor
 
-    def setitem(self, original, key, value):
+    def setitem(self, original, *args):
         return NotImplemented
 
     getitem = numpy = setitem
@@ -121,3 +121,99 @@ def rows_of(key, nrows: int):
     if isinstance(first, slice):
         return range(*first.indices(nrows))
     return range(nrows)
+
+
+# --- FastDeploy 2.5's token-count event (feature ``step_syncs``) ---------------------------------
+
+
+class _EventScope(threading.local):
+    make = None  # while set on this thread: paddle.device.cuda.create_event() returns make(event)
+
+
+_event_scope = _EventScope()
+
+
+class DeferredEvent:
+    """FastDeploy's ``token_num_event`` made inside the plugin's ``_prepare_inputs`` scope. While
+    the plugin has it open (inside the ``_prepare_inputs`` and ``_postprocess`` calls it wraps),
+    ``synchronize()`` only marks the wait as owed: the owed wait runs at the first read of a buffer
+    it covers that the plugin does not answer itself (``settle()``, from that read's handler), and
+    not at all when nothing reads. Closed, it is FastDeploy's event. (In this module so that a wait
+    it runs is counted at FastDeploy's line, as the other links here.)"""
+
+    def __init__(self, event) -> None:
+        self.event = event
+        self.active = True
+        self.owed = False
+
+    def record(self, *args, **kwargs):
+        return self.event.record(*args, **kwargs)
+
+    def synchronize(self):
+        if not self.active:
+            return self.event.synchronize()
+        self.owed = True
+        return None
+
+    def settle(self) -> None:
+        """Run the owed wait (a read the plugin does not answer needs the copies)."""
+        if self.owed:
+            self.owed = False
+            self.event.synchronize()
+
+    def answered(self) -> None:
+        """The read the wait was owed for was answered exactly on the host: no wait is owed."""
+        self.owed = False
+
+    def open(self) -> None:
+        self.active = True
+
+    def close(self) -> bool:
+        """FastDeploy's event again; True when a wait was owed and nothing needed it."""
+        skipped, self.owed, self.active = self.owed, False, False
+        return skipped
+
+    def __getattr__(self, name):
+        return getattr(self.event, name)
+
+
+class ServedRead(Watched):
+    """``numpy()`` of a pinned buffer that ``event``'s wait covers: ``answer()`` (an exact host
+    value, or None), else the owed wait first and Paddle's own read."""
+
+    def __init__(self, tensor, event: DeferredEvent, answer) -> None:
+        super().__init__(tensor)
+        self.event, self.answer = event, answer
+
+    def numpy(self, original):
+        value = self.answer()
+        if value is not None:
+            self.event.answered()
+            return value
+        self.event.settle()
+        return NotImplemented
+
+
+def _build_create_event(original, ctx):
+    @wraps(original)
+    def create_event(*args, **kwargs):
+        event = original(*args, **kwargs)
+        make = _event_scope.make
+        return event if make is None else make(event)
+
+    return create_event
+
+
+@contextlib.contextmanager
+def deferred_events(make):
+    """Inside the block, on this thread, ``paddle.device.cuda.create_event()`` returns ``make(event)``."""
+    previous = _event_scope.make
+    _event_scope.make = make
+    try:
+        yield
+    finally:
+        _event_scope.make = previous
+
+
+#: FastDeploy 2.5's ``paddle.device.cuda.create_event`` (passes through outside ``deferred_events``)
+CREATE_EVENT = Patch(Target("paddle.device.cuda", "create_event", absolute=True), _build_create_event)

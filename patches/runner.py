@@ -57,6 +57,9 @@ PIPELINE: dict[str, tuple[str, ...]] = {
     # current, the sampled tokens read from pinned after the event; logprobs: pinned logprob
     # buffers read after their event
     _P + "save_output": ("overlap", "stop_flag"),
+    # stop_flag (FD 2.4): the device flag, then RunnerState.step_copies(); step_syncs (FD 2.5): the
+    # token-count shadow's snapshot (the two never run on the same FastDeploy)
+    _P + "update_inputs_v1": ("stop_flag", "step_syncs"),
     _P + "save_output_topk": ("overlap", "stop_flag", "logprobs"),
 }
 

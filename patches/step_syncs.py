@@ -33,9 +33,14 @@ How:    A host shadow of the step state the host needs (``seq_lens_this_time`` b
         runs; every such step is counted by cause (``status()``: the runner's ``fallbacks``).
 Mirrors: FastDeploy #6765/#6668 (T), #5440/#6170 (S1), #5548 (S2), #6172 (S3/S7), #6356 (I1).
 FD:     2.4, with ``stop_flag`` active on the runner (its event covers the snapshot). 2.5 has
-        S1/S2/S3 fixed itself; there only T is removed (the seed and its increment moved to the
-        device after ``GPUModelRunner.__init__``; no shadow, no other feature needed): its two
-        short ``token_num_event`` waits and I1 stay. develop has all of them fixed.
+        S1/S2/S3 fixed itself; there T is removed (the seed and its increment moved to the device
+        after ``GPUModelRunner.__init__``) and its two short ``token_num_event`` waits
+        (``_prepare_inputs`` :1332-1341, ``_postprocess`` :2365-2371): ``TokenShadow`` keeps the
+        same kind of exact host shadow, its snapshot copied right after ``update_inputs_v1`` and
+        taken after the save's own wait on post_process_event (no wait of its own); FD's
+        ``create_event()`` made inside ``_prepare_inputs`` is a ``DeferredEvent`` whose wait is
+        owed and runs only before a read of the pinned counts the shadow does not answer (counted
+        by cause). No other feature needed. I1 stays on 2.5. develop has all of them fixed.
 Delete: the 2.4 part when FastDeploy 2.4 is no longer served; the 2.5 part with 2.5.
 """
 
@@ -46,6 +51,7 @@ import dataclasses
 import logging
 import sys
 import threading
+import weakref
 
 import numpy as np
 import paddle
@@ -53,12 +59,14 @@ import paddle
 from fd_async_copy_plugin.registry.patch import IncompatibleError, Junction, Patch, Target, wraps
 
 from .runner import FeatureRunners, RunnerFeature, is_cuda_runner, part, per_runner, runner_state
-from ._tensor_watch import PATCHES as TENSOR_WATCH, Watched, basic_key, host_value, rows_of, watching, _UNKNOWN
+from ._tensor_watch import (CREATE_EVENT, PATCHES as TENSOR_WATCH, DeferredEvent, ServedRead, Watched, basic_key,
+                            deferred_events, host_value, rows_of, watching, _UNKNOWN)
 
 log = logging.getLogger("fd_async_copy")
 
 RUNNER = "worker.gpu_model_runner"
 POSTPROC = "model_executor.pre_and_post_process"
+INPUT_BATCH = "worker.input_batch"
 FD24, FD25 = ("fastdeploy-2.4",), ("fastdeploy-2.5",)
 
 #: shadow name -> share_inputs key (None: the runner's ``seq_lens_this_time_buffer``)
@@ -336,9 +344,10 @@ class RunnerSyncs:
         # what was answered on the host, and why FastDeploy's own path ran (the shadow's counters on 2.4)
         self.served = shadow.served if shadow is not None else collections.Counter()
         self.fallbacks = shadow.fallbacks if shadow is not None else collections.Counter()
+        self.token_off = ""  # FastDeploy 2.5: why this runner has no token-count shadow ("" when it has)
 
     def report(self) -> dict:
-        return {"reason": self.shadow.s1_off if self.shadow is not None else "", "fallbacks": dict(self.fallbacks),
+        return {"reason": getattr(self.shadow, "s1_off", "") or self.token_off, "fallbacks": dict(self.fallbacks),
                 "served": dict(self.served)}
 
 
@@ -584,6 +593,18 @@ def build_init_25(original, ctx):
         except Exception as exc:  # never stop FastDeploy: this runner keeps its host seed
             registry.stand_down(self, f"cannot move the seed to the device ({type(exc).__name__}: {exc})")
             return
+        why = own_path_reason(self, runner_module)
+        if why:  # the seed only: FastDeploy's token_num waits stay
+            state.token_off = f"{why}: FastDeploy's token_num waits stay"
+            log.info("fd_async_copy step_syncs: %s", state.token_off)
+        else:
+            try:
+                state.shadow = TokenShadow(self, ctx.backend, self.cache_config.block_size, state.served,
+                                           state.fallbacks)
+            except Exception as exc:  # never stop FastDeploy: its token_num waits stay
+                state.shadow = None
+                state.token_off = f"cannot set up the token-count shadow ({type(exc).__name__}: {exc})"
+                log.error("fd_async_copy step_syncs: %s; FastDeploy's token_num waits stay", state.token_off)
         registry.add(self, state)
 
     return __init__
@@ -591,6 +612,7 @@ def build_init_25(original, ctx):
 
 def build_prepare_inputs_25(original, ctx):
     registry: FeatureRunners = ctx.state
+    tokens = build_prepare_inputs_tokens_25(original, ctx)
 
     @per_runner(original, "syncs")
     def _prepare_inputs(state, self, *args, **kwargs):
@@ -604,9 +626,370 @@ def build_prepare_inputs_25(original, ctx):
                 registry.stand_down(self, f"a re-created seed cannot move to the device ({type(exc).__name__}: {exc})")
                 return original(self, *args, **kwargs)
         state.served["T device seed"] += 1
-        return original(self, *args, **kwargs)
+        return tokens(self, *args, **kwargs)
 
     return _prepare_inputs
+
+
+# --- FastDeploy 2.5: the token-count waits (token_num_event) ------------------------------------
+# 2.5's _prepare_inputs (gpu_model_runner.py:1330-1341) copies ``seq_lens_this_time`` and
+# ``is_block_step`` into pinned ``seq_lens_this_time_cpu`` / ``is_block_step_cpu``, records
+# ``token_num_event`` (``paddle.device.cuda.create_event()``), waits on it and sums the pinned count
+# (plain schedule, a prefill, or no count from the last step); ``_postprocess`` (:2365-2371) waits on
+# the same event again and, under the overlap schedule without a prefill, sums both pinned buffers.
+# The host shadow answers both reads: the step's device changes come from a snapshot copied right
+# after ``update_inputs_v1`` (before FastDeploy's post_process_event, which the save waits on), the
+# inserts' host writes are followed as they are made, and recover_decode_task is replayed on it.
+
+#: FD 2.5: shadow name -> InputBatch key
+SHADOWED_25 = {
+    "this_time": "seq_lens_this_time_buffer",
+    "enc": "seq_lens_encoder",
+    "block_step": "is_block_step",
+    "step_dec": "step_seq_lens_decoder",
+    "tables": "block_tables",
+}
+SNAPSHOT_25 = ("this_time", "enc", "block_step", "step_dec")  # what update_inputs_v1 changes
+RECOVERED = ("this_time", "block_step", "enc")  # what recover_decode_task writes that the shadow keeps
+
+_posting = threading.local()  # the runner whose _postprocess runs on this thread (for update_inputs_v1)
+_SHADOWS_25: "weakref.WeakValueDictionary[int, TokenShadow]" = weakref.WeakValueDictionary()  # id(share_inputs)
+
+
+def replay_recover(arrays: dict, num_running: int, block_size: int) -> bool:
+    """recover_decode_task.cu (2.5) on host arrays, in place: a block-step slot whose next block
+    exists resumes decoding. False (nothing changed) when a block column is outside the table."""
+    this_time, block_step = arrays["this_time"].reshape(-1), arrays["block_step"].reshape(-1)
+    step_dec, enc, tables = arrays["step_dec"].reshape(-1), arrays["enc"].reshape(-1), arrays["tables"]
+    slots = np.flatnonzero(block_step[:num_running])
+    cols = [int(step_dec[i]) // block_size for i in slots]
+    if any(c < 0 or c >= tables.shape[1] for c in cols):
+        return False
+    for i, col in zip(slots, cols):
+        if tables[i, col] != -1:
+            block_step[i] = False
+            this_time[i] = 1
+            enc[i] = 0
+    return True
+
+
+class _Mirror25(Watched):
+    """A watched InputBatch tensor: FastDeploy's host write, then the same write on the shadow."""
+
+    def __init__(self, shadow: "TokenShadow", name: str, tensor) -> None:
+        super().__init__(tensor)
+        self.shadow, self.name = shadow, name
+
+    def setitem(self, original, key, value) -> None:
+        original(self.tensor, key, value)
+        v = host_value(value, self.tensor)
+        if v is _UNKNOWN or not basic_key(key):
+            self.shadow.lose(self.name, f"a write to {self.name} with a device value or a mask")
+            return None
+        self.shadow.host_write(self.name, key, v)
+        return None
+
+
+class TokenShadow:
+    """FD 2.5: the host's exact copy of the state behind the step's token count, for one runner."""
+
+    def __init__(self, runner, backend, block_size: int, served, fallbacks) -> None:
+        self.backend, self.glue = backend, backend.glue
+        self.block_size = int(block_size)
+        self.share_inputs = si = runner.share_inputs
+        self.tensors = {name: si[key] for name, key in SHADOWED_25.items()}
+        self.snap = {name: backend.new_pinned(self.glue.shape(t), self.glue.dtype(t), f"step_syncs.{name}")
+                     for name, t in self.tensors.items()}
+        self.arrays: dict[str, np.ndarray] = {}
+        self._known: dict[str, bool] = {}
+        self.served, self.fallbacks = served, fallbacks
+        self.pending = None  # the event of the issued snapshot not taken yet
+        self.log: list = []  # host writes and recover replays made since that snapshot was issued
+        self.lost_while_pending: set[str] = set()
+        self.nr: int | None = None  # running slots at this step's _prepare_inputs
+        self.last_answers: dict[str, np.ndarray] = {}  # what was served (tests compare with the device)
+        _SHADOWS_25[id(si)] = self
+        self.load("construction")
+
+    # -- state --------------------------------------------------------------------------------
+    def known(self, name: str) -> bool:
+        return self._known.get(name, False)
+
+    def lose(self, name: str, why: str) -> None:
+        if self._known.get(name):
+            log.info("fd_async_copy step_syncs: lost track of %s (%s); FastDeploy's own wait until the next "
+                     "snapshot or reload", name, why)
+        self._known[name] = False
+        if self.pending is not None:
+            self.lost_while_pending.add(name)
+
+    def lose_all(self, why: str) -> None:
+        for name in SHADOWED_25:
+            self.lose(name, why)
+
+    def fallback(self, cause: str) -> None:
+        self.fallbacks[cause] += 1
+
+    def stale(self) -> str:
+        """Why the shadowed tensors are no longer FastDeploy's ("" when they are)."""
+        for name, key in SHADOWED_25.items():
+            if self.share_inputs[key] is not self.tensors[name]:
+                return f"share_inputs[{key!r}] was re-created"
+        return ""
+
+    def load(self, why: str) -> None:
+        """Every shadow from the device (copies, one event, one wait): at construction and after a
+        dummy run, a reset or a write the host could not follow - never in a plain decode step."""
+        backend = self.backend
+        for name, t in self.tensors.items():
+            backend.copy_d2h(self.snap[name], t, f"step_syncs.load.{name}")
+        backend.wait(backend.record("step_syncs.load"), f"step_syncs.load({why})")
+        for name in self.tensors:
+            self.arrays[name] = backend.read(self.snap[name], f"step_syncs.load.{name}")
+            self._known[name] = True
+        self.pending, self.log, self.lost_while_pending = None, [], set()
+        self.fallbacks[f"shadow loaded ({why})"] += 1
+
+    def ensure_loaded(self) -> None:
+        # the block tables change on the host only (2.5, V1): once lost, only a load brings them back
+        if not self.known("tables"):
+            self.load("after a dummy run, a reset or an untracked write")
+
+    # -- changes ------------------------------------------------------------------------------
+    def host_write(self, name: str, key, value) -> None:
+        if self.pending is not None and name in SNAPSHOT_25:
+            self.log.append((name, key, np.array(value, copy=True)))
+        else:
+            self._apply(name, key, value)
+
+    def _apply(self, name: str, key, value) -> None:
+        if not self.known(name):
+            return
+        try:
+            self.arrays[name][key] = value
+        except Exception as exc:  # never fail FastDeploy's write: the shadow of it is lost instead
+            self.lose(name, f"a write to {name} it cannot follow ({exc})")
+
+    def recover(self, num_running: int) -> None:
+        """recover_decode_task runs on the device now (the start of _prepare_inputs)."""
+        self.nr = num_running
+        if self.pending is not None:
+            self.log.append(("recover", num_running, None))
+        else:
+            self._recover(num_running)
+
+    def _recover(self, num_running: int) -> None:
+        if not all(self.known(n) for n in SHADOWED_25) or not replay_recover(self.arrays, num_running,
+                                                                              self.block_size):
+            for name in RECOVERED:
+                self.lose(name, "recover_decode_task cannot be replayed (a shadow unknown or a block column "
+                                "outside the table)")
+
+    def issue_snapshot(self) -> None:
+        """Right after update_inputs_v1, before FastDeploy records post_process_event."""
+        for name in SNAPSHOT_25:
+            self.backend.copy_d2h(self.snap[name], self.tensors[name], f"step_syncs.{name}")
+        self.pending = self.backend.record("step_syncs.snapshot")
+        self.log, self.lost_while_pending = [], set()
+
+    def settle(self, reader: str) -> None:
+        """Take the issued snapshot once a wait already made covers it (no wait here), then replay
+        what happened since it was issued."""
+        if self.pending is None or not self.backend.query(self.pending):
+            return
+        lost, entries = self.lost_while_pending, self.log
+        self.pending, self.log, self.lost_while_pending = None, [], set()
+        for name in SNAPSHOT_25:
+            self.arrays[name] = self.backend.read(self.snap[name], f"{reader}.{name}")
+            self._known[name] = name not in lost
+        for name, key, value in entries:
+            if name == "recover":
+                self._recover(key)
+            else:
+                self._apply(name, key, value)
+
+    # -- answers --------------------------------------------------------------------------------
+    def answer(self, name: str, site: str, like) -> np.ndarray | None:
+        """What FastDeploy's read of the pinned copy of ``name`` at ``site`` would give (after its
+        event wait), or None (counted) when the host does not know it exactly now."""
+        why = ("the last step's snapshot has not landed" if self.pending is not None
+               else "" if self.known(name) and self.nr is not None else f"the shadow of {name} is not known")
+        if why:
+            self.fallback(f"token_num {site}: {why}")
+            return None
+        values = self.arrays[name].reshape(-1)
+        if name == "this_time":
+            values = values[:self.nr]
+        out = values.reshape(tuple(self.glue.shape(like))).astype(np.dtype(self.glue.dtype(like)), copy=True)
+        self.last_answers[f"{site}.{name}"] = out.copy()
+        self.served[f"token_num {site}"] += 1
+        return out
+
+
+def token_num_off(runner, runner_module, postproc, shadow: TokenShadow) -> str:
+    """Why the shadow may not answer for ``runner`` now ("" when it may)."""
+    why = shadow_not_exact(runner, runner_module, postproc) or shadow.stale()
+    if why:
+        return why
+    if getattr(runner.share_inputs, "enable_pd_reorder", False) or any(
+            getattr(b, "enable_ids_reorder", False) for b in (getattr(runner, "attn_backends", None) or ())):
+        return "PD reorder (swap_states moves slots, and the pinned buffers, on the device)"
+    return ""
+
+
+class _ViewWrite(Watched):
+    """``share_inputs["seq_lens_this_time"]`` (a view of the buffer, rebound by every insert): a write
+    through it (2.5 :834, speculative decoding only) is not followed - the shadow of it is lost."""
+
+    def __init__(self, shadow: "TokenShadow", tensor) -> None:
+        super().__init__(tensor)
+        self.shadow = shadow
+
+    def setitem(self, original, key, value):
+        self.shadow.lose("this_time", "a write through the seq_lens_this_time view")
+        return NotImplemented
+
+
+def _watched_25(shadow: TokenShadow) -> list:
+    out = [_Mirror25(shadow, name, t) for name, t in shadow.tensors.items()]
+    try:  # (none before the first insert)
+        view = shadow.share_inputs["seq_lens_this_time"]
+    except (KeyError, AttributeError):
+        view = None
+    if view is not None and view is not shadow.tensors["this_time"]:
+        out.append(_ViewWrite(shadow, view))
+    return out
+
+
+def build_prepare_inputs_tokens_25(original, ctx):
+    runner_module, postproc = ctx.module(RUNNER), ctx.module(POSTPROC)
+
+    @per_runner(original, "syncs")
+    def _prepare_inputs(state, self, *args, **kwargs):
+        shadow = state.shadow
+        if shadow is None:
+            return original(self, *args, **kwargs)
+        dummy = bool(kwargs.get("is_dummy_or_profile_run", args[1] if len(args) > 1 else False))
+        why = "dummy/profile run" if dummy else token_num_off(self, runner_module, postproc, shadow)
+        if why:  # FastDeploy's own waits; the step state is unknown until reloaded
+            shadow.fallback(f"token_num: {why}")
+            shadow.lose_all(why)
+            return original(self, *args, **kwargs)
+        shadow.ensure_loaded()
+        shadow.settle("_prepare_inputs")
+        si = self.share_inputs
+        shadow.recover(int(si["seq_lens_this_time"].shape[0]))
+        made: list[DeferredEvent] = []
+
+        def make(event):
+            made.append(DeferredEvent(event))
+            return made[-1]
+
+        pinned = si["seq_lens_this_time_cpu"]
+        read = ServedRead(pinned, _Owed(made), lambda: shadow.answer("this_time", "_prepare_inputs", si["seq_lens_this_time"]))
+        with deferred_events(make), watching([read]):
+            result = original(self, *args, **kwargs)
+        for event in made:
+            if event.close():
+                shadow.served["token_num _prepare_inputs: wait not needed (no read)"] += 1
+        return result
+
+    return _prepare_inputs
+
+
+class _Owed:
+    """The deferred event(s) made in a _prepare_inputs call, for its read's handler."""
+
+    def __init__(self, events: list) -> None:
+        self.events = events
+
+    def settle(self) -> None:
+        for event in self.events:
+            event.settle()
+
+    def answered(self) -> None:
+        for event in self.events:
+            event.answered()
+
+
+def build_postprocess_25(original, ctx):
+    @per_runner(original, "syncs")
+    def _postprocess(state, self, model_output, p_done_idxs, token_num_event, *args, **kwargs):
+        shadow = state.shadow
+        if shadow is None or not isinstance(token_num_event, DeferredEvent):
+            return original(self, model_output, p_done_idxs, token_num_event, *args, **kwargs)
+        shadow.settle("_postprocess")
+        si = self.share_inputs
+        reads = [
+            ServedRead(si["seq_lens_this_time_cpu"], token_num_event,
+                       lambda: shadow.answer("this_time", "_postprocess", si["seq_lens_this_time"])),
+            ServedRead(si["is_block_step_cpu"], token_num_event,
+                       lambda: shadow.answer("block_step", "_postprocess", si["is_block_step"])),
+        ]
+        previous = getattr(_posting, "runner", None)
+        _posting.runner = self
+        token_num_event.open()
+        try:
+            with watching(reads):
+                return original(self, model_output, p_done_idxs, token_num_event, *args, **kwargs)
+        finally:
+            _posting.runner = previous
+            if token_num_event.close():
+                shadow.served["token_num _postprocess: wait not needed (no read)"] += 1
+
+    return _postprocess
+
+
+def build_save_model_output_25(original, ctx):
+    @per_runner(original, "syncs")
+    def _save_model_output(state, self, *args, **kwargs):
+        result = original(self, *args, **kwargs)
+        if state.shadow is not None:  # FastDeploy waited on post_process_event: the snapshot is in
+            state.shadow.settle("_save_model_output")
+        return result
+
+    return _save_model_output
+
+
+def build_insert_25(original, ctx):
+    @per_runner(original, "syncs")
+    def insert_tasks_v1(state, self, *args, **kwargs):
+        shadow = state.shadow
+        if shadow is None or shadow.stale():
+            return original(self, *args, **kwargs)
+        shadow.settle("insert_tasks_v1")
+        with watching(_watched_25(shadow)):
+            return original(self, *args, **kwargs)
+
+    return insert_tasks_v1
+
+
+def build_update_inputs_v1_25(original, ctx):
+    @wraps(original)
+    def update_inputs_v1(*args, **kwargs):
+        result = original(*args, **kwargs)
+        runner = getattr(_posting, "runner", None)
+        syncs = part(runner, "syncs") if runner is not None else None
+        if syncs is not None and syncs.shadow is not None and not syncs.shadow.stale():
+            syncs.shadow.issue_snapshot()
+        return result
+
+    return update_inputs_v1
+
+
+def build_input_batch_lose(original, ctx):
+    """``InputBatch.reset_share_inputs`` / ``swap_states``: the shadow of that batch is lost (reloaded
+    before the next step)."""
+
+    @wraps(original)
+    def method(self, *args, **kwargs):
+        result = original(self, *args, **kwargs)
+        shadow = _SHADOWS_25.get(id(self))
+        if shadow is not None and shadow.share_inputs is self:
+            shadow.lose_all(f"InputBatch.{original.__name__}")
+        return result
+
+    return method
 
 
 class StepSyncsFeature(RunnerFeature):
@@ -633,12 +1016,22 @@ class StepSyncsFeature(RunnerFeature):
         )),
         Patch(Target(RUNNER, "GPUModelRunner.__init__"), build_init_25, profiles=FD25, step=True),
         Patch(Target(RUNNER, "GPUModelRunner._prepare_inputs"), build_prepare_inputs_25, profiles=FD25),
+        *(dataclasses.replace(p, profiles=FD25) for p in (
+            Patch(Target(RUNNER, "GPUModelRunner._postprocess"), build_postprocess_25),
+            Patch(Target(RUNNER, "GPUModelRunner._save_model_output"), build_save_model_output_25),
+            Patch(Target(RUNNER, "GPUModelRunner.insert_tasks_v1"), build_insert_25),
+            Patch(Target(POSTPROC, "update_inputs_v1"), build_update_inputs_v1_25),
+            Patch(Target(INPUT_BATCH, "InputBatch.reset_share_inputs"), build_input_batch_lose),
+            Patch(Target(INPUT_BATCH, "InputBatch.swap_states"), build_input_batch_lose),
+            CREATE_EVENT,
+            *TENSOR_WATCH,
+        )),
     )
 
     def mirrors_in(self, profile: str) -> str:
         if profile in FD25:
-            return ("FastDeploy #6765 (the sampling seed on the device; 2.5's token-count and block-table "
-                    "waits are not removed here)")
+            return ("FastDeploy #6765 (the sampling seed on the device); 2.5's two token_num_event waits "
+                    "answered from a host shadow (the block-table waits stay)")
         return self.mirrors
 
     def required(self, profile: str) -> tuple[str, ...]:

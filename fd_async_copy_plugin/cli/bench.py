@@ -217,6 +217,13 @@ def format_report(report: dict, format_census) -> str:
         {k: {"host_waits": v["host_waits_with_logprobs"]} for k, v in report["census_per_step"].items()}
     ))
     lines.append(WAITS_LEGEND)
+    fallbacks = [(name, feature, cause, n) for name, row in report["census_per_step"].items()
+                 for feature, causes in (row.get("fallbacks") or {}).items() for cause, n in causes.items()]
+    lines.append("")
+    lines.append("fallbacks (FastDeploy's own path, by cause; census runs):" if fallbacks else
+                 "fallbacks (FastDeploy's own path): none in the census runs")
+    for name, feature, cause, n in fallbacks:
+        lines.append(f"  {name:20s} {feature}: {cause[:60]} x{n}")
     if "copy_strategies" in report:  # pragma: no cover - GPU only
         lines.append("")
         lines.append("copy strategies on this GPU (per step, host us):")

@@ -420,6 +420,11 @@ class CopyBackend:
                 found = event
         return found
 
+    def query(self, event: CopyEvent) -> bool:
+        """Whether ``event``'s copies have landed, without waiting (here: a wait on it or on a later
+        event returned; the runtime backends also ask the device)."""
+        return event.seq <= self._completed
+
     def wait(self, event: CopyEvent, reason: str) -> None:
         """Host waits for ``event`` only. Free when a later event was already waited on."""
         if event.seq <= self._completed:

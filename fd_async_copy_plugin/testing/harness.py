@@ -14,7 +14,7 @@ import statistics
 import time
 from dataclasses import dataclass, field
 
-from .. import disable, enable
+from .. import disable, enable, status as plugin_status
 from .reference import ROOTS
 from .reference.driver import DecodeResult, DriverConfig, Request, run_decode
 from .. import runtime
@@ -135,6 +135,8 @@ class VariantRun:
     census: SyncCensus
     step_seconds: list[float] = field(default_factory=list)
     status: dict | None = None
+    #: ``status()`` at the end of the run (before the plugin was disabled): the runners' counters
+    final_status: dict | None = None
 
 
 def run_variant(variant: Variant, config: DriverConfig, requests, *, backend: str = "host",
@@ -146,7 +148,11 @@ def run_variant(variant: Variant, config: DriverConfig, requests, *, backend: st
     times: list[float] = []
     last = [time.perf_counter()]
 
+    runners = []  # the runner, held until its counters were read (status() lists live runners)
+
     def on_step(step, runner):
+        if not runners:
+            runners.append(runner)
         now = time.perf_counter()
         times.append(now - last[0])
         last[0] = now
@@ -160,7 +166,22 @@ def run_variant(variant: Variant, config: DriverConfig, requests, *, backend: st
     with device_for(backend), plugin_state(variant, backend) as status, collecting(census) as census, tracking:
         last[0] = time.perf_counter()
         result = run_decode(variant.root, config, requests, arrivals=arrivals, max_steps=max_steps, on_step=on_step)
-    return VariantRun(variant, result, census, times, status)
+        final = plugin_status() if variant.plugin else None
+        runners.clear()
+    return VariantRun(variant, result, census, times, status, final)
+
+
+def fallbacks_by_cause(status: dict | None) -> dict[str, dict[str, int]]:
+    """Per feature, the runners' fallbacks (FastDeploy's own path taken, by cause) summed over the
+    live runners of ``status()``; features without any are left out."""
+    out: dict[str, dict[str, int]] = {}
+    for name, entry in ((status or {}).get("features") or {}).items():
+        counts: collections.Counter = collections.Counter()
+        for runner in (entry or {}).get("runners") or ():
+            counts.update(runner.get("fallbacks") or {})
+        if counts:
+            out[name] = dict(sorted(counts.items()))
+    return out
 
 
 def census_row(run: VariantRun, skip: int = 2) -> dict:
@@ -176,6 +197,7 @@ def census_row(run: VariantRun, skip: int = 2) -> dict:
     row["first_read_after_wait"] = all(
         s.first_read_after_wait(on_patched_path) in (True, None) for s in steps
     )
+    row["fallbacks"] = fallbacks_by_cause(getattr(run, "final_status", None))
     row["pinned_alloc_after_warmup"] = sum(s.count("pinned_alloc") + s.count("pinned_free") for s in steps)
     if any(k == "host_wait" for s in run.census.steps for k, _ in s.events):
         row["host_waits"] = host_waits(run.census.steps, skip)

@@ -79,8 +79,9 @@ def test_bench_smoke_json_has_ratio_and_census_side_by_side():
         "fd24-overlap-bound": (1, 1),  # the previous step's save event, after this step's forward
         "fd25-native": (4, 4),
         "fd25-native-overlap": (3, 3),
-        "fd25-plugin": (3, 3),  # T gone (the seed on the device): two token_num events and the save event
-        "fd25-plugin-overlap": (2, 2),  # FD 2.5's overlap + the plugin: the last step's save event, token_num
+        # step_syncs: T gone (the seed on the device) and both token_num waits (the host shadow's count)
+        "fd25-plugin": (1, 1),  # the save event only
+        "fd25-plugin-overlap": (1, 1),  # FD 2.5's overlap + the plugin: the last step's save event only
     }
     # FD 2.5: T was the one long wait; with the plugin only the save event waits for the step's work,
     # and under 2.5's overlap schedule nothing waits for the forward being prepared
@@ -88,7 +89,12 @@ def test_bench_smoke_json_has_ratio_and_census_side_by_side():
     assert census["fd25-plugin"]["host_waits"]["long"] == 1
     assert census["fd25-plugin-overlap"]["host_waits"]["long"] == 0
     for name in ("fd25-plugin", "fd25-plugin-overlap"):
-        assert "T" not in [s["label"] for s in census[name]["host_waits"]["sites"]], census[name]
+        assert [s["label"] for s in census[name]["host_waits"]["sites"]] == ["save event"], census[name]
+        assert [s["label"] for s in census[name]["host_waits_with_logprobs"]["sites"]] == ["save event"], census[name]
+        # every fallback counted by cause; the census runs have none but the construction load
+        assert census[name]["fallbacks"] == {"step_syncs": {"shadow loaded (construction)": 1}}, census[name]
+    for name in ("fd25-native", "fd25-native-overlap"):
+        assert census[name]["fallbacks"] == {}, census[name]
     # every host read on a patched path comes after a wait that covers it, in every variant
     assert all(row["first_read_after_wait"] for row in census.values()), \
         {name: row["first_read_after_wait"] for name, row in census.items()}

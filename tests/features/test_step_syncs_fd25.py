@@ -64,13 +64,21 @@ def run_pair(cfg, requests, arrivals, backend, *, features=None, on_step=None, m
     reference = Variant("fd25-plugin-without-step_syncs", FD25, True, WITHOUT_SYNCS) if racy else \
         Variant("fd25-native", FD25, False)
     base = run_variant(reference, cfg, requests, backend=backend, arrivals=arrivals, max_steps=max_steps)
-    counts = {"served": collections.Counter(), "fallbacks": collections.Counter(), "steps": 0}
+    counts = {"served": collections.Counter(), "fallbacks": collections.Counter(), "steps": 0, "truth": 0}
 
     def step(n, runner):
         state = part(runner, "syncs")
         if state is not None:
+            before = counts["served"]["token_num _prepare_inputs"]
             counts["served"], counts["fallbacks"] = collections.Counter(state.served), collections.Counter(state.fallbacks)
             counts["steps"] += 1
+            if not cfg.overlap and state.shadow is not None and counts["served"]["token_num _prepare_inputs"] > before:
+                # device truth: FD's own pinned copy of this step (landed: the save waited on a later
+                # event) holds what the shadow answered instead of FD's wait
+                pinned = np.array(runner.share_inputs["seq_lens_this_time_cpu"].numpy())
+                answered = state.shadow.last_answers["_prepare_inputs.this_time"]
+                assert pinned.shape == answered.shape and (pinned == answered).all(), (n, pinned, answered)
+                counts["truth"] += 1
             # T: the seed the sampler reads, and its increment, are device tensors
             assert runner.share_inputs["infer_seed"] is state.seed and is_device(state.seed)
             assert runner.infer_seed_increment is state.increment and is_device(state.increment)
@@ -94,7 +102,26 @@ def test_bit_identical_to_fastdeploy_25_with_the_seed_on_the_device(backend, ove
     result, counts = run_pair(config(batch, overlap=overlap), requests, arrivals, backend)
     assert result.executed_steps > 5 and counts["steps"] == result.executed_steps
     assert counts["served"]["T device seed"] >= result.executed_steps, counts  # the patched path ran
-    assert not counts["fallbacks"], counts
+    assert_token_num_served(result, counts, overlap, backend)
+
+
+#: FD 2.5's overlap schedule, a step with a prefill: FastDeploy waits in _prepare_inputs for the exact
+#: count, and the last step's snapshot is still in flight (its save comes after this forward): FD's wait
+IN_FLIGHT = "token_num _prepare_inputs: the last step's snapshot has not landed"
+
+
+def assert_token_num_served(result, counts, overlap, backend):
+    """The token-count reads were answered by the shadow (the patched path ran, not a stand-down),
+    every fallback has a named cause, and (plain schedule) every answer equals FastDeploy's copy."""
+    served, fallbacks = counts["served"], counts["fallbacks"]
+    allowed = {"shadow loaded (construction)"} | ({IN_FLIGHT} if overlap and backend == "sim" else set())
+    assert set(fallbacks) <= allowed and fallbacks["shadow loaded (construction)"] == 1, counts
+    if overlap:  # plain decode steps: _postprocess's two reads, from the shadow
+        assert served["token_num _postprocess"] > 0, counts
+    else:  # every step's count from the shadow; _postprocess reads nothing: its wait is not needed
+        assert served["token_num _prepare_inputs"] == result.executed_steps, counts
+        assert served["token_num _postprocess: wait not needed (no read)"] == result.executed_steps, counts
+        assert counts["truth"] == result.executed_steps, counts
 
 
 @pytest.mark.parametrize("overlap", [False, True], ids=["plain", "fd25-overlap"])
@@ -103,6 +130,7 @@ def test_logprobs_including_minus_one_stay_bit_identical(overlap):
     cfg = config(7, overlap=overlap, enable_logprob=True)
     result, counts = run_pair(cfg, requests, arrivals, "sim")
     assert counts["served"]["T device seed"] >= result.executed_steps
+    assert_token_num_served(result, counts, overlap, "sim")
 
 
 def test_without_stop_flag_it_still_applies_on_25_but_not_on_24():
@@ -127,13 +155,14 @@ def test_t_is_gone_from_the_step_and_a_planted_host_seed_brings_it_back(monkeypa
     plugin, _ = _plain_waits(Variant("p", FD25, True, overlap=overlap))
     labels = lambda waits: [s["label"] for s in waits["sites"]]  # noqa: E731
     assert "T" in labels(native) and "T" not in labels(plugin), (native, plugin)
-    assert plugin["total"] == native["total"] - 1 and plugin["long"] == native["long"] - 1
+    assert plugin["long"] == native["long"] - 1
     if overlap:  # FD 2.5's own overlap schedule: nothing waits for the forward being prepared
         assert plugin["long"] == 0, plugin
     # planted: the seed cannot move - the runner keeps FD's host seed, and the census finds T again
     monkeypatch.setattr(step_syncs, "_move_seed", lambda runner, state: (_ for _ in ()).throw(ValueError("planted")))
     planted, _ = _plain_waits(Variant("p", FD25, True, overlap=overlap))
-    assert "T" in labels(planted) and planted["total"] == native["total"], planted
+    assert "T" in labels(planted) and "T" in labels(native), planted
+    assert planted["total"] == native["total"], planted  # (a runner without the seed part has no shadow either)
 
 
 def test_a_runner_whose_seed_cannot_move_keeps_fastdeploys_and_status_says_why(monkeypatch):
@@ -162,7 +191,8 @@ def test_a_seed_fastdeploy_recreates_on_the_host_is_moved_again_and_counted():
             si["infer_seed"] = paddle.to_tensor(np.array(si["infer_seed"].numpy()), place=paddle.CPUPlace())
 
     result, counts = run_pair(config(7), requests, arrivals, "sim", on_step=recreate)
-    assert counts["fallbacks"] == {"T: FastDeploy re-created the seed; moved to the device again": 1}, counts
+    assert counts["fallbacks"] == {"T: FastDeploy re-created the seed; moved to the device again": 1,
+                                   "shadow loaded (construction)": 1}, counts
     assert counts["served"]["T device seed"] >= result.executed_steps
 
 
@@ -236,3 +266,139 @@ def test_a_runner_on_another_platform_keeps_the_host_seed(monkeypatch):
     state, on_device, entry = seen[-1]
     assert state is None and not on_device
     assert entry["state"] == "passthrough" and "not a CUDA platform" in entry["reason"], entry
+
+
+# --- the token_num waits: what makes them removable, and what shows when that breaks ----------
+
+
+def _token_pair(backend, overlap, **kw):
+    requests, arrivals = workload(7)
+    return run_pair(config(7, overlap=overlap), requests, arrivals, backend, **kw)
+
+
+def _differs(backend, overlap) -> str:
+    """Run the pair; "" when the plugin's run was bit-identical, else what broke."""
+    try:
+        _token_pair(backend, overlap)
+    except Exception as exc:  # a mismatch (AssertionError) or FastDeploy failing on a wrong count
+        return f"{type(exc).__name__}: {str(exc)[:200]}"
+    return ""
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["plain", "fd25-overlap"])
+def test_a_planted_wrong_shadow_count_breaks_bit_identity(monkeypatch, overlap):
+    """The shadow's answer is what FastDeploy's count becomes: one token too few in the served
+    ``seq_lens_this_time`` (the last running slot with tokens) and the outputs differ."""
+    real = step_syncs.TokenShadow.answer
+
+    def wrong(self, name, site, like):
+        out = real(self, name, site, like)
+        if out is not None and name == "this_time":
+            rows = np.flatnonzero(out.reshape(-1) > 0)
+            if rows.size:
+                out.reshape(-1)[rows[-1]] -= 1
+        return out
+
+    monkeypatch.setattr(step_syncs.TokenShadow, "answer", wrong)
+    assert _differs("sim", overlap)
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["plain", "fd25-overlap"])
+def test_a_planted_early_read_of_the_pinned_count_shows_under_the_simulator(monkeypatch, overlap):
+    """The waits are really skipped: when the shadow does not answer and the owed wait is dropped,
+    FastDeploy reads its pinned buffer while the copy is in flight - the simulator's poison."""
+    from fd_async_copy_plugin.patches import _tensor_watch
+
+    monkeypatch.setattr(step_syncs.TokenShadow, "answer", lambda self, name, site, like: None)
+    monkeypatch.setattr(_tensor_watch.DeferredEvent, "settle", lambda self: None)
+    assert _differs("sim", overlap)
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["plain", "fd25-overlap"])
+def test_without_answers_fastdeploys_own_waits_run_and_stay_bit_identical(monkeypatch, overlap):
+    """The counted fallback: the shadow answers nothing, the owed wait runs before FastDeploy's read."""
+    monkeypatch.setattr(step_syncs.TokenShadow, "answer", lambda self, name, site, like: None)
+    result, counts = _token_pair("sim", overlap)
+    assert counts["served"]["token_num _prepare_inputs"] == 0 and counts["served"]["token_num _postprocess"] == 0
+
+
+#: FD 2.5 block steps: few KV blocks, requests block (is_block_step), get DECODE tasks, are recovered
+BLOCKY_25 = config(8, max_model_len=128, vocab_size=1024, num_gpu_blocks=14)
+
+
+@pytest.mark.parametrize("backend", ["host", "sim"])
+@pytest.mark.parametrize("overlap", [False, True], ids=["plain", "fd25-overlap"])
+def test_block_steps_and_recovery_are_followed_by_the_token_shadow(backend, overlap):
+    from test_step_syncs import block_step_workload
+
+    requests, arrivals = block_step_workload()
+    recovered = []
+
+    def watch(n, runner):
+        shadow = part(runner, "syncs").shadow
+        recovered.append(bool(np.any(shadow.arrays["block_step"])) if shadow.known("block_step") else False)
+
+    result, counts = run_pair(dataclasses.replace(BLOCKY_25, overlap=overlap), requests, arrivals, backend,
+                              on_step=watch, max_steps=300)
+    assert any(recovered), "no block step happened: the workload does not test recovery"
+    assert_token_num_served(result, counts, overlap, backend)
+
+
+def test_a_dummy_run_and_a_reset_reload_the_shadow_and_are_counted():
+    """A dummy/profile run's _prepare_inputs keeps FastDeploy's waits and the shadow is lost; the next
+    real step loads it again (one counted load); InputBatch.reset_share_inputs likewise."""
+    requests, arrivals = workload(7)
+
+    def disturb(n, runner):
+        if n == 3:
+            runner._prepare_inputs(is_dummy_or_profile_run=True)
+        if n == 6:
+            runner.share_inputs.reset_share_inputs()
+
+    seen = []
+    with device_for("sim"), plugin_state(Variant("p", FD25, True), "sim"), tracking(recording=False):
+        run_decode(FD25, config(7), requests, arrivals=arrivals, max_steps=60,
+                   on_step=lambda n, r: (disturb(n, r), seen.append(collections.Counter(part(r, "syncs").fallbacks))))
+    last = seen[-1]
+    assert last["token_num: dummy/profile run"] == 1, last
+    assert last["shadow loaded (after a dummy run, a reset or an untracked write)"] == 2, last
+
+
+def test_a_recreated_share_inputs_tensor_keeps_fastdeploys_waits_counted():
+    requests, arrivals = workload(7)
+
+    def recreate(n, runner):
+        if n == 4:
+            si = runner.share_inputs
+            si["is_block_step"] = paddle.to_tensor(np.array(si["is_block_step"].numpy()))
+
+    result, counts = run_pair(config(7), requests, arrivals, "sim", on_step=recreate)
+    assert counts["fallbacks"]["token_num: share_inputs['is_block_step'] was re-created"] > 0, counts
+    assert counts["served"]["token_num _prepare_inputs"] >= 4, counts
+
+
+def test_a_write_through_the_seq_lens_this_time_view_loses_the_shadow_until_the_next_snapshot():
+    """2.5 writes through the view only under speculative decoding (:834); any such write inside an
+    insert is not followed: the next count is FastDeploy's own (counted), the snapshot brings it back."""
+    requests, arrivals = workload(7)
+    planted = []
+
+    def plant(n, runner):
+        if n == 3 and not planted:
+            sampler, real = runner.sampler, runner.sampler.apply_logits_processor
+
+            def writing(idx, *args, **kwargs):  # called inside insert_tasks_v1, once per prefill
+                si = runner.share_inputs
+                if not planted and si["seq_lens_this_time"].shape[0] > 0:
+                    value = np.array(si["seq_lens_this_time"][0:1].numpy())
+                    si["seq_lens_this_time"][0:1] = value  # the same value: outputs stay identical
+                    planted.append(n)
+                return real(idx, *args, **kwargs)
+
+            sampler.apply_logits_processor = writing
+
+    result, counts = run_pair(config(7), requests, arrivals, "sim", on_step=plant)
+    assert planted, "no insert after the plant"
+    cause = "token_num _prepare_inputs: the shadow of this_time is not known"
+    assert counts["fallbacks"][cause] == 1, counts
+    assert counts["served"]["token_num _prepare_inputs"] == result.executed_steps - 1, counts

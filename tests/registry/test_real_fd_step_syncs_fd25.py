@@ -257,7 +257,7 @@ def test_other_profiles_skip_with_the_placement(tmp_path, monkeypatch, profile, 
     planted = {} if placement == "on the host" else dict(
         create='self.infer_seed = paddle.full([4, 1], 0, dtype="int64")')
     rows = _check(_plant(tmp_path, monkeypatch, **planted), profile)
-    assert rows["profile"][0] == "SKIP" and "fastdeploy-2.5 for the sampling seed only" in rows["profile"][1]
+    assert rows["profile"][0] == "SKIP" and "fastdeploy-2.5 for the sampling seed and the token_num reads" in rows["profile"][1]
     assert not any(r in rows for r in ROWS)
     status, detail = rows[ROW_PLACEMENT]
     assert status == "INFO" and f"infer_seed created {placement} at worker/input_batch.py:" in detail, detail

@@ -60,9 +60,11 @@ SCAFFOLDING = ("testing", "cli", "serving_ab", "runtime.simulated", "ops.build",
 #: module carries its why/how/mirrors/delete header, and the CUDA layer documents each call). Raised
 #: from 4500 / 7000 when FD 2.5's seed path (issue 22, ~60 lines) and the batched copies (issue 24)
 #: came in: a new FastDeploy line served is what a budget is revisited for, never a reason to drop it.
-MAX_RUNTIME_CODE_LINES = 4600
+#: Raised again from 4600 / 7100 for FD 2.5's token-count shadow (issue 22: TokenShadow, its links and
+#: the deferred event, ~350 code lines).
+MAX_RUNTIME_CODE_LINES = 5000
 #: and a ceiling on the physical lines, docs included
-MAX_RUNTIME_LINES = 7100
+MAX_RUNTIME_LINES = 7600
 
 
 def loaded_by_register(prelude: str = "") -> tuple[set[str], dict]:

@@ -32,9 +32,10 @@ particular shape. This section reads that code by AST (it works when nothing imp
 
 Checked on the FastDeploy side when the detected profile is ``fastdeploy-2.4``, and on the replica
 when it is ``...reference.fd24``. Statuses: OK, MISMATCH (an assumption does not hold), INFO, SKIP.
-On ``fastdeploy-2.5`` (and the ``...reference.fd25`` replica) the feature moves the sampling seed only:
-``check_step_syncs`` hands over to ``step_syncs_fd25`` (rows ``(d25)``); other profiles get a SKIP and
-the seed's placement.
+On ``fastdeploy-2.5`` (and the ``...reference.fd25`` replica) the feature moves the sampling seed and
+answers the token_num reads from its own shadow: ``check_step_syncs`` hands over to ``step_syncs_fd25``
+(rows ``(d25)``) and ``token_num_fd25`` (rows ``(t25)``); other profiles get a SKIP and the seed's
+placement.
 """
 
 from __future__ import annotations
@@ -1112,15 +1113,19 @@ def check_step_syncs(side: Side, report: Report, profile: str | None, *, replica
     from .step_syncs_fd25 import PROFILE as SEED_PROFILE, check_seed_fd25, seed_placement
 
     if (replica and side.root.endswith(".fd25")) or (not replica and profile == SEED_PROFILE):
-        # FastDeploy 2.5: the feature moves the sampling seed only (step_syncs_fd25, rows (d25))
+        # FastDeploy 2.5: the sampling seed (step_syncs_fd25, rows (d25)) and the token_num reads (token_num_fd25, (t25))
         section = f"{SECTION} replica" if replica else SECTION
         report.add(section, "profile", "INFO", (f"{side.root} models {SEED_PROFILE}" if replica else SEED_PROFILE)
-                   + f": {SECTION} moves the sampling seed only (sync T), rows (d25); rows (a)-(f) are for {PROFILE}")
+                   + f": {SECTION} moves the sampling seed (sync T), rows (d25), and answers the token_num reads from a "
+                   f"host shadow, rows (t25); rows (a)-(f) are for {PROFILE}")
         check_seed_fd25(side, report, section)
+        from .token_num_fd25 import check_token_num_fd25
+
+        check_token_num_fd25(side, report, section)  # rows (t25): the token_num waits
         return
     if not replica and profile != PROFILE:
         report.add(SECTION, "profile", "SKIP", f"{SECTION} is applied on {PROFILE}, and on {SEED_PROFILE} for the "
-                   f"sampling seed only; this tree is {profile}")
+                   f"sampling seed and the token_num reads; this tree is {profile}")
         seed_placement(side, report, SECTION)
         return
     section = feature_section(report, SECTION, profile, PROFILE, replica)

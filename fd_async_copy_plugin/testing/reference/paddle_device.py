@@ -1,10 +1,17 @@
-"""Routes ``paddle.device.synchronize()`` through the copy backend on the CPU build of Paddle.
+"""Routes ``paddle.device.synchronize()`` and ``paddle.device.cuda.create_event()`` through the copy
+backend on the CPU build of Paddle.
 
 FastDeploy 2.5 calls ``paddle.device.synchronize()`` in ``_get_prompt_logprobs_list``, and the
 plugin's ``sync_scope`` feature swaps that attribute for the duration of the call, so the replica
 must spell the call the same way. On the CPU build the real function raises ("device should be
 gpu, xpu"); installing this routes it to ``replica_backend.current().device_synchronize(...)``, which the
 census counts and which lands every pending copy in the simulator - what a device-wide sync does.
+
+FastDeploy 2.5's ``token_num_event`` is ``paddle.device.cuda.create_event()`` with ``record()`` and
+``synchronize()`` (gpu_model_runner.py:1332-1340, :2365); on the CPU build the real one raises
+("CUDAEvent can only be initialized on the GPU platform"). The routed one records and waits through
+the backend (the census counts the wait at the caller's line). When the plugin has a junction on
+``create_event`` (``step_syncs``' scoped event), the routing goes beneath its links (``set_bottom``).
 
 Installed only while asked for - ``routed()``, which ``driver.run_decode`` enters for every run -
 and only on a CPU build: on a CUDA build Paddle's own function is left alone. Importing the
@@ -14,9 +21,11 @@ replica changes nothing in Paddle.
 from __future__ import annotations
 
 import contextlib
+import sys
 
 import paddle
 
+from fd_async_copy_plugin.registry.patch import Junction
 from fd_async_copy_plugin.testing.reference import copy_backend as replica_backend
 
 
@@ -27,6 +36,58 @@ def _device_synchronize(device=None):
 _device_synchronize.fd_async_copy_replica = True
 
 
+class ReplicaEvent:
+    """``paddle.device.cuda.Event`` on the CPU build: ``record()`` -> ``backend.record``,
+    ``synchronize()`` -> ``backend.wait`` (named by the calling function), ``query()``."""
+
+    def __init__(self) -> None:
+        self.event = None
+
+    def record(self, stream=None) -> None:
+        self.event = replica_backend.current().record(f"{sys._getframe(1).f_code.co_name}.event")
+
+    def synchronize(self) -> None:
+        if self.event is not None:
+            replica_backend.current().wait(self.event, f"{sys._getframe(1).f_code.co_name}.token_num_event")
+
+    def query(self) -> bool:
+        backend = replica_backend.current()
+        return self.event is None or self.event.seq <= backend._completed
+
+
+def _create_event(enable_timing=False, blocking=False, interprocess=False):
+    return ReplicaEvent()
+
+
+_create_event.fd_async_copy_replica = True
+
+
+def _install_create_event() -> None:
+    cuda = paddle.device.cuda
+    junction = Junction.at(cuda, "create_event")
+    if junction is not None:  # beneath the plugin's links
+        if not getattr(junction.bottom, "fd_async_copy_replica", False):
+            junction.set_bottom(_create_event)
+        return
+    current = cuda.create_event
+    if getattr(current, "fd_async_copy_replica", False):
+        return
+    _create_event.__wrapped__ = current
+    cuda.create_event = _create_event
+
+
+def _uninstall_create_event() -> None:
+    cuda = paddle.device.cuda
+    junction = Junction.at(cuda, "create_event")
+    if junction is not None:
+        if junction.bottom is _create_event and junction.original is not _create_event:
+            junction.set_bottom(junction.original)
+        return
+    current = cuda.create_event
+    if getattr(current, "fd_async_copy_replica", False):
+        cuda.create_event = current.__wrapped__
+
+
 def install() -> bool:
     """Route ``paddle.device.synchronize``; returns whether the routing is in place.
 
@@ -35,6 +96,7 @@ def install() -> bool:
     """
     if paddle.is_compiled_with_cuda():
         return False
+    _install_create_event()
     current = paddle.device.synchronize
     if getattr(current, "fd_async_copy_replica", False):
         return True
@@ -46,6 +108,8 @@ def install() -> bool:
 
 
 def uninstall() -> None:
+    if not paddle.is_compiled_with_cuda():
+        _uninstall_create_event()
     current = paddle.device.synchronize
     if getattr(current, "fd_async_copy_replica", False):
         paddle.device.synchronize = current.__wrapped__

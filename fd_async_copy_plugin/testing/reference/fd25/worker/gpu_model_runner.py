@@ -5,7 +5,8 @@ patch points; V1 scheduler only.
 - ``insert_tasks_v1`` writes the request's seed into the host ``infer_seed`` (:897-898) and sets the
   pinned flag with ``set_stop(..., True)`` (:931);
 - ``_prepare_inputs(last_token_num)`` (:1285): async copies of ``seq_lens_this_time`` /
-  ``is_block_step`` into pinned buffers and ``token_num_event``; the host token count for
+  ``is_block_step`` into pinned buffers and ``token_num_event`` (``paddle.device.cuda.create_event()``,
+  ``.synchronize()``, then ``.numpy().sum().item()`` of the pinned buffer, as FastDeploy spells it); the host token count for
   ``pre_process`` (from last step's count under the overlap schedule when decode-only);
 - ``execute_model`` (:2244) -> ``execute_model_normal`` (:2263) / ``execute_model_overlap``
   (:2277, saves the previous step after enqueuing this one), ``_preprocess_and_execute_model``
@@ -209,7 +210,6 @@ class GPUModelRunner(AsyncOutputThread):
     def _prepare_inputs(self, last_token_num=-1, is_dummy_or_profile_run=False):
         """Returns ``token_num_event`` (covers the pinned token-count copies)."""
         si = self.share_inputs
-        backend = current_backend()
         recover_decode_task(
             si["stop_flags"],
             si["seq_lens_this_time"],
@@ -243,10 +243,12 @@ class GPUModelRunner(AsyncOutputThread):
 
         copy_async(si["seq_lens_this_time_cpu"], si["seq_lens_this_time"], "_prepare_inputs.seq_lens_this_time_cpu")
         copy_async(si["is_block_step_cpu"], si["is_block_step"], "_prepare_inputs.is_block_step_cpu")
-        token_num_event = backend.record("token_num_event")
+        # spelled as in FastDeploy (:1332-1341): routed to the copy backend by paddle_device.routed()
+        token_num_event = paddle.device.cuda.create_event()
+        token_num_event.record()
         if is_dummy_or_profile_run or (not self.enable_overlap_schedule) or self.exist_prefill() or last_token_num <= 0:
-            backend.wait(token_num_event, "_prepare_inputs.token_num")
-            token_num = int(backend.read(si["seq_lens_this_time_cpu"], "_prepare_inputs.token_num").sum())
+            token_num_event.synchronize()
+            token_num = si["seq_lens_this_time_cpu"].numpy().sum().item()
         else:
             token_num = last_token_num
         ids_remove_padding, batch_id_per_token, cu_seqlens_q, cu_seqlens_k, _, _ = pre_process(
@@ -365,12 +367,13 @@ class GPUModelRunner(AsyncOutputThread):
             return None, None, None, -1
         backend = current_backend()
         si = self.share_inputs
-        backend.wait(token_num_event, "_postprocess.token_num_event")
+        token_num_event.synchronize()  # FastDeploy :2365-2371
         if (not self.enable_overlap_schedule) or self.exist_prefill():
             token_num = -1
         else:
-            token_num = int(backend.read(si["seq_lens_this_time_cpu"], "_postprocess.token_num").sum()) + int(
-                backend.read(si["is_block_step_cpu"], "_postprocess.token_num").sum()
+            token_num = (
+                si["seq_lens_this_time_cpu"].numpy().sum().item()
+                + si["is_block_step_cpu"].numpy().sum().item()
             )
         prompt_logprobs_list = self._get_prompt_logprobs_list(model_output)
         hidden_states = rebuild_padding(
