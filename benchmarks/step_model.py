@@ -47,9 +47,11 @@ seq_lens_this_time and is_block_step into pinned buffers and records ``token_num
 - ``fd25-overlap``: FD 2.5's ``execute_model_overlap``: prepare + forward N (token count:
   ``last_token_num``, the upper bound read in ``_postprocess`` N-1, no wait), save N-1 (its event),
   ``_postprocess`` N (tn2, which also reads N's pinned counts for N+1; T; sampler, post, copies).
-- ``fd25+plugin``: ``fd25`` with the plugin's FD 2.5 fix: ``infer_seed`` and its increment on the device
-  (as FD develop #6765), so T is gone; tn, tn2 and the save event stay.
-- ``fd25+plugin-overlap``: ``fd25-overlap`` with T gone the same way.
+- ``fd25+plugin``: ``fd25`` with the plugin's FD 2.5 fixes: ``infer_seed`` and its increment on the
+  device (as FD develop #6765), so T is gone; tn and tn2 answered from the host shadow (the count the
+  previous save's snapshot gives; FD's pinned copies and event are still issued, not waited on; the
+  first step waits as FD does); the save event stays, its copies carry the snapshot.
+- ``fd25+plugin-overlap``: ``fd25-overlap`` with T gone and tn2 answered the same way.
 
 Wall time per step = median of the differences between consecutive saves (the host's timestamp
 after each step's save), over ``--steps`` steps after ``--warmup``, in ``--rounds`` interleaved
@@ -737,22 +739,29 @@ def run_one_wait(c: Ctx, cfg: StepConfig, total: int) -> None:
 
 def _run_fd25(c: Ctx, cfg: StepConfig, total: int, keep_t: bool) -> None:
     """FD 2.5 without its overlap schedule (execute_model -> _prepare_inputs, forward, _postprocess,
-    _save_model_output); ``keep_t``: unpatched (CPU infer_seed), else the plugin's device seed."""
+    _save_model_output); ``keep_t``: unpatched (CPU infer_seed, both token_num waits), else the
+    plugin's FD 2.5 fix: the device seed, and both token_num reads answered from the host shadow
+    (the previous save's snapshot; FD still issues its copies and event, nobody waits on them)."""
     e = c.e
+    shadow = None  # the plugin's count for this step (None: not known yet, FD's own waits run)
     for n in range(total):
         c.begin(n)
         e.host(cfg.prepare_ms)
         tn = e.token_num_async()  # recover_decode_task, pinned copies, token_num_event.record()
-        e.prepare_kernels(_exact_count(c, tn))  # tn: only the recover kernel and the copies are queued
+        # tn: only the recover kernel and the copies are queued
+        e.prepare_kernels(_exact_count(c, tn) if shadow is None else c.token_count(shadow))
         e.forward(n)
         e.host(cfg.between_ms)
-        e.token_num_wait(tn, "tn2")  # _postprocess waits token_num_event again (signalled)
+        if shadow is None:
+            e.token_num_wait(tn, "tn2")  # _postprocess waits token_num_event again (signalled)
         _seed(e, keep_t)
         e.sampler(n)
         e.post(n)
-        p = e.outputs_async(n, snapshot=False)
-        ids, nns, _ = e.outputs_wait(p)  # _save_model_output: post_process_event
+        p = e.outputs_async(n, snapshot=not keep_t)
+        ids, nns, seq = e.outputs_wait(p)  # _save_model_output: post_process_event
         del p
+        if seq is not None:
+            shadow = int(seq.sum())  # exact: no task is inserted here
         c.save(n, ids, nns, cfg.save_ms)
 
 
@@ -784,13 +793,13 @@ def _run_overlap(c: Ctx, cfg: StepConfig, total: int, keep_t: bool, exact: bool 
                 bound = int(seq.sum())
             c.save(step, ids, nns, cfg.save_ms)
         e.host(cfg.between_ms)
-        if tn is not None:  # _postprocess N: token_num_event (signalled), last_token_num for N+1
-            seq, block = e.token_num_wait(tn, "tn2", read=True)
-            bound = int(seq.sum()) + int(block.sum())
+        if tn is not None and (keep_t or bound is None):  # _postprocess N: token_num_event (signalled),
+            seq, block = e.token_num_wait(tn, "tn2", read=True)  # last_token_num for N+1; with the
+            bound = int(seq.sum()) + int(block.sum())  # plugin, the shadow (N-1's snapshot) answers it
         _seed(e, keep_t)
         e.sampler(n)
         e.post(n)
-        pending = e.outputs_async(n, snapshot=not fd25)
+        pending = e.outputs_async(n, snapshot=not (fd25 and keep_t))
     e.measuring = False  # the flush waits for the whole queue: not a step's wait
     if pending is not None:  # flush the last step
         ids, nns, _ = e.outputs_wait(pending)
@@ -991,7 +1000,7 @@ def report(cfg: StepConfig, res: dict, model: dict | None, label: str) -> list[s
     say(f"  fd25+plugin-overlap vs gpu-only: {f25po['median']:.3f} vs {gpu['median']:.3f} ms/step "
         f"({100 * (f25po['median'] / gpu['median'] - 1):+.1f}%, target <= {100 * (FD25_TARGET - 1):+.0f}%; "
         f"{f25po['median'] / f25['median']:.3f}x fd25): with the seed on the device FD 2.5's own overlap hides "
-        f"prepare and save under the forward; tn2 and the save event stay. fd25-overlap (T kept): "
+        f"prepare and save under the forward; the shadow answers tn2, the save event stays. fd25-overlap (T kept): "
         f"{f25o['median']:.3f} ms ({100 * (f25o['median'] / gpu['median'] - 1):+.1f}% over gpu-only, "
         f"{f25o['median'] / f25['median']:.3f}x fd25): T makes the sampler launch wait for the forward. "
         f"Overlap off: fd25 {f25['median']:.3f}, fd25+plugin {f25p['median']:.3f} ms "
