@@ -85,21 +85,24 @@ _armed = threading.local()  # the count _prepare_inputs computed, for get_paddin
 
 
 class _Mirror(Watched):
-    """A watched tensor whose host writes are applied to a host array too."""
+    """A watched tensor whose host writes are applied to the shadow too (``shadow.host_write``; FD
+    2.4's ``StepShadow`` and FD 2.5's ``TokenShadow``); a write it cannot follow loses that shadow."""
 
-    def __init__(self, shadow: "StepShadow", name: str, tensor) -> None:
+    def __init__(self, shadow, name: str, tensor) -> None:
         super().__init__(tensor)
         self.shadow, self.name = shadow, name
 
     def setitem(self, original, key, value) -> None:
         original(self.tensor, key, value)
         v = host_value(value, self.tensor)
-        try:
-            if v is _UNKNOWN or not basic_key(key):
-                raise ValueError("a device value or a mask")
-            self.shadow.arrays[self.name][key] = v
-        except Exception as exc:  # never fail FastDeploy's write: the shadow reloads instead
-            self.shadow.lose(self.name, f"a write FastDeploy made to {self.name} it cannot follow ({exc})")
+        if v is _UNKNOWN or not basic_key(key):
+            self.shadow.lose(self.name, f"a write FastDeploy made to {self.name} with a device value or a mask")
+        else:
+            self.shadow.host_write(self.name, key, v)
+
+
+class _Mirror24(_Mirror):
+    """FD 2.4: also the host reads the shadow answers (I1, S2)."""
 
     def getitem(self, original, key):
         # I1: ``if share_inputs["is_block_step"][idx]:`` - answered on the host when known.
@@ -197,6 +200,13 @@ class StepShadow:
             log.info("fd_async_copy step_syncs: lost track of %s (%s); FastDeploy's own path until reloaded", name, why)
         self._known[name] = False
 
+    def host_write(self, name: str, key, value) -> None:
+        """FastDeploy's host write to the tensor behind ``name`` (``_Mirror``), on its shadow too."""
+        try:
+            self.arrays[name][key] = value
+        except Exception as exc:  # never fail FastDeploy's write: the shadow reloads instead
+            self.lose(name, f"a write FastDeploy made to {name} it cannot follow ({exc})")
+
     def fallback(self, cause: str) -> None:
         self.fallbacks[cause] += 1
 
@@ -290,7 +300,7 @@ class StepShadow:
         self.served["I1 block-table rows staged"] += len(rows)
 
     def handlers(self) -> list:
-        out = [_Mirror(self, name, self.tensors[name]) for name in SHADOWED if name != "tables"]
+        out = [_Mirror24(self, name, self.tensors[name]) for name in SHADOWED if name != "tables"]
         out.append(_StagedTable(self, self.tensors["tables"]))
         return out
 
@@ -488,7 +498,7 @@ def build_prepare_inputs(original, ctx):
         shadow.count_is_bound = bool(bound and count is not None and not why and shadow.snapshot_in_flight())
         _armed.shadow, _armed.count = (shadow, count) if count is not None else (None, None)
         try:
-            with watching([_Mirror(shadow, "bad_len", shadow.tensors["bad_len"])]):
+            with watching([_Mirror24(shadow, "bad_len", shadow.tensors["bad_len"])]):
                 return original(self, *args, **kwargs)
         finally:
             _armed.shadow = _armed.count = None
@@ -673,23 +683,6 @@ def replay_recover(arrays: dict, num_running: int, block_size: int) -> bool:
     return True
 
 
-class _Mirror25(Watched):
-    """A watched InputBatch tensor: FastDeploy's host write, then the same write on the shadow."""
-
-    def __init__(self, shadow: "TokenShadow", name: str, tensor) -> None:
-        super().__init__(tensor)
-        self.shadow, self.name = shadow, name
-
-    def setitem(self, original, key, value) -> None:
-        original(self.tensor, key, value)
-        v = host_value(value, self.tensor)
-        if v is _UNKNOWN or not basic_key(key):
-            self.shadow.lose(self.name, f"a write to {self.name} with a device value or a mask")
-            return None
-        self.shadow.host_write(self.name, key, v)
-        return None
-
-
 class TokenShadow:
     """FD 2.5: the host's exact copy of the state behind the step's token count, for one runner."""
 
@@ -851,7 +844,7 @@ class _ViewWrite(Watched):
 
 
 def _watched_25(shadow: TokenShadow) -> list:
-    out = [_Mirror25(shadow, name, t) for name, t in shadow.tensors.items()]
+    out = [_Mirror(shadow, name, t) for name, t in shadow.tensors.items()]
     try:  # (none before the first insert)
         view = shadow.share_inputs["seq_lens_this_time"]
     except (KeyError, AttributeError):

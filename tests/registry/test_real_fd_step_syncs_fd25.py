@@ -5,12 +5,11 @@ break fails its own row and no other. Also: which profiles get the rows, and the
 
 from __future__ import annotations
 
-import re
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
+from _planted_tree import plant
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tools"))
@@ -153,25 +152,7 @@ FILES = {
 
 
 def _plant(tmp_path, monkeypatch, **replace) -> str:
-    """A fake package tree; ``replace={"marker": "line"}`` swaps the line that ends ``# @marker``."""
-    name = "fakefd_d25_" + re.sub(r"\W", "_", tmp_path.name)  # unique per case (sys.modules caches packages)
-    root = tmp_path / name
-    for sub, text in FILES.items():
-        lines = []
-        for line in textwrap.dedent(text).splitlines():
-            found = re.search(r"# @(\w+)$", line)
-            if found and found.group(1) in replace:
-                indent = line[: len(line) - len(line.lstrip())]
-                line = indent + replace[found.group(1)]
-            lines.append(line)
-        path = root / sub
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("\n".join(lines) + "\n")
-    for folder in (root, root / "worker", root / "model_executor", root / "model_executor/layers",
-                   root / "model_executor/layers/sample"):
-        (folder / "__init__.py").touch()
-    monkeypatch.syspath_prepend(str(tmp_path))
-    return name
+    return plant(tmp_path, monkeypatch, "fakefd_d25_", FILES, **replace)
 
 
 def _rows(report, section="step_syncs"):

@@ -6,12 +6,11 @@ the rows from ``check_step_syncs``."""
 
 from __future__ import annotations
 
-import re
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
+from _planted_tree import plant
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tools"))
@@ -99,22 +98,7 @@ FILES = {"worker/gpu_model_runner.py": RUNNER, "model_executor/pre_and_post_proc
 
 
 def _plant(tmp_path, monkeypatch, **replace) -> str:
-    name = "fakefd_t25_" + re.sub(r"\W", "_", tmp_path.name)
-    root = tmp_path / name
-    for sub, text in FILES.items():
-        lines = []
-        for line in textwrap.dedent(text).splitlines():
-            found = re.search(r"# @(\w+)$", line)
-            if found and found.group(1) in replace:
-                line = line[: len(line) - len(line.lstrip())] + replace[found.group(1)]
-            lines.append(line)
-        path = root / sub
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("\n".join(lines) + "\n")
-    for folder in (root, root / "worker", root / "model_executor", root / "model_executor/ops"):
-        (folder / "__init__.py").touch()
-    monkeypatch.syspath_prepend(str(tmp_path))
-    return name
+    return plant(tmp_path, monkeypatch, "fakefd_t25_", FILES, **replace)
 
 
 def _check(name) -> dict:
