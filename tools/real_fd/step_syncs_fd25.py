@@ -33,7 +33,7 @@ import ast
 
 from .common import INPUT_BATCH, RUNNER, SAMPLER, Report
 from .side import Side
-from .step_syncs import _HOST_CONVERT, _NP, _classify, _containers, _parents
+from .step_syncs import _HOST_CONVERT, _NP, _classify, _containers, _methods, _parents
 
 PROFILE = "fastdeploy-2.5"
 SEED, INCREMENT = "infer_seed", "infer_seed_increment"
@@ -54,10 +54,6 @@ _TO_HOST = {"numpy", "tolist", "item", "cpu", "pin_memory", "__bool__", "__int__
 
 def _file(rel: str) -> str:
     return rel.replace(".", "/") + ".py"
-
-
-def _methods(cls: ast.ClassDef) -> dict:
-    return {n.name: n for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
 
 
 def _is_host_creation(value) -> bool:

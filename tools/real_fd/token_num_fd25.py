@@ -36,6 +36,7 @@ import ast
 
 from .common import INPUT_BATCH, POSTPROC, RUNNER, Report
 from .side import Side
+from .step_syncs import _methods
 
 CLASS, BATCH = "GPUModelRunner", "InputBatch"
 PINNED = ("seq_lens_this_time_cpu", "is_block_step_cpu")
@@ -47,10 +48,6 @@ ROW_POST = "(t25) 2. _postprocess: the event's wait and the overlap reads; no ot
 ROW_SNAP = "(t25) 3. the snapshot point: update_inputs_v1 before post_process_event, waited by the save"
 ROW_INSERT = "(t25) 4. insert_tasks_v1: the shadowed tensors only set by item"
 ROWS = (ROW_PREPARE, ROW_POST, ROW_SNAP, ROW_INSERT)
-
-
-def _methods(cls) -> dict:
-    return {n.name: n for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
 
 
 def _key(node) -> str | None:

@@ -51,8 +51,7 @@ class ReplicaEvent:
             replica_backend.current().wait(self.event, f"{sys._getframe(1).f_code.co_name}.token_num_event")
 
     def query(self) -> bool:
-        backend = replica_backend.current()
-        return self.event is None or self.event.seq <= backend._completed
+        return self.event is None or replica_backend.current().query(self.event)
 
 
 def _create_event(enable_timing=False, blocking=False, interprocess=False):
