@@ -40,7 +40,10 @@ class TorchGlue:
         return torch.cuda.current_device()
 
     def stream(self, device):
-        return int(torch.cuda.current_stream(device).cuda_stream)
+        # The raw handle of the current stream, as PyTorch's C++ asks it (``current_stream`` wraps
+        # this in a ``Stream`` object); ``PaddleGlue.stream`` likewise calls Paddle's core directly.
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        return int(raw(device)) if raw is not None else int(torch.cuda.current_stream(device).cuda_stream)
 
     def wrap(self, array):
         return torch.from_numpy(array)  # zero-copy; keeps ``array`` (and the pinned memory) alive

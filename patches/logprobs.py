@@ -192,7 +192,7 @@ class LogprobsCopier:
                 ring = self._ring_for(sampler, "prompt" if prompt else "decode", rows, columns)
                 shapes = {f: list(t.shape) for f, t in sources.items()}
                 # A wider request (more top logprobs, or -1 = the vocabulary) grows a slot for every row at once.
-                slot = ring.acquire("gather_logprobs", shapes, reserve=self._reserve(rows, columns, prompt))
+                slot = ring.acquire("gather_logprobs", shapes, reserve=lambda: self._reserve(rows, columns, prompt))
             except runtime.RingFull as exc:
                 # A consumer lags far behind (or the rows are huge): no more page-locked memory; this
                 # step is copied FastDeploy 2.4's blocking way (counted), the ring stays as it is.

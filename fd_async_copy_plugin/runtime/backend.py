@@ -431,8 +431,10 @@ class CopyBackend:
             return
         census.record("event_wait", f"{reason}<-{event.label}")
         self._wait_native(event)
-        with self._wait_lock(f"wait({reason}<-{event.label})"):
-            self._completed = max(self._completed, event.seq)
+        timeout = self.wait_timeout  # (the lock's name is only built for a bounded wait)
+        with self._lock if timeout is None else _bounded(self._lock, timeout, f"wait({reason}<-{event.label})"):
+            if event.seq > self._completed:
+                self._completed = event.seq
 
     def _wait_lock(self, what: str):
         """The backend lock, for a wait: bounded by ``wait_timeout`` when it is set."""
@@ -463,8 +465,9 @@ class CopyBackend:
         """
         census.record("host_read", reader)
         self._check_readable(buf, reader)
-        facts, glue = self._facts(buf), self.glue
-        if facts is not None and glue.address(buf) == facts.ptr and glue.shape(buf) == facts.shape:
+        facts, glue = self._pinned.get(id(buf)), self.glue  # (``_facts``, inline)
+        if (facts is not None and facts.buf() is buf and glue.address(buf) == facts.ptr
+                and glue.shape(buf) == facts.shape):
             view = facts.view  # the allocation's own view, in the tensor's shape
         else:
             view = host_view(buf, glue)

@@ -109,7 +109,7 @@ class RuntimeBackend(CopyBackend):
         # before is probed first), so nothing is issued if one fails. Under it: the bookkeeping of
         # each copy and its CUDA call in order, the current stream of each device asked once (the
         # calling thread's), then the event (``record``).
-        glue, probed, planned = self.glue, self._probed_ok, []
+        glue, probed, pinned, planned = self.glue, self._probed_ok, self._pinned, []
         for dst, src, name in copies:
             device = glue.gpu_device(src)
             if (device is None) == self.device_sources or not glue.is_contiguous(src):
@@ -117,21 +117,32 @@ class RuntimeBackend(CopyBackend):
                 continue
             if device is not None and device not in probed:
                 self.ensure_probed(device)  # probes a device not used before (raises if it failed)
-            planned.append((dst, name, device, glue.address(src), self._fit(dst, glue.shape(src), glue.dtype(src)),
-                            None))
+            shape, dtype, facts = glue.shape(src), glue.dtype(src), pinned.get(id(dst))
+            # A buffer exactly as the backend left it (its tensor, address, dtype and shape) has
+            # nothing to fit; anything else goes through ``_fit``'s checks (and its errors).
+            if (facts is None or facts.buf() is not dst or shape != facts.shape or dtype != facts.dtype
+                    or glue.address(dst) != facts.ptr or glue.shape(dst) != shape):
+                facts = self._fit(dst, shape, dtype)
+            planned.append((dst, name, device, glue.address(src), facts, None))
         with self._lock:  # issued under the lock: sequence order is stream order, for every thread
             streams, seq, last, known, memcpy = {}, self._seq, self._copy_seq, self._streams, self.rt.memcpy_d2h_async
-            for dst, name, device, src_ptr, facts, _ in planned:
-                census.record("async_d2h", name)
-                self._seq = seq = seq + 1
-                last[id(dst)] = (seq, name, facts.buf)  # (``facts.buf``: the weak reference to ``dst``)
-                stream = streams.get(device)
-                if stream is None:
-                    stream = streams[device] = 0 if device is None else glue.stream(device)
-                    known.setdefault(stream, -1 if device is None else device)
-                if facts.nbytes:
-                    memcpy(facts.ptr, src_ptr, facts.nbytes, stream)
-                    facts.memory().fence(stream, seq, -1 if device is None else device)
+            record = census.record
+            try:
+                for dst, name, device, src_ptr, facts, _ in planned:
+                    record("async_d2h", name)
+                    seq += 1
+                    last[id(dst)] = (seq, name, facts.buf)  # (``facts.buf``: the weak reference to ``dst``)
+                    stream = streams.get(device)
+                    if stream is None:
+                        stream = streams[device] = 0 if device is None else glue.stream(device)
+                        known.setdefault(stream, -1 if device is None else device)
+                    if facts.nbytes:
+                        memcpy(facts.ptr, src_ptr, facts.nbytes, stream)
+                        memory = facts.memory()  # (``PinnedMemory.fence``, inline)
+                        memory.fence_stream, memory.fence_seq = stream, seq
+                        memory.fence_device = -1 if device is None else device
+            finally:
+                self._seq = seq  # every copy issued so far (all of them unless a CUDA call raised)
             return None if label is None else self.record(label)
 
     def _plan_other(self, dst, src, device) -> tuple:
@@ -154,23 +165,23 @@ class RuntimeBackend(CopyBackend):
     # -- events ----------------------------------------------------------------------------------
     def _event(self, stream: int, device: int) -> int:
         pool = self._events.get(stream)
+        if pool is not None and len(pool) == _EVENT_POOL:
+            # Reused round-robin: re-recording an event an older CopyEvent still refers to only
+            # makes that waiter wait longer, never shorter.
+            self._next_event += 1
+            return pool[self._next_event % _EVENT_POOL]
         if pool is None:
             pool = self._events[stream] = []
-        if len(pool) < _EVENT_POOL:
-            # An event belongs to the device current when it is created: create it on the stream's.
-            current = self.rt.get_device() if device >= 0 else device
+        # An event belongs to the device current when it is created: create it on the stream's.
+        current = self.rt.get_device() if device >= 0 else device
+        if current != device:
+            self.rt.set_device(device)
+        try:
+            pool.append(self.rt.event_create(True))
+        finally:
             if current != device:
-                self.rt.set_device(device)
-            try:
-                pool.append(self.rt.event_create(True))
-            finally:
-                if current != device:
-                    self.rt.set_device(current)
-            return pool[-1]
-        # Reused round-robin: re-recording an event an older CopyEvent still refers to only makes
-        # that waiter wait longer, never shorter.
-        self._next_event += 1
-        return pool[self._next_event % _EVENT_POOL]
+                self.rt.set_device(current)
+        return pool[-1]
 
     def _record_native(self, seq, label):
         # Called with the backend lock held (``CopyBackend.record``): every copy issued so far is

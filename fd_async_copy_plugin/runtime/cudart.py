@@ -144,10 +144,13 @@ class CudaRuntime:
     def _call(self, name: str, *args) -> int:
         code = self._f[name](*args)
         if code != 0 and not (name in ("cudaEventQuery",) and code == _NOT_READY):
-            # Clear the sticky "last error" of a non-sticky failure so later calls are not blamed.
-            self._f["cudaGetLastError"]()
-            raise CudaError(name, code, self._error_string(code).decode(errors="replace"))
+            self._fail(name, code)
         return code
+
+    def _fail(self, name: str, code: int):
+        # Clear the sticky "last error" of a non-sticky failure so later calls are not blamed.
+        self._f["cudaGetLastError"]()
+        raise CudaError(name, code, self._error_string(code).decode(errors="replace"))
 
     # -- device -----------------------------------------------------------------------------------
     def device_count(self) -> int:
@@ -185,8 +188,11 @@ class CudaRuntime:
         self._call("cudaFreeHost", ptr)
 
     # -- copies -----------------------------------------------------------------------------------
+    # The calls of every decode step (copies, records, waits) skip ``_call``: one Python frame each.
     def memcpy_d2h_async(self, dst: int, src: int, nbytes: int, stream: int) -> None:
-        self._call("cudaMemcpyAsync", dst, src, nbytes, _MEMCPY_DEVICE_TO_HOST, stream)
+        code = self._f["cudaMemcpyAsync"](dst, src, nbytes, _MEMCPY_DEVICE_TO_HOST, stream)
+        if code:
+            self._fail("cudaMemcpyAsync", code)
 
     def memcpy_h2d_async(self, dst: int, src: int, nbytes: int, stream: int) -> None:
         self._call("cudaMemcpyAsync", dst, src, nbytes, _MEMCPY_HOST_TO_DEVICE, stream)
@@ -200,14 +206,18 @@ class CudaRuntime:
         return ev.value
 
     def event_record(self, event: int, stream: int) -> None:
-        self._call("cudaEventRecord", event, stream)
+        code = self._f["cudaEventRecord"](event, stream)
+        if code:
+            self._fail("cudaEventRecord", code)
 
     def event_query(self, event: int) -> bool:
         return self._call("cudaEventQuery", event) == 0
 
     def event_synchronize(self, event: int) -> None:
         """Blocks this thread only (the GIL is released for the call)."""
-        self._call("cudaEventSynchronize", event)
+        code = self._f["cudaEventSynchronize"](event)
+        if code:
+            self._fail("cudaEventSynchronize", code)
 
     def event_destroy(self, event: int) -> None:
         self._call("cudaEventDestroy", event)

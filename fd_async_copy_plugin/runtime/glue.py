@@ -31,6 +31,10 @@ class PaddleGlue:
         # id(Paddle dtype) -> (the dtype, its name): ``str()`` of a dtype costs ~2 us and hashing one
         # ~1 us; Paddle's dtypes are singletons, so the identity check makes the id safe.
         self._dtypes: dict = {}
+        # The core call under ``paddle.device.current_stream`` (GPU builds): that function builds a
+        # place and a ``Stream`` wrapper around this call's result every time it is asked.
+        core = getattr(getattr(paddle, "base", None), "core", None)
+        self._current_stream = getattr(core, "_get_current_stream", None) if paddle.is_compiled_with_cuda() else None
 
     # -- accessors (metadata only) -----------------------------------------------------------------
     def address(self, t) -> int:
@@ -59,7 +63,10 @@ class PaddleGlue:
 
     def stream(self, device: int) -> int:
         """The raw ``cudaStream_t`` of Paddle's current stream on ``device`` (what FD 2.5 passes to
-        C++). Only for a GPU build: on the CPU build ``current_stream`` segfaults."""
+        C++), asked every copy (a ``stream_guard`` may change it). Only for a GPU build: on the CPU
+        build ``current_stream`` segfaults. The probe's ``stream_order`` check tests the answer."""
+        if self._current_stream is not None:  # what ``current_stream`` answers, minus its wrappers
+            return int(self._current_stream(int(device)).cuda_stream)
         paddle = self.paddle
         return int(paddle.device.current_stream(paddle.CUDAPlace(int(device))).stream_base.cuda_stream)
 

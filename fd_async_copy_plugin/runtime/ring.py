@@ -91,6 +91,8 @@ class PinnedRing:
         #: Held by ``acquire``; a producer handing buffers to other threads holds it from ``acquire``
         #: until its result references them (else another thread could pick the same free slot).
         self.lock = threading.RLock()
+        # The backend's count of its own references to a buffer; None where it never holds any.
+        self._internal_refs = None if type(backend).internal_refs is CopyBackend.internal_refs else backend.internal_refs
         for _ in range(slots):
             self._add_slot(capacity)
 
@@ -114,9 +116,9 @@ class PinnedRing:
                 if (extra := _refcount(buffers[name]) - base - internal(buffers[name])) > 0}
 
     def is_free(self, slot: PinnedSlot) -> bool:
-        buffers, internal = slot.buffers, self.backend.internal_refs
+        buffers, internal = slot.buffers, self._internal_refs
         for name, base in slot.baseline.items():
-            if _refcount(buffers[name]) - base - internal(buffers[name]) > 0:
+            if _refcount(buffers[name]) - base > (0 if internal is None else internal(buffers[name])):
                 return False
         self._vetted = slot  # found free under the lock: ``_acquire`` need not check it again
         return True
@@ -124,7 +126,10 @@ class PinnedRing:
     def _select(self) -> PinnedSlot | None:
         """The reuse policy: the next free slot of the initial ones in ring order, else the first
         free added slot (so added slots go idle once the consumer caught up), or None."""
-        base = min(self.base_slots, len(self.slots))
+        slots = self.slots
+        if len(slots) == self.base_slots and self.is_free(slots[self._next]):
+            return slots[self._next]  # the common step: the next slot in ring order is free
+        base = min(self.base_slots, len(slots))
         for offset in range(base):
             candidate = self.slots[(self._next + offset) % base]
             if self.is_free(candidate):
@@ -153,11 +158,12 @@ class PinnedRing:
         log.error("fd_async_copy: ring %s chose a referenced slot; adding a slot instead", self.name)
         return False
 
-    def acquire(self, writer: str, shapes: dict[str, list[int]], reserve: dict[str, int] | None = None) -> PinnedSlot:
+    def acquire(self, writer: str, shapes: dict[str, list[int]], reserve=None) -> PinnedSlot:
         """A slot that nobody references, with buffers large enough for tensors of ``shapes``.
 
         When a buffer must grow, it grows to ``reserve[field]`` elements if that is larger (e.g. a
         wider logprob row sized for every sequence, not just this step's), so it grows once.
+        ``reserve`` may be a callable returning that dict: it is asked only when something grows.
         """
         with self.lock:
             return self._acquire(writer, shapes, reserve)
@@ -216,16 +222,33 @@ class PinnedRing:
             if n > slot.capacity[f]
         )
 
-    def _acquire(self, writer: str, shapes: dict[str, list[int]], reserve: dict[str, int] | None) -> PinnedSlot:
-        need = {f: (prod(shape) if shape else 1) for f, shape in shapes.items()}
-        reserve = reserve or {}
+    def _acquire(self, writer: str, shapes: dict[str, list[int]], reserve) -> PinnedSlot:
         self._acquires += 1
         if len(self.slots) > self.base_slots:
             self.release_idle()
         slot = self._choose(writer)
-        # The common step: a free slot that holds it (no growth, nothing to check against the cap).
-        fits = slot is not None and all(n <= slot.capacity[f] for f, n in need.items())
-        if not fits and self.max_bytes is not None:
+        if slot is not None:  # the common step: a free slot that holds it (nothing to grow or check)
+            capacity = slot.capacity
+            for name, shape in shapes.items():
+                if (prod(shape) if shape else 1) > capacity[name]:
+                    break
+            else:
+                return self._hand_out(slot)
+        return self._hand_out(self._grown(writer, slot, shapes, reserve))
+
+    def _hand_out(self, slot: PinnedSlot) -> PinnedSlot:
+        self._next = (slot.index + 1) % max(1, min(self.base_slots, len(self.slots)))
+        slot.generation += 1
+        slot.last_acquired = self._acquires
+        slot.idle_since = None
+        return slot
+
+    def _grown(self, writer: str, slot: PinnedSlot | None, shapes: dict[str, list[int]], reserve) -> PinnedSlot:
+        """``slot`` (None: none was free) grown to hold ``shapes``, or a new slot; ``RingFull`` if
+        that would take the ring past its cap."""
+        need = {f: (prod(shape) if shape else 1) for f, shape in shapes.items()}
+        reserve = (reserve() if callable(reserve) else reserve) or {}
+        if self.max_bytes is not None:
             growth = self._growth(slot, need, reserve)
             if growth and self.nbytes + growth > self.max_bytes:
                 self.release_idle(min_idle=0)  # under pressure: every idle extra slot goes first
@@ -246,7 +269,7 @@ class PinnedRing:
                 len(self.slots),
             )
             slot = self._add_slot(need)
-        for name, elements in () if fits else need.items():
+        for name, elements in need.items():
             if elements > slot.capacity[name]:
                 # Grow once, to at least what this step needs; never shrink inside the loop.
                 elements = max(elements, int(reserve.get(name, 0)))
@@ -256,10 +279,6 @@ class PinnedRing:
                 del old
                 release_freed()
                 log.info("fd_async_copy: pinned ring %s slot %d: %s grew to %d elements", self.name, slot.index, name, elements)
-        self._next = (slot.index + 1) % max(1, min(self.base_slots, len(self.slots)))
-        slot.generation += 1
-        slot.last_acquired = self._acquires
-        slot.idle_since = None
         return slot
 
     @property
