@@ -332,3 +332,13 @@ def test_a_bad_cudart_variable_leaves_fastdeploy_unpatched_with_the_reason(monke
         assert status["backend"] == "none"
     finally:
         fd_async_copy_plugin.disable()
+
+
+def test_paddle_glue_asks_the_core_stream_call_only_on_a_cuda_build():
+    """``PaddleGlue.stream`` calls ``core._get_current_stream`` directly on a GPU build (the probe's
+    ``stream_order`` check tests its answer); on the CPU build that call is never made: Paddle's CPU
+    build has the function, and CUDA stream calls there crash the process."""
+    from fd_async_copy_plugin.runtime.glue import PaddleGlue
+
+    assert hasattr(paddle.base.core, "_get_current_stream") and not paddle.is_compiled_with_cuda()
+    assert PaddleGlue()._current_stream is None

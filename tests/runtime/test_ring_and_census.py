@@ -5,7 +5,7 @@ from __future__ import annotations
 import paddle
 import pytest
 
-from fd_async_copy_plugin.runtime import BufferInUseError, PinnedRing, SimulatedBackend, SyncCensus, collecting, census
+from fd_async_copy_plugin.runtime import BufferInUseError, HostBackend, PinnedRing, SimulatedBackend, SyncCensus, collecting, census
 
 
 def fill(backend, slot, value):
@@ -34,6 +34,41 @@ def test_a_referenced_slot_is_never_overwritten_the_ring_grows_instead():
     second = ring.acquire("step2", {"x": [2, 3]})
     assert second is not slot and ring.grow_events == 1
     assert sim.to_host(deferred_save, "deferred save").numpy()[0, 0] == 1
+
+
+@pytest.mark.parametrize("make", [HostBackend, SimulatedBackend], ids=["host", "sim"])
+def test_the_next_slot_is_checked_for_references_on_every_backend(make):
+    """The common step checks only the next slot in ring order: a reference held to any of its
+    buffers (``host``: the backend itself holds none, so its count is not even asked) sends the
+    acquire to the full walk, which picks the other free slot or grows."""
+    backend = make()
+    ring = PinnedRing(backend, "r", {"x": "int64", "y": "int64"}, {"x": 6, "y": 6}, slots=2)
+    assert (ring._internal_refs is None) == (make is HostBackend)
+    first = ring.acquire("s0", {"x": [6], "y": [6]})
+    held = first.buffers["y"]  # one buffer of slot 0 still referenced
+    second = ring.acquire("s1", {"x": [6], "y": [6]})
+    assert second.index == 1 and ring._next == 0
+    third = ring.acquire("s2", {"x": [6], "y": [6]})  # slot 0 is next but held: slot 1 again
+    assert third is second and ring.grow_events == 0
+    del first, second, third
+    fourth = ring.acquire("s3", {"x": [6], "y": [6]})  # slot 0 is next, still held
+    assert fourth.index == 1
+    del held, fourth
+    assert ring.acquire("s4", {"x": [6], "y": [6]}).index == 0 and ring.grow_events == 0
+
+
+def test_a_callable_reserve_is_asked_only_when_a_buffer_grows():
+    ring = PinnedRing(HostBackend(), "r", {"x": "int64"}, {"x": 4}, slots=1)
+    asked = []
+
+    def reserve():
+        asked.append(1)
+        return {"x": 32}
+
+    ring.acquire("small", {"x": [2, 2]}, reserve=reserve)
+    assert asked == [] and ring.slots[0].capacity["x"] == 4
+    ring.acquire("wider", {"x": [2, 5]}, reserve=reserve)
+    assert asked == [1] and ring.slots[0].capacity["x"] == 32  # grown once, to the reserve
 
 
 def test_planted_bug_reusing_a_slot_one_step_too_early_is_caught():
