@@ -76,7 +76,10 @@ SITE_LABELS = {
     "keep_sampling_mask": "ksm",
     "_renormalize_logprobs": "ksm",
 }
-_EVENT_LABELS = {"_prepare_inputs": "token_num", "_postprocess": "token_num", "_save_model_output": "save event"}
+_EVENT_LABELS = {"_prepare_inputs": "token_num", "_postprocess": "token_num", "_save_model_output": "save event",
+                 "_resolve_current_launch_token_num": "token_num", "execute_model_normal": "save event"}
+#: develop's overlap step waits on both events in one function (gpu_model_runner.py:2129, :2138): by event
+_DEVELOP_EVENTS = {"post_process_event": "save event", "token_num_event": "token_num"}
 
 
 def site_label(wait: dict) -> str:
@@ -101,6 +104,8 @@ def _site_label(wait: dict) -> str:
             return "insert"  # 2.5 overlap: the wait an insert's synchronous H2D makes on a GPU anyway
         if where.startswith("patches/logprobs.py"):
             return "lp event"
+        if function == "execute_model_overlap":
+            return next((v for k, v in _DEVELOP_EVENTS.items() if k in wait.get("what", "")), "")
         return _EVENT_LABELS.get(function, "")
     return SITE_LABELS.get(function, "")
 

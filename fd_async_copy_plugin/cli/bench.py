@@ -30,8 +30,8 @@ wait labels (FD 2.4's host syncs, docs/fd24-step-syncs.md): S1 token count of ge
 S2 bad_tokens_len.numpy(); S3/S7 exist_prefill(); T the CPU infer_seed passed to top_p_sampling
 (waits for the forward); S5 update_inputs' stop-flag copies; S6 save_output's copy of the token
 ids; L1-3 gather_logprobs' three .cpu(); I1 the block-step read of an insert; token_num FD 2.5's
-token-count event; save event the one event the save waits on. long: waits for the forward or
-sampler launched since the previous wait; short: finds the GPU idle."""
+and develop's token-count event; save event the one event the save waits on. long: waits for the
+forward or sampler launched since the previous wait; short: finds the GPU idle."""
 
 
 def _progress(started: float, text: str) -> None:
@@ -81,7 +81,7 @@ def run(args) -> int:
         _progress(started, f"timing: round {round_index + 1}/{repeats} done")
     # The census needs one run each: FastDeploy 2.5 native (PR #6176/#6362) and with the plugin.
     for name in ("fd24-overlap", "fd24-overlap-bound", "fd25-native", "fd25-native-overlap", "fd25-plugin",
-                 "fd25-plugin-overlap"):
+                 "fd25-plugin-overlap", "fddev-native", "fddev-native-overlap", "fddev-plugin", "fddev-plugin-overlap"):
         runs[name] = run_variant(CENSUS_VARIANTS[name], config, requests, backend=backend, max_steps=steps + 8)
     _progress(started, "census runs done; whole-step census (device tracking) ...")
     summary = {name: summarize_times(values) for name, values in times.items()}

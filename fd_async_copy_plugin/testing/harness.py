@@ -43,6 +43,8 @@ PATCHED_PATHS = (
     "paddle.device.synchronize",  # FD 2.5's prompt-logprobs sync (the only device-wide one per step)
     "overlap.",  # the overlap feature's wait for the previous step's event (its save)
     "insert_tasks_v1.not_need_stop",  # flag_race's wait (FD 2.5 overlap): it covers the flag's copy
+    "execute_model_normal.post_process_event",  # develop waits for the save's event in execute_model_*
+    "execute_model_overlap.post_process_event",
 )
 
 
@@ -83,9 +85,16 @@ CENSUS_VARIANTS = {
                                   env=(("FD_ASYNC_COPY_OVERLAP_COUNT", "bound"),)),
     "fd25-native-overlap": Variant("fd25-native-overlap", ROOTS["fd25"], False, overlap=True),
     "fd25-plugin-overlap": Variant("fd25-plugin-overlap", ROOTS["fd25"], True, overlap=True),
+    # FastDeploy develop (2.6-dev): overlap on is its default (#6668); the plugin's plan applies
+    # logprobs and sync_scope there, every other feature is native (the census is develop's own)
+    "fddev-native": Variant("fddev-native", ROOTS["fddev"], False),
+    "fddev-native-overlap": Variant("fddev-native-overlap", ROOTS["fddev"], False, overlap=True),
+    "fddev-plugin": Variant("fddev-plugin", ROOTS["fddev"], True),
+    "fddev-plugin-overlap": Variant("fddev-plugin-overlap", ROOTS["fddev"], True, overlap=True),
 }
 CENSUS_ORDER = ("fd24-unpatched", "fd24-backport", "fd24-plugin", "fd24-overlap", "fd24-overlap-bound", "fd25-native",
-                "fd25-native-overlap", "fd25-plugin", "fd25-plugin-overlap")
+                "fd25-native-overlap", "fd25-plugin", "fd25-plugin-overlap", "fddev-native", "fddev-native-overlap",
+                "fddev-plugin", "fddev-plugin-overlap")
 
 
 @contextlib.contextmanager
@@ -237,7 +246,7 @@ def host_waits(steps, skip: int = 2) -> dict:
             "mechanism": mechanism,
             "long": long,
             "what": what,
-            "label": site_label({"where": where, "mechanism": mechanism}),
+            "label": site_label({"where": where, "mechanism": mechanism, "what": what}),
             "per_step": counts[key] / n,
         }
         for key in sorted(counts, key=first_seen.get)

@@ -68,7 +68,8 @@ def test_bench_smoke_json_has_ratio_and_census_side_by_side():
             "(median plugin - median unpatched)") in text
     census = report["census_per_step"]
     assert set(census) == {"fd24-unpatched", "fd24-backport", "fd24-plugin", "fd24-overlap", "fd24-overlap-bound",
-                           "fd25-native", "fd25-native-overlap", "fd25-plugin", "fd25-plugin-overlap"}
+                           "fd25-native", "fd25-native-overlap", "fd25-plugin", "fd25-plugin-overlap",
+                           "fddev-native", "fddev-native-overlap", "fddev-plugin", "fddev-plugin-overlap"}
     # The whole-step census (device tracking): fd24-step-syncs.md's counts per plain decode step.
     waits = {name: (row["host_waits"]["total"], row["host_waits_with_logprobs"]["total"]) for name, row in census.items()}
     assert waits == {
@@ -82,7 +83,23 @@ def test_bench_smoke_json_has_ratio_and_census_side_by_side():
         # step_syncs: T gone (the seed on the device) and both token_num waits (the host shadow's count)
         "fd25-plugin": (1, 1),  # the save event only
         "fd25-plugin-overlap": (1, 1),  # FD 2.5's overlap + the plugin: the last step's save event only
+        # develop: the token count (:328) and the save event (:2113); overlap (its default): the last
+        # step's save event (:2129) and this step's token count (:2138). The plugin keeps them.
+        "fddev-native": (2, 2),
+        "fddev-native-overlap": (2, 2),
+        "fddev-plugin": (2, 2),
+        "fddev-plugin-overlap": (2, 2),
     }
+    for name in ("fddev-native", "fddev-plugin"):
+        assert census[name]["host_waits"]["long"] == 1  # the save event covers the step's work
+        assert [s["label"] for s in census[name]["host_waits"]["sites"]] == ["token_num", "save event"]
+    for name in ("fddev-native-overlap", "fddev-plugin-overlap"):
+        assert census[name]["host_waits"]["long"] == 0  # nothing waits for the forward in flight
+        assert [s["label"] for s in census[name]["host_waits"]["sites"]] == ["save event", "token_num"]
+    for name in ("fddev-native", "fddev-native-overlap", "fddev-plugin", "fddev-plugin-overlap"):
+        assert census[name]["fallbacks"] == {}, census[name]  # step_syncs is native on develop
+    # the plugin's logprobs on develop: no per-step pinned allocations (develop's gather_logprobs has 3)
+    assert census["fddev-native"]["pinned_alloc"] >= 3 and census["fddev-plugin"]["pinned_alloc"] == 0
     # FD 2.5: T was the one long wait; with the plugin only the save event waits for the step's work,
     # and under 2.5's overlap schedule nothing waits for the forward being prepared
     assert census["fd25-native"]["host_waits"]["long"] == 2 and census["fd25-native-overlap"]["host_waits"]["long"] == 1

@@ -95,6 +95,10 @@ def test_t_is_the_host_infer_seed_moving_it_to_the_device_removes_exactly_t(monk
     ("fd25-native", ["token_num", "token_num", "T*", "save event*"]),
     # the save waits on the previous step's event after this step's forward was launched: not long
     ("fd25-native-overlap", ["save event", "token_num", "T*"]),
+    # develop: T gone (#6765); overlap off waits on the token count (:328) and the save (:2113); on
+    # (its default), on the last step's save (:2129) and this step's token count (:2138)
+    ("fddev-native", ["token_num", "save event*"]),
+    ("fddev-native-overlap", ["save event", "token_num"]),
 ])
 def test_fd25_waits_per_decode_step(name, expected):
     steps = step_labels(tracked(name), skip=2)

@@ -24,6 +24,7 @@ from .fidelity import (
 from .behaviour import check_behaviour
 from .overlap import check_overlap
 from .step_syncs import check_step_syncs
+from .census_dev import check_census_dev
 
 
 def render(report: Report) -> str:
@@ -62,6 +63,7 @@ def run(args) -> Report:
         fd_import_lists(fd, report)
         check_step_syncs(fd, report, profile)
         check_overlap(fd, report, profile)
+        check_census_dev(fd, report, profile)  # rows (dev): develop's census assumptions
         replica_root = choose_replica(args.replica, profile, report)
         if replica_root is not None:
             report.facts["replica_root"] = replica_root
@@ -83,6 +85,8 @@ def run(args) -> Report:
                     check_overlap(rep, report, profile, replica=True)
                 elif replica_root.endswith(".fd25") and profile == "fastdeploy-2.5":
                     check_step_syncs(rep, report, profile, replica=True)  # (d25): the seed on the device
+                elif replica_root.endswith(".fddev"):
+                    check_census_dev(rep, report, profile, replica=True)  # (dev): the same rows, on the replica
                 if not args.no_behaviour:
                     check_behaviour(fd, rep, report)
     finally:
@@ -97,7 +101,7 @@ def main(argv=None) -> int:
     parser.add_argument("--fd-src", help="FastDeploy checkout (holds fastdeploy/) or the fastdeploy package folder; "
                                          "default: the installed fastdeploy")
     parser.add_argument("--replica", default="auto",
-                        help="auto (by detected profile), fd24, fd25, none, or a dotted module root")
+                        help="auto (by detected profile), fd24, fd25, fddev, none, or a dotted module root")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--strict", action="store_true", help="exit 1 on any MISMATCH, MISSING or EXTRA")
     parser.add_argument("--no-behaviour", action="store_true",

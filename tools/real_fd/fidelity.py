@@ -30,16 +30,14 @@ from .source import cuda_import_names, imports_from, is_cuda_guard, share_input_
 def choose_replica(requested: str, profile: str | None, report: Report) -> str | None:
     if requested == "none":
         return None
-    if requested in ("fd24", "fd25"):
+    if requested in ("fd24", "fd25", "fddev"):
         return f"{REPLICA_PACKAGE}.{requested}"
     if requested != "auto":
         return requested
-    mapping = {"fastdeploy-2.4": "fd24", "fastdeploy-2.5": "fd25", "fastdeploy-2.6+": "fd25"}
+    mapping = {"fastdeploy-2.4": "fd24", "fastdeploy-2.5": "fd25", "fastdeploy-2.6+": "fddev"}
     if profile not in mapping:
         report.add("surface", "replica", "SKIP", f"no replica for profile {profile!r}; pass --replica")
         return None
-    if profile == "fastdeploy-2.6+":
-        report.add("surface", "replica", "INFO", "2.6+/develop tree: compared with the 2.5 replica (closest)")
     return f"{REPLICA_PACKAGE}.{mapping[profile]}"
 
 

@@ -21,7 +21,8 @@ API
 Per loop iteration ("step") the driver calls ``census.begin_step()``, schedules (new prefills,
 next prefill chunks, KV blocks for running requests; a DECODE task when a request got a block),
 inserts tasks (``insert_tasks_v1`` / ``insert_prefill_inputs``), checks ``not_need_stop()``
-(skipped with the overlap schedule, as in 2.5), calls ``execute_model(tasks, real_bsz)`` and
+(skipped with the overlap schedule, as in 2.5, and on develop, whose runner has none), calls
+``execute_model(tasks, real_bsz)`` and
 ``exist_prefill()``, then reads the step's outputs.
 
 Semantics worth knowing (they are FastDeploy's):
@@ -572,6 +573,8 @@ def _fd_config(mod: _Modules, config: DriverConfig, port: int):
         if not hasattr(scheduler, "enable_overlap_schedule"):
             raise ValueError(f"{mod.root} has no overlap schedule (FastDeploy 2.5+)")
         scheduler.enable_overlap_schedule = True
+    elif hasattr(scheduler, "enable_overlap_schedule"):
+        scheduler.enable_overlap_schedule = False  # develop's default is on (#6668): the config decides
     if config.chunk_size is not None and not config.use_v1_scheduler:
         raise ValueError("chunked prefill is modelled on the V1 scheduler only")
     if config.preemption and (not config.use_v1_scheduler or config.save_output_v1):
@@ -771,7 +774,8 @@ def run_decode(
                 if runner_bsz is None:  # nothing inserted yet: the worker loop has no batch
                     idle = True
                 else:
-                    idle = not config.overlap and not runner.not_need_stop()
+                    # develop has no not_need_stop(): its worker loop's hasattr guard runs every step
+                    idle = not config.overlap and hasattr(runner, "not_need_stop") and not runner.not_need_stop()
                 if not idle:
                     runner.execute_model(tasks or None, runner_bsz)
                     runner.exist_prefill()
