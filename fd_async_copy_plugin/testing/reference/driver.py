@@ -48,7 +48,12 @@ Semantics worth knowing (they are FastDeploy's):
   later message (or a message whose batch no longer reaches the slot) puts it back at the front of
   the waiting queue, and it is prefilled again with its prompt plus every token received so far,
   in the same slot. No new request is admitted in a step that preempted. A victim whose last
-  token (received after the preemption) is an eos finishes as usual.
+  token (received after the preemption) is an eos finishes as usual. FD 2.5 (a root whose
+  ``config`` has ``PREEMPTED_TOKEN_ID``): the scheduler is the same (2.5 resource_manager_v1.py:
+  260-271, 347-400, 885, 964-1004), the runner flags the slot in ``preempted_idx`` and the save
+  sends its row as -9 (one step late with the overlap schedule); the TokenProcessor reschedules on
+  that -9 row only and skips other negative rows (2.5 token_processor.py:786-802; its
+  batch-reach check is on the ZMQ path only, :193-211).
 
 Result: ``DecodeResult`` with ``outputs`` (``RequestOutput`` per request id), ``messages`` (every
 ``SavedMessage`` in send order), ``zmq_payloads`` (one list of row dicts per payload, plain
@@ -259,6 +264,8 @@ class _Scheduler:
         self.running: list = []  # admission order (FD's ``running``): preemption victims come from its end
         self.to_reschedule: set = set()  # request ids preempted, waiting for their sync row
         self.preemptions = 0
+        #: FD 2.5: the sync row's token (config.py:67); None: 2.4's first negative row / batch reach
+        self.preempted_token = getattr(mod.config, "PREEMPTED_TOKEN_ID", None)
 
     # -- blocks --
     def _grow(self, t: _Tracked, needed: int) -> bool:
@@ -322,7 +329,9 @@ class _Scheduler:
             t.output.preemptions[-1][1] = len(t.output.token_ids)
 
     def reschedule_beyond(self, batch: int) -> None:
-        """A message whose batch does not reach a preempted slot: no more tokens come from it."""
+        """A message whose batch does not reach a preempted slot: no more tokens come from it (2.4)."""
+        if self.preempted_token is not None:  # 2.5's msg-queue path has no such check
+            return
         for rid in sorted(self.to_reschedule):
             if self.tracked[rid].slot > batch - 1:
                 self.reschedule(self.tracked[rid])
@@ -461,7 +470,8 @@ class _Scheduler:
         if t is None or t.done:
             return
         if token < 0:  # the sync row of a preempted slot: reschedule (token_processor.py:730-735)
-            self.reschedule(t)
+            if self.preempted_token is None or token == self.preempted_token:  # 2.5 :786-802
+                self.reschedule(t)
             return
         out = t.output
         if out.first_token_step is None:

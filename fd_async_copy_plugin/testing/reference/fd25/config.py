@@ -20,6 +20,10 @@ from ..fd24.config import ModelConfig as _ModelConfig24
 from ..fd24.config import SchedulerConfig as _SchedulerConfig24
 
 
+#: the token a preempted slot's row carries in the saved message (2.5 fastdeploy/config.py:67)
+PREEMPTED_TOKEN_ID = -9
+
+
 @dataclass
 class SchedulerConfig(_SchedulerConfig24):
     enable_overlap_schedule: bool = False

@@ -3,7 +3,9 @@ patch points; V1 scheduler only.
 
 - ``share_inputs`` is an ``InputBatch`` (``__init__`` :202); no ``_init_share_inputs``;
 - ``insert_tasks_v1`` writes the request's seed into the host ``infer_seed`` (:897-898) and sets the
-  pinned flag with ``set_stop(..., True)`` (:931);
+  pinned flag with ``set_stop(..., True)`` (:931); a PREEMPTED task (:851-870) flags
+  ``preempted_idx`` (cleared by PREFILL :723 and DECODE :849 tasks), empties its block-table row,
+  stops the slot and zeroes its lengths and block-step flag;
 - ``_prepare_inputs(last_token_num)`` (:1285): async copies of ``seq_lens_this_time`` /
   ``is_block_step`` into pinned buffers and ``token_num_event`` (``paddle.device.cuda.create_event()``,
   ``.synchronize()``, then ``.numpy().sum().item()`` of the pinned buffer, as FastDeploy spells it); the host token count for
@@ -133,6 +135,7 @@ class GPUModelRunner(AsyncOutputThread):
         for request in req_dicts:
             idx = request.idx
             if request.task_type.value == RequestType.PREFILL.value:
+                si["preempted_idx"][idx : idx + 1, :] = 0  # 2.5 :723
                 si["req_ids"][idx] = str(request.request_id)
                 start, end = request.prefill_start_index, request.prefill_end_index
                 length = end - start
@@ -170,9 +173,24 @@ class GPUModelRunner(AsyncOutputThread):
                 count_d2h("insert_tasks_v1.is_block_step")
                 if si["is_block_step"][idx]:  # a device scalar read on the host (I1, 2.5 :847)
                     has_decode_task = True
+                si["preempted_idx"][idx : idx + 1, :] = 0  # 2.5 :849
+                continue
+            elif request.task_type.value == RequestType.PREEMPTED.value:  # 2.5 :851-870
+                # flagged for the save: post_process copies it into last_preempted_idx (:610) and
+                # save_output sends the row as PREEMPTED_TOKEN_ID (-9); the slot stops
+                si["preempted_idx"][idx : idx + 1, :] = 1
+                si["block_tables"][idx : idx + 1, :] = -1
+                si["stop_flags"][idx : idx + 1] = True
+                si["seq_lens_this_time_buffer"][idx : idx + 1] = 0
+                si["seq_lens_decoder"][idx : idx + 1] = 0
+                si["seq_lens_encoder"][idx : idx + 1] = 0
+                si["is_block_step"][idx : idx + 1] = False
+                self.prompt_logprobs_reqs.pop(request.request_id, None)
+                self.in_progress_prompt_logprobs.pop(request.request_id, None)
+                self.forward_batch_reqs_list[idx] = None
                 continue
             else:
-                raise NotImplementedError("preemption is not modelled by the replica")
+                raise NotImplementedError(f"{request.task_type} tasks are not modelled by the replica")
 
             assert len(request.eos_token_ids) == self.model_config.eos_tokens_lens
             si["eos_token_id"][:] = np.array(request.eos_token_ids, dtype="int64").reshape(-1, 1)
