@@ -402,3 +402,19 @@ def test_a_write_through_the_seq_lens_this_time_view_loses_the_shadow_until_the_
     cause = "token_num _prepare_inputs: the shadow of this_time is not known"
     assert counts["fallbacks"][cause] == 1, counts
     assert counts["served"]["token_num _prepare_inputs"] == result.executed_steps - 1, counts
+
+
+@pytest.mark.parametrize("backend", ["host", "sim"])
+@pytest.mark.parametrize("overlap", [False, True], ids=["plain", "fd25-overlap"])
+def test_bit_identical_under_fd25_preemption(backend, overlap):
+    # KV blocks for two requests: running ones are preempted (PREEMPTED tasks, -9 rows) and
+    # prefilled again; the shadow follows the preempted insert's host writes (no fallback)
+    requests = [Request(f"p{i}", [(11 * i + 5 * j) % 200 + 3 for j in range(9 + i)], max_tokens=30,
+                        eos_token_ids=EOS, top_p=0.8 if i % 2 else 1.0, seed=50 + i) for i in range(4)]
+    cfg = config(4, overlap=overlap, block_size=16, num_gpu_blocks=8, preemption=True)
+    result, counts = run_pair(cfg, requests, {}, backend, max_steps=300)
+    assert result.preemptions > 0 and not result.truncated
+    assert any(o.preemptions for o in result.outputs.values())
+    assert any(-9 in m.tokens().tolist() for m in result.messages)  # FD 2.5's sync rows were sent
+    assert counts["steps"] == result.executed_steps
+    assert_token_num_served(result, counts, overlap, backend)

@@ -158,3 +158,41 @@ def test_batch_of_1024_with_the_overlap_schedule():
     config = DriverConfig(max_num_seqs=1024, max_model_len=8, block_size=8, save_output_v1=True, overlap=True)
     result = run_decode(FD25, config, reqs)
     assert sum(out.finished for out in result.outputs.values()) == 1024
+
+
+def test_preempted_insert_writes_what_2_5_writes(host_backend):
+    # gpu_model_runner.py (2.5) :851-870; preempted_idx cleared by PREFILL :723 / DECODE :849
+    cfg = DriverConfig(max_num_seqs=2, vocab_size=64, max_model_len=32, num_gpu_blocks=3, preemption=True)
+    reqs = [request(f"r{i}", range(3, 8 + i), max_tokens=20) for i in range(2)]
+    result = run_decode(FD25, cfg, reqs, max_steps=200)
+    assert result.preemptions > 0 and not result.truncated
+    assert any(-9 in m.tokens().tolist() for m in result.messages)
+    R = mod("engine.request")
+    runner_mod = mod("worker.gpu_model_runner")
+    # a direct insert: prefill a slot, then preempt it
+    from fd_async_copy_plugin.testing.reference import driver as d
+    with d._environment(cfg), d.paddle_device.routed():
+        runner = runner_mod.GPUModelRunner(d._fd_config(d._Modules(FD25), cfg, 7999), "gpu", 0, 0, 0)
+        runner.load_model()
+        fd_req = d._fd_request(d._Modules(FD25), reqs[0])
+        fd_req.idx, fd_req.task_type, fd_req.block_tables = 0, R.RequestType.PREFILL, [0, 1]
+        fd_req.prefill_start_index, fd_req.prefill_end_index = 0, 5
+        runner.insert_tasks_v1([fd_req], 1)
+        si = runner.share_inputs
+        si["preempted_idx"][0:1, :] = 1
+        runner.insert_tasks_v1([fd_req], 1)
+        assert int(si["preempted_idx"].numpy()[0, 0]) == 0  # PREFILL clears it (:723)
+        task = R.Request(fd_req.request_id, fd_req.prompt_token_ids, [2], fd_req.sampling_params, idx=0,
+                         task_type=R.RequestType.PREEMPTED)
+        runner.insert_tasks_v1([task], 1)
+        assert int(si["preempted_idx"].numpy()[0, 0]) == 1
+        assert (si["block_tables"].numpy()[0] == -1).all()
+        assert bool(si["stop_flags"].numpy().reshape(-1)[0])
+        for key in ("seq_lens_this_time_buffer", "seq_lens_decoder", "seq_lens_encoder"):
+            assert int(si[key].numpy().reshape(-1)[0]) == 0, key
+        assert not bool(si["is_block_step"].numpy().reshape(-1)[0])
+        assert runner.forward_batch_reqs_list[0] is None
+        close = getattr(runner, "close", None)
+        if close:
+            close()
+
