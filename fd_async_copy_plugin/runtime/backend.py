@@ -282,6 +282,9 @@ class CopyBackend:
         if facts is None or facts.buf() is not dst:
             raise ValueError("copy_d2h: the destination is not a pinned buffer of this backend (new_pinned)")
         glue = self.glue
+        if (shape == facts.shape and dtype == facts.dtype and glue.address(dst) == facts.ptr
+                and facts.memory() is not None and glue.shape(dst) == shape):
+            return facts  # the buffer exactly as the backend left it (every step's case): nothing to fit
         if facts.memory() is None or glue.address(dst) != facts.ptr:
             raise AsyncCopyError(
                 "copy_d2h: the pinned buffer no longer points at its memory (a framework op such as a "
@@ -361,7 +364,7 @@ class CopyBackend:
         if entry is None or entry[2]() is not buf or entry[0] <= self._completed:
             return
         event = None
-        with self._wait_lock(f"before_host_write({writer})"):
+        with self._wait_lock("before_host_write(%s)", writer):
             for candidate in self._recent_events:
                 if candidate.seq >= entry[0]:
                     event = candidate
@@ -431,15 +434,14 @@ class CopyBackend:
             return
         census.record("event_wait", f"{reason}<-{event.label}")
         self._wait_native(event)
-        timeout = self.wait_timeout  # (the lock's name is only built for a bounded wait)
-        with self._lock if timeout is None else _bounded(self._lock, timeout, f"wait({reason}<-{event.label})"):
-            if event.seq > self._completed:
-                self._completed = event.seq
+        with self._wait_lock("wait(%s<-%s)", reason, event.label):
+            self._completed = max(self._completed, event.seq)
 
-    def _wait_lock(self, what: str):
-        """The backend lock, for a wait: bounded by ``wait_timeout`` when it is set."""
+    def _wait_lock(self, what: str, *args):
+        """The backend lock, for a wait: bounded by ``wait_timeout`` when it is set (``what % args``
+        names the wait in the timeout's message; with ``args``, built only then)."""
         timeout = self.wait_timeout
-        return self._lock if timeout is None else _bounded(self._lock, timeout, what)
+        return self._lock if timeout is None else _bounded(self._lock, timeout, what % args if args else what)
 
     def device_synchronize(self, reason: str) -> None:
         census.record("device_sync", reason)
@@ -465,9 +467,8 @@ class CopyBackend:
         """
         census.record("host_read", reader)
         self._check_readable(buf, reader)
-        facts, glue = self._pinned.get(id(buf)), self.glue  # (``_facts``, inline)
-        if (facts is not None and facts.buf() is buf and glue.address(buf) == facts.ptr
-                and glue.shape(buf) == facts.shape):
+        facts, glue = self._facts(buf), self.glue
+        if facts is not None and glue.address(buf) == facts.ptr and glue.shape(buf) == facts.shape:
             view = facts.view  # the allocation's own view, in the tensor's shape
         else:
             view = host_view(buf, glue)

@@ -109,7 +109,7 @@ class RuntimeBackend(CopyBackend):
         # before is probed first), so nothing is issued if one fails. Under it: the bookkeeping of
         # each copy and its CUDA call in order, the current stream of each device asked once (the
         # calling thread's), then the event (``record``).
-        glue, probed, pinned, planned = self.glue, self._probed_ok, self._pinned, []
+        glue, probed, planned = self.glue, self._probed_ok, []
         for dst, src, name in copies:
             device = glue.gpu_device(src)
             if (device is None) == self.device_sources or not glue.is_contiguous(src):
@@ -117,13 +117,8 @@ class RuntimeBackend(CopyBackend):
                 continue
             if device is not None and device not in probed:
                 self.ensure_probed(device)  # probes a device not used before (raises if it failed)
-            shape, dtype, facts = glue.shape(src), glue.dtype(src), pinned.get(id(dst))
-            # A buffer exactly as the backend left it (its tensor, address, dtype and shape) has
-            # nothing to fit; anything else goes through ``_fit``'s checks (and its errors).
-            if (facts is None or facts.buf() is not dst or shape != facts.shape or dtype != facts.dtype
-                    or glue.address(dst) != facts.ptr or glue.shape(dst) != shape):
-                facts = self._fit(dst, shape, dtype)
-            planned.append((dst, name, device, glue.address(src), facts, None))
+            planned.append((dst, name, device, glue.address(src), self._fit(dst, glue.shape(src), glue.dtype(src)),
+                            None))
         with self._lock:  # issued under the lock: sequence order is stream order, for every thread
             streams, seq, last, known, memcpy = {}, self._seq, self._copy_seq, self._streams, self.rt.memcpy_d2h_async
             record = census.record
@@ -138,9 +133,7 @@ class RuntimeBackend(CopyBackend):
                         known.setdefault(stream, -1 if device is None else device)
                     if facts.nbytes:
                         memcpy(facts.ptr, src_ptr, facts.nbytes, stream)
-                        memory = facts.memory()  # (``PinnedMemory.fence``, inline)
-                        memory.fence_stream, memory.fence_seq = stream, seq
-                        memory.fence_device = -1 if device is None else device
+                        facts.memory().fence(stream, seq, -1 if device is None else device)
             finally:
                 self._seq = seq  # every copy issued so far (all of them unless a CUDA call raised)
             return None if label is None else self.record(label)

@@ -93,7 +93,7 @@ class SimulatedBackend(CopyBackend):
         )
 
     def _land(self, upto: int) -> None:
-        with self._wait_lock(f"landing copies up to #{upto}"):  # never called with the lock held
+        with self._wait_lock("landing copies up to #%d", upto):  # never called with the lock held
             self._land_locked(upto)
 
     def _land_locked(self, upto: int) -> None:
