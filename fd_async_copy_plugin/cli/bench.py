@@ -79,9 +79,9 @@ def run(args) -> int:
             times[name].extend(run.step_seconds[warmup:])
             runs[name] = run
         _progress(started, f"timing: round {round_index + 1}/{repeats} done")
-    # The census needs one run each: FastDeploy 2.5 native (PR #6176/#6362) and with the plugin.
-    for name in ("fd24-overlap", "fd24-overlap-bound", "fd25-native", "fd25-native-overlap", "fd25-plugin",
-                 "fd25-plugin-overlap", "fddev-native", "fddev-native-overlap", "fddev-plugin", "fddev-plugin-overlap"):
+    # The census needs one run of every other variant (overlap, FastDeploy 2.5 and develop, native and
+    # with the plugin).
+    for name in (n for n in CENSUS_ORDER if n not in times):
         runs[name] = run_variant(CENSUS_VARIANTS[name], config, requests, backend=backend, max_steps=steps + 8)
     _progress(started, "census runs done; whole-step census (device tracking) ...")
     summary = {name: summarize_times(values) for name, values in times.items()}
