@@ -217,6 +217,17 @@ def census_row(run: VariantRun, skip: int = 2) -> dict:
 from ..sync_check import SITE_LABELS, site_label  # noqa: E402,F401
 
 
+def step_labels(run, skip: int = 1) -> list[list[str]]:
+    """Per executed step of a tracked ``run`` after ``skip``, with a host wait: each wait's label
+    (``site_label``: fd24-step-syncs.md's names), ``*`` when long."""
+    out = []
+    for step in run.census.steps[skip:]:
+        waits = [census_module.decode_host_wait(site) for kind, site in step.events if kind == "host_wait"]
+        if waits:
+            out.append([site_label(w) + ("*" if w["long"] else "") for w in waits])
+    return out
+
+
 def host_waits(steps, skip: int = 2) -> dict:
     """Blocking points per decode step, from the ``host_wait`` census records (device tracking).
 

@@ -18,9 +18,8 @@ import importlib
 import pytest
 
 import fd_async_copy_plugin
-from fd_async_copy_plugin.testing.harness import CENSUS_VARIANTS, Variant, host_waits, run_variant, site_label
+from fd_async_copy_plugin.testing.harness import CENSUS_VARIANTS, Variant, host_waits, run_variant, step_labels
 from fd_async_copy_plugin.testing.reference import ROOTS
-from fd_async_copy_plugin.runtime import census
 from test_step_syncs import config  # the same small model: vocabulary 256, 64 tokens, chunks of 8
 from test_step_syncs_fd25 import workload  # seeded/greedy rows, chunked prefill, an arrival every step
 
@@ -66,15 +65,6 @@ PLAIN = dataclasses.replace(config(3), chunk_size=None, block_size=64)
 REQUESTS = [workload(3)[0][i] for i in range(3)]
 
 
-def step_labels(run, skip: int = 2) -> list[list[str]]:
-    out = []
-    for step in run.census.steps[skip:]:
-        waits = [census.decode_host_wait(site) for kind, site in step.events if kind == "host_wait"]
-        if waits:
-            out.append([site_label(w) + ("*" if w["long"] else "") for w in waits])
-    return out
-
-
 @pytest.mark.parametrize("name, expected", [
     # overlap off: the token count (:328, short: the GPU ran only recover_decode_task and the copies)
     # and the save event (:2113, long: it covers the whole step)
@@ -87,7 +77,7 @@ def step_labels(run, skip: int = 2) -> list[list[str]]:
 ])
 def test_develop_waits_per_plain_decode_step(name, expected):
     run = run_variant(CENSUS_VARIANTS[name], PLAIN, REQUESTS, max_steps=60, track=True)
-    steps = step_labels(run)
+    steps = step_labels(run, skip=2)
     assert len(steps) > 4 and all(s == expected for s in steps[:-1]), steps
     waits = host_waits(run.census.steps)
     assert (waits["total"], waits["long"]) == (2, expected.count("save event*")), waits

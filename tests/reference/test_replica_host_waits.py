@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from fd_async_copy_plugin.testing.harness import VARIANTS, CENSUS_VARIANTS, run_variant, site_label
+from fd_async_copy_plugin.testing.harness import VARIANTS, CENSUS_VARIANTS, run_variant, site_label, step_labels
 from fd_async_copy_plugin.testing.reference.driver import DriverConfig, Request
 from fd_async_copy_plugin.runtime import census
 
@@ -20,16 +20,6 @@ pytestmark = pytest.mark.usefixtures("plugin_off")
 PLAIN = DriverConfig(max_num_seqs=3, vocab_size=128, max_model_len=64, block_size=64)
 REQUESTS = [Request(f"r{i}", [3 + i, 4, 5], max_tokens=6, eos_token_ids=[200]) for i in range(3)]
 FD24_STEP = ["S1", "S2", "S3/S7", "T*", "S5*", "S6", "S3/S7"]
-
-
-def step_labels(run, skip: int = 1) -> list[list[str]]:
-    """Per executed step after ``skip``: each wait's fd24-step-syncs.md label, ``*`` when long."""
-    out = []
-    for step in run.census.steps[skip:]:
-        waits = [census.decode_host_wait(site) for kind, site in step.events if kind == "host_wait"]
-        if waits:
-            out.append([site_label(w) + ("*" if w["long"] else "") for w in waits])
-    return out
 
 
 def tracked(name, config=PLAIN, requests=REQUESTS, **kw):
