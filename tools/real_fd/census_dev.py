@@ -274,7 +274,4 @@ def check_census_dev(side: Side, report: Report, profile: str | None, *, replica
             (ROW_ZMQ, _check_zmq(side)),
             (ROW_COPY, _check_copy(methods)),
             (ROW_DEFAULT, _default(side, replica))):
-        if problems:
-            report.add(section, row, "MISMATCH", "; ".join(problems) + (f" | {detail}" if detail else ""))
-        else:
-            report.add(section, row, "OK", detail)
+        report.add_checked(section, row, problems, detail)

@@ -131,6 +131,13 @@ class Report:
     def add(self, section: str, item: str, status: str, detail: str = "") -> None:
         self.rows.append(Row(section, item, status, detail))
 
+    def add_checked(self, section: str, item: str, problems: list[str], detail: str = "") -> None:
+        """A checked row: MISMATCH with its ``problems`` (and ``detail``), else OK with ``detail``."""
+        if problems:
+            self.add(section, item, "MISMATCH", "; ".join(problems) + (f" | {detail}" if detail else ""))
+        else:
+            self.add(section, item, "OK", detail)
+
     def problems(self) -> list[Row]:
         return [r for r in self.rows if r.status in PROBLEMS]
 

@@ -296,7 +296,4 @@ def check_token_num_fd25(side: Side, report: Report, section: str) -> None:
             (ROW_POST, _check_post(methods, side.ast_def(INPUT_BATCH, BATCH), file)),
             (ROW_SNAP, _check_snapshot(side, methods)),
             (ROW_INSERT, _check_insert(methods))):
-        if problems:
-            report.add(section, row, "MISMATCH", "; ".join(problems) + (f" | {detail}" if detail else ""))
-        else:
-            report.add(section, row, "OK", detail)
+        report.add_checked(section, row, problems, detail)
