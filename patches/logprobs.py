@@ -45,6 +45,7 @@ RUNNER = "worker.gpu_model_runner"
 
 FIELDS = ("logprob_token_ids", "logprobs", "selected_token_ranks")
 DTYPES = {"logprob_token_ids": "int64", "logprobs": "float32", "selected_token_ranks": "int64"}
+LABELS = {field: f"gather_logprobs.{field}" for field in FIELDS}  # each copy's census label
 #: FastDeploy's default ``max_logprobs``; the ring grows once if a request asks for more.
 DEFAULT_MAX_LOGPROBS = 20
 RING_SLOTS = 2  # FD 2.5's overlap schedule still references step N's output when step N+1 gathers
@@ -190,9 +191,10 @@ class LogprobsCopier:
                 return self._blocking(sources)
             try:
                 ring = self._ring_for(sampler, "prompt" if prompt else "decode", rows, columns)
-                shapes = {f: list(t.shape) for f, t in sources.items()}
-                # A wider request (more top logprobs, or -1 = the vocabulary) grows a slot for every row at once.
-                slot = ring.acquire("gather_logprobs", shapes, reserve=lambda: self._reserve(rows, columns, prompt))
+                # A free slot, the three copies, then their event (each source's facts read once). A
+                # wider request (more top logprobs, or -1 = the vocabulary) grows a slot for every row.
+                slot, _ = ring.fill("gather_logprobs", sources, LABELS, "gather_logprobs",
+                                    reserve=lambda: self._reserve(rows, columns, prompt))
             except runtime.RingFull as exc:
                 # A consumer lags far behind (or the rows are huge): no more page-locked memory; this
                 # step is copied FastDeploy 2.4's blocking way (counted), the ring stays as it is.
@@ -200,11 +202,9 @@ class LogprobsCopier:
                 level = logging.WARNING if self.capped_steps == 1 else logging.DEBUG
                 log.log(level, "fd_async_copy: %s; step copied blocking (%d so far)", exc, self.capped_steps)
                 return self._blocking(sources)
-            copies = [(slot.buffers[f], sources[f], f"gather_logprobs.{f}") for f in FIELDS]
-            self.backend.copy_d2h_many(copies, "gather_logprobs")  # the three copies, then their event
             result = self.AsyncLogprobsTensors(*(slot.buffers[name] for name in FIELDS))
             self.async_steps += 1
-            del slot, copies
+            del slot
         if prompt:
             # FastDeploy copies prompt logprobs into its own CPU buffers right away: hand it host-owned
             # tensors (one event-scoped wait per chunk; 2.5 does a device-wide sync here).

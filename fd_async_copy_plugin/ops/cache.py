@@ -21,7 +21,7 @@ PYBIND_MODULE = "fd_async_copy_ops"
 PYBIND_FILE = PYBIND_MODULE + ".so"
 CUDA_LIB_FILE = "libfd_async_copy_cuda.so"
 
-PYBIND_SOURCES = ("fd_async_copy_ops.cc", "stop_flag_host.cc")
+PYBIND_SOURCES = ("fd_async_copy_ops.cc", "stop_flag_host.cc", "copy_batch.cc")
 CUDA_SOURCES = ("stop_flag_kernels.cu",)
 HEADERS = ("stop_flag_slot.h", "stop_flag_api.h")
 

@@ -327,9 +327,21 @@ class CopyBackend:
         """Issue the non-blocking D2H copies ``(dst, src, copy_label)`` in order, then (``label`` not
         None) ``record(label)``: ``copy_d2h`` each and a record, under one lock acquisition (nothing
         of another thread in between) with the framework's stream asked once (a step's outputs)."""
+        glue = self.glue
+        for dst, src, _ in copies:  # every copy checked before any is issued (as the runtime backends)
+            self._fit(dst, glue.shape(src), glue.dtype(src))
         with self._lock:  # issued under the lock: sequence order is stream order, for every thread
             self._issue(copies)
             return None if label is None else self.record(label)
+
+    def fill(self, ring, writer: str, sources: dict, labels: dict, label: str, reserve=None):
+        """One step's copies into ``ring`` (``PinnedRing.fill``, whose lock is held): a slot for
+        ``sources`` (``PinnedRing.acquire``), each source copied into its buffer, ``label`` recorded.
+        Returns (the slot, the event). The runtime backends read each source's facts once."""
+        glue = self.glue
+        slot = ring._acquire(writer, {field: glue.shape(t) for field, t in sources.items()}, reserve)
+        buffers = slot.buffers
+        return slot, self.copy_d2h_many([(buffers[f], t, labels[f]) for f, t in sources.items()], label)
 
     def _issue(self, copies) -> None:
         # Backend lock held.
@@ -465,7 +477,8 @@ class CopyBackend:
         Reads host memory through the buffer's pointer: no Paddle op touches the pinned tensor
         (Paddle would move it to the GPU), and only the rows asked for are copied.
         """
-        census.record("host_read", reader)
+        if census._ACTIVE is not None:
+            census.record("host_read", reader)
         self._check_readable(buf, reader)
         facts, glue = self._facts(buf), self.glue
         if facts is not None and glue.address(buf) == facts.ptr and glue.shape(buf) == facts.shape:

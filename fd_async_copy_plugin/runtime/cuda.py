@@ -17,10 +17,15 @@ checks that those accessors agree with the layer; a disagreement raises ``Access
 
 from __future__ import annotations
 
+import logging
+from functools import partial
+
 from . import census
 from .backend import AsyncCopyError, CopyBackend, CopyEvent
+from .glue import composed_facts
 
 _EVENT_POOL = 8
+log = logging.getLogger("fd_async_copy")
 
 
 class AccessorProbeError(AsyncCopyError):
@@ -69,6 +74,8 @@ class RuntimeBackend(CopyBackend):
         self._streams: dict[int, int] = {}  # stream -> device, every stream copied on so far
         self._events: dict[int, list[int]] = {}  # stream -> pool of event handles
         self._next_event = 0
+        facts = getattr(self.glue, "facts", None)
+        self._facts_of = facts if facts is not None else partial(composed_facts, self.glue)
 
     # -- first use of a device -----------------------------------------------------------------
     def ensure_probed(self, device: int, kernels=None, ops=None) -> dict:
@@ -104,43 +111,78 @@ class RuntimeBackend(CopyBackend):
         return ""
 
     # -- copies ----------------------------------------------------------------------------------
+    # Before the lock: every source checked and its facts read once (a device not used before is
+    # probed first), so nothing is issued if one fails. Under it: each copy's bookkeeping and its
+    # CUDA call in order, the current stream of each device asked once (the calling thread's), then
+    # the event (``record``).
     def copy_d2h_many(self, copies, label):
-        # Before the lock: every copy checked and its facts read once (a source on a device not used
-        # before is probed first), so nothing is issued if one fails. Under it: the bookkeeping of
-        # each copy and its CUDA call in order, the current stream of each device asked once (the
-        # calling thread's), then the event (``record``).
-        glue, probed, planned = self.glue, self._probed_ok, []
-        for dst, src, name in copies:
-            device = glue.gpu_device(src)
-            if (device is None) == self.device_sources or not glue.is_contiguous(src):
-                planned.append((dst, name, *self._plan_other(dst, src, device)))
-                continue
-            if device is not None and device not in probed:
+        return self._issue([dst for dst, _, _ in copies], [name for _, _, name in copies],
+                           self._sources([src for _, src, _ in copies]), label)
+
+    def fill(self, ring, writer, sources, labels, label, reserve=None):
+        # The ring's lock held (``PinnedRing.fill``): each source's facts read once, for the slot's
+        # choice and for its copy.
+        facts = self._sources(list(sources.values()))
+        slot = ring._acquire(writer, {field: f[2] for field, f in zip(sources, facts)}, reserve)
+        buffers = slot.buffers
+        return slot, self._issue([buffers[field] for field in sources], [labels[field] for field in sources], facts,
+                                 label)
+
+    def _sources(self, sources: list) -> list[tuple]:
+        """Each source's checked facts: (device, address, shape, dtype, ...) (see ``_plan_other``)."""
+        facts_of, probed, out = self._facts_of, self._probed_ok, []
+        for src in sources:
+            facts = facts_of(src)
+            device = facts[0]
+            if (device is None) == self.device_sources or not facts[4]:
+                facts = self._plan_other(src, device)
+            elif device is not None and device not in probed:
                 self.ensure_probed(device)  # probes a device not used before (raises if it failed)
-            planned.append((dst, name, device, glue.address(src), self._fit(dst, glue.shape(src), glue.dtype(src)),
-                            None))
+            out.append(facts)
+        return out
+
+    def _issue(self, dsts: list, names: list, sources: list, label):
+        """Copy each source (its ``_sources`` facts) into its destination, then ``record(label)``."""
+        glue, fit = self.glue, self._fit
+        fitted = [fit(dst, source[2], source[3]) for dst, source in zip(dsts, sources)]  # all before any copy
         with self._lock:  # issued under the lock: sequence order is stream order, for every thread
-            streams, seq, last, known, memcpy = {}, self._seq, self._copy_seq, self._streams, self.rt.memcpy_d2h_async
-            record = census.record
+            streams, seq, last, known, issue = {}, self._seq, self._copy_seq, self._streams, []
+            counting = census._ACTIVE is not None
             try:
-                for dst, name, device, src_ptr, facts, _ in planned:
-                    record("async_d2h", name)
+                for dst, name, source, facts in zip(dsts, names, sources, fitted):
+                    if counting:
+                        census.record("async_d2h", name)
                     seq += 1
                     last[id(dst)] = (seq, name, facts.buf)  # (``facts.buf``: the weak reference to ``dst``)
+                    device = source[0]
                     stream = streams.get(device)
                     if stream is None:
                         stream = streams[device] = 0 if device is None else glue.stream(device)
                         known.setdefault(stream, -1 if device is None else device)
                     if facts.nbytes:
-                        memcpy(facts.ptr, src_ptr, facts.nbytes, stream)
+                        issue.append((facts.ptr, source[1], facts.nbytes, stream))
                         facts.memory().fence(stream, seq, -1 if device is None else device)
             finally:
-                self._seq = seq  # every copy issued so far (all of them unless a CUDA call raised)
-            return None if label is None else self.record(label)
+                self._seq = seq  # never reused (if a CUDA call fails, later events cover what was issued)
+            batch = self.rt.batch
+            if batch is None or len(streams) != 1 or len(issue) > batch.MAX or (label is None and len(issue) < 2):
+                memcpy = self.rt.memcpy_d2h_async
+                for copy in issue:
+                    memcpy(*copy)
+                return None if label is None else self.record(label)
+            # One C call: the copies, and the event when this stream is the only one copied on (an
+            # event covers every stream's copies: ``_record_native``).
+            handle = self._event(stream, known[stream]) if label is not None and len(known) == 1 else None
+            batch.issue(issue, stream, handle)
+            if handle is None:
+                return None if label is None else self.record(label)
+            event = CopyEvent(seq, label, (handle,))  # what ``record`` lists, recorded by the batch
+            self._recent_events.append(event)
+            return event
 
-    def _plan_other(self, dst, src, device) -> tuple:
-        """A source that cannot be copied by address (the ``host`` backend copies it another way):
-        (device, source address, the destination's facts, what keeps the source alive)."""
+    def _plan_other(self, src, device) -> tuple:
+        """The facts of a source that cannot be copied by address (the ``host`` backend copies it
+        another way): (device, address, shape, dtype, contiguous, what keeps the copy alive)."""
         if device is None:
             raise ValueError("copy_d2h: the source must be a GPU tensor for the cuda backend")
         raise ValueError("copy_d2h: the source must be contiguous (a copy by address reads it flat)")
@@ -216,4 +258,26 @@ class CudaBackend(RuntimeBackend):
             from .cudart import runtime
 
             rt = runtime()
+            self.batch_origin = attach_batch(rt)
         super().__init__(rt, glue=glue, probe=probe, probe_ops=probe_ops)
+
+
+def attach_batch(rt) -> str:
+    """Give the process's runtime the built custom-ops module's ``fdac_d2h_batch`` (a step's copies
+    and event in one call); without it each copy is its own ctypes call. Returns what was done."""
+    if rt.batch is not None:
+        return "fdac_d2h_batch: loaded"
+    try:
+        import ctypes
+
+        from ..ops import cache
+
+        artifact = cache.ops_dir() / cache.PYBIND_FILE
+        why = cache.staleness(artifact, cache.pybind_fingerprint())
+        if why is None:
+            rt.use_batch(ctypes.CDLL(str(artifact)))
+            return f"fdac_d2h_batch from {artifact}"
+    except Exception as exc:  # an old build without the symbol, an unreadable cache: copies one by one
+        why = f"{type(exc).__name__}: {exc}"
+    log.info("fd_async_copy: copies issued one ctypes call each (%s)", why)
+    return f"one ctypes call per copy ({why})"

@@ -58,6 +58,33 @@ class _PointerAttributes(ctypes.Structure):
     ]
 
 
+class D2HBatch:
+    """``fdac_d2h_batch`` (custom_ops/copy_batch.cc): a step's D2H copies and its event record in one
+    ctypes call instead of one each, through the process's own ``cudaMemcpyAsync`` and
+    ``cudaEventRecord`` (``memcpy_async``, ``event_record``: their addresses). Its argument arrays
+    are reused: ``issue`` is called under the caller's lock."""
+
+    MAX = 16  # copies per call
+
+    def __init__(self, lib, memcpy_async: int, event_record: int, fail) -> None:
+        fn = lib.fdac_d2h_batch
+        fn.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int] + [ctypes.c_void_p] * 6
+        fn.restype = ctypes.c_int
+        self._fn, self._fail, self._functions = fn, fail, (memcpy_async, event_record)
+        self._dst, self._src = (ctypes.c_void_p * self.MAX)(), (ctypes.c_void_p * self.MAX)()
+        self._nbytes, self._failed = (ctypes.c_size_t * self.MAX)(), ctypes.c_int(-1)
+        self._arrays = tuple(ctypes.addressof(a) for a in (self._dst, self._src, self._nbytes))
+
+    def issue(self, copies: list, stream: int, event: int | None) -> None:
+        """``copies``: up to ``MAX`` (dst, src, nbytes, ...); then a record of ``event`` (None: none)."""
+        dst, src, nbytes = self._dst, self._src, self._nbytes
+        for i, copy in enumerate(copies):
+            dst[i], src[i], nbytes[i] = copy[0], copy[1], copy[2]
+        code = self._fn(*self._functions, len(copies), *self._arrays, stream, event, ctypes.addressof(self._failed))
+        if code:
+            self._fail("cudaEventRecord" if self._failed.value == len(copies) else "cudaMemcpyAsync", code)
+
+
 def loaded_cudart_paths() -> list[str]:
     """Paths of every ``libcudart`` shared object mapped into this process (Linux)."""
     paths: list[str] = []
@@ -140,6 +167,12 @@ class CudaRuntime:
         self._error_string.argtypes, self._error_string.restype = [I], ctypes.c_char_p
 
     name = "cuda"
+    batch: D2HBatch | None = None  # the custom ops' fdac_d2h_batch, once ``use_batch`` found it
+
+    def use_batch(self, lib: ctypes.CDLL) -> None:
+        """Issue batches of copies through ``lib``'s ``fdac_d2h_batch`` (the custom-ops module)."""
+        address = [ctypes.cast(self._f[name], ctypes.c_void_p).value for name in ("cudaMemcpyAsync", "cudaEventRecord")]
+        self.batch = D2HBatch(lib, *address, self._fail)
 
     def _call(self, name: str, *args) -> int:
         code = self._f[name](*args)
@@ -236,6 +269,7 @@ class HostRuntime:
 
     name = "host"
     origin = "host memory (no CUDA)"
+    batch = None  # copies are memmoves: nothing to batch
 
     def __init__(self) -> None:
         self._lock = threading.Lock()

@@ -15,8 +15,27 @@ from __future__ import annotations
 
 import numpy as np
 
+#: The accessors ``facts`` answers in one call, in its order.
+FACTS = ("gpu_device", "address", "shape", "dtype", "is_contiguous")
 
-class PaddleGlue:
+
+def composed_facts(glue, t) -> tuple:
+    """``facts`` of a glue that has none (or overrides an accessor): its accessors, one by one."""
+    return glue.gpu_device(t), glue.address(t), glue.shape(t), glue.dtype(t), glue.is_contiguous(t)
+
+
+class FactsInOneCall:
+    """A glue's ``facts(t)``: what the copies ask of each source, in one call instead of five (a
+    step's copies are issued in Python). A subclass that overrides one of the accessors but not
+    ``facts`` gets them composed, so the copies always see what the accessors (and the probe) see."""
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if "facts" not in vars(cls) and any(name in vars(cls) for name in FACTS):
+            cls.facts = composed_facts
+
+
+class PaddleGlue(FactsInOneCall):
     name = "paddle"
 
     def __init__(self) -> None:
@@ -56,6 +75,15 @@ class PaddleGlue:
     def gpu_device(self, t) -> int | None:
         place = t.place
         return int(place.gpu_device_id()) if place.is_gpu_place() else None
+
+    def facts(self, t) -> tuple:
+        """(``gpu_device``, ``address``, ``shape``, ``dtype``, ``is_contiguous``) of ``t``."""
+        place, dtype = t.place, t.dtype
+        known = self._dtypes.get(id(dtype))
+        if known is None or known[0] is not dtype:
+            known = (dtype, self.dtype(t))
+        return (place.gpu_device_id() if place.is_gpu_place() else None, t.data_ptr(), tuple(t.shape), known[1],
+                t.is_contiguous())  # (Paddle answers ints and a bool: no int()/bool() needed)
 
     def current_device(self) -> int:
         """Paddle's idea of the thread's device (parsed from its expected place, not cudaGetDevice)."""

@@ -27,9 +27,9 @@ class HostBackend(RuntimeBackend):
         out = self.glue.blocking_d2h(src)
         return self.glue.from_numpy(self.glue.snapshot(out)) if out is src else out
 
-    def _plan_other(self, dst, src, device):
+    def _plan_other(self, src, device):
         data = self.glue.snapshot(src)  # through the framework, as the source is now (stream order)
-        return None, data.ctypes.data, self._fit(dst, self.glue.shape(src), self.glue.dtype(src)), data
+        return None, data.ctypes.data, self.glue.shape(src), self.glue.dtype(src), True, data
 
     def copy_in_flight(self, buf) -> bool:
         return False  # every host copy has landed when copy_d2h returns

@@ -33,6 +33,8 @@ import time
 
 import numpy as np
 
+from .glue import composed_facts
+
 _N = 256  # elements per probe tensor
 _PATTERN = np.arange(_N, dtype=np.int64) * 7919 + 13
 
@@ -156,11 +158,22 @@ def _check_current_device(device, glue, rt, ops, kernels):
     return ok, f"framework current device {paddle_device}, CUDA current device {cuda_device}, probed gpu:{device}"
 
 
+def _facts_disagree(glue, t) -> str:
+    """Why ``glue.facts`` (what the copies ask) disagrees with the accessors checked here ("": it agrees)."""
+    facts = getattr(glue, "facts", None)
+    if facts is None or facts(t) == composed_facts(glue, t):
+        return ""
+    return f"facts() answers {facts(t)}, the accessors {composed_facts(glue, t)}"
+
+
 def _check_data_ptr(device, glue, rt, ops, kernels):
     t = ops.tensor(_PATTERN, device)
     ops.synchronize(device)
     if glue.gpu_device(t) != device:
         return False, f"a tensor made on gpu:{device} reports device {glue.gpu_device(t)}"
+    disagree = _facts_disagree(glue, t)
+    if disagree:
+        return False, disagree
     address = glue.address(t)
     kind, where = rt.pointer_info(address)
     expected = "device" if rt.name == "cuda" else "host"
@@ -181,6 +194,9 @@ def _check_contiguous(device, glue, rt, ops, kernels):
     ops.synchronize(device)
     if not glue.is_contiguous(base):
         return False, "a fresh tensor reports is_contiguous() False"
+    disagree = _facts_disagree(glue, view)
+    if disagree:
+        return False, disagree
     if not glue.is_contiguous(view):
         return True, "a fresh tensor reports contiguous, its transposed view not (never copied by address)"
     with _Pinned(rt, _PATTERN.nbytes) as pinned:  # reported contiguous: it must be dense at its address

@@ -55,6 +55,7 @@ class PinnedSlot:
     generation: int = 0
     last_acquired: int = 0  # the ring's acquire count when this slot was last handed out
     idle_since: int | None = None  # the acquire count when it was first seen idle (None: in use)
+    served: dict | None = None  # the shapes it was last handed out for (they fit its capacity)
 
 
 class PinnedRing:
@@ -168,6 +169,14 @@ class PinnedRing:
         with self.lock:
             return self._acquire(writer, shapes, reserve)
 
+    def fill(self, writer: str, sources: dict, labels: dict, label: str, reserve=None):
+        """``acquire`` a slot for ``sources`` (field -> source tensor), copy each into its buffer
+        (``labels``: field -> that copy's label) and record ``label``: (the slot, the event). A
+        step's copies in one call, each source's facts read once (``CopyBackend.fill``). Hold
+        ``lock`` until the result references the buffers if other threads acquire too."""
+        with self.lock:
+            return self.backend.fill(self, writer, sources, labels, label, reserve)
+
     @property
     def nbytes(self) -> int:
         """Pinned bytes the ring holds now."""
@@ -228,16 +237,22 @@ class PinnedRing:
             self.release_idle()
         slot = self._choose(writer)
         if slot is not None:  # the common step: a free slot that holds it (nothing to grow or check)
+            if shapes == slot.served:  # what it held last time: it still has the capacity
+                return self._hand_out(slot)
             capacity = slot.capacity
             for name, shape in shapes.items():
                 if (prod(shape) if shape else 1) > capacity[name]:
                     break
             else:
+                slot.served = shapes
                 return self._hand_out(slot)
-        return self._hand_out(self._grown(writer, slot, shapes, reserve))
+        slot = self._grown(writer, slot, shapes, reserve)
+        slot.served = shapes
+        return self._hand_out(slot)
 
     def _hand_out(self, slot: PinnedSlot) -> PinnedSlot:
-        self._next = (slot.index + 1) % max(1, min(self.base_slots, len(self.slots)))
+        slots = len(self.slots)
+        self._next = (slot.index + 1) % (self.base_slots if slots >= self.base_slots else max(1, slots))
         slot.generation += 1
         slot.last_acquired = self._acquires
         slot.idle_since = None

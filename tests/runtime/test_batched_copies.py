@@ -207,8 +207,9 @@ def test_every_copy_gives_the_buffer_its_shape_and_a_read_follows_the_tensors_sh
     assert list(buf.shape) == [1, 2] and backend.read(buf, "r").tolist() == [[5, 6]]
 
 
-def test_a_batch_with_a_bad_copy_issues_none_of_its_copies():
-    backend = HostBackend()
+@BACKENDS
+def test_a_batch_with_a_bad_copy_issues_none_of_its_copies(make):
+    backend = make()  # (the simulator used to issue the copies before the bad one)
     good, bad = backend.new_pinned([4], "int64", "good"), backend.new_pinned([4], "float32", "bad")
     with pytest.raises(ValueError, match="dtype"):
         backend.copy_d2h_many([(good, paddle.arange(4, dtype="int64"), "w.good"),
