@@ -11,8 +11,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from fd_async_copy_plugin.runtime.glue import FactsInOneCall
 
-class TorchGlue:
+
+class TorchGlue(FactsInOneCall):
     name = "torch"
 
     def __init__(self) -> None:
@@ -35,6 +37,13 @@ class TorchGlue:
 
     def gpu_device(self, t):
         return t.device.index if t.is_cuda else None
+
+    def facts(self, t):
+        """The five accessors in one call, as ``PaddleGlue.facts`` (what the copies ask of a source)."""
+        name = self._dtypes.get(t.dtype)
+        if name is None:
+            name = self.dtype(t)
+        return (t.device.index if t.is_cuda else None), t.data_ptr(), tuple(t.shape), name, t.is_contiguous()
 
     def current_device(self):
         return torch.cuda.current_device()

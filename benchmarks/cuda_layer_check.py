@@ -15,7 +15,9 @@ is the whole framework binding); everything else is the plugin's own code, impor
    every host read is checked against a CUDA event recorded right after the copy (a read before it
    completed raises - and a planted early read is caught); the ring never hands out a slot a
    consumer still holds; zero pinned allocations per step after warm-up; a buffer released while
-   its copy is in flight does not corrupt the memory allocated next;
+   its copy is in flight does not corrupt the memory allocated next; then the same (fewer sizes)
+   with each step's copies and event issued by ``fdac_d2h_batch`` (``custom_ops/copy_batch.cc``,
+   compiled with g++), as ``CudaBackend`` issues them when the custom ops are built;
 3. two threads: one launches steps (kernel + copies + event) while the other waits on events; the
    launcher is not stalled with the layer's waits (GIL released), and is with a GIL-holding wait;
 4. host time per decode step on the output copies, side by side, GPU idle and busy: the plugin's
@@ -71,6 +73,7 @@ from _torch_glue import TorchGlue, TorchProbeOps  # noqa: E402 - benchmarks/_tor
 VOCAB = 150_000
 MAX_PINNED_BYTES = 64 << 20  # patches/logprobs.py: above it, FastDeploy's blocking copies
 DTYPES = {"ids": "int64", "logprobs": "float32", "ranks": "int64"}
+LABELS = {f: f"gather_logprobs.{f}" for f in DTYPES}
 OUT = io.StringIO()
 FAILURES: list[str] = []
 
@@ -114,12 +117,16 @@ class CheckedBackend(CudaBackend):
         self._witness: dict[int, int] = {}
         self.checked_reads = 0
 
-    def copy_d2h(self, dst, src, label):
-        super().copy_d2h(dst, src, label)
-        event = self._witness.get(id(dst))
-        if event is None:
-            event = self._witness[id(dst)] = self.rt.event_create(False)
-        self.rt.event_record(event, self.glue.stream(self.glue.gpu_device(src)))
+    def _issue(self, dsts, names, sources, label):
+        # Every copy (copy_d2h, copy_d2h_many, ring.fill; one C call or one ctypes call each) goes
+        # through here: a witness event per destination, recorded right after the copies.
+        event = super()._issue(dsts, names, sources, label)
+        for dst, source in zip(dsts, sources):
+            witness = self._witness.get(id(dst))
+            if witness is None:
+                witness = self._witness[id(dst)] = self.rt.event_create(False)
+            self.rt.event_record(witness, self.glue.stream(source[0]))
+        return event
 
     def _check_readable(self, buf, reader):
         event = self._witness.get(id(buf))
@@ -255,13 +262,12 @@ def decode_run(backend, lib, rows, k, lag, steps, cycles, device) -> dict:
                 payload = {f: backend.blocking_d2h(t, f) for f, t in out.items()}
                 slot = None
             else:
-                slot = ring.acquire("gather_logprobs", {f: list(t.shape) for f, t in out.items()},
+                # the logprobs producer's call: a free slot, the three copies, their event
+                slot, _ = ring.fill("gather_logprobs", out, LABELS, "gather_logprobs",
                                     reserve={f: rows * columns if f != "ranks" else rows for f in DTYPES})
                 for entry in held:
                     if entry[1] is not None and any(slot.buffers[f] is entry[1][f] for f in DTYPES):
                         reused += 1
-                for f in DTYPES:
-                    backend.copy_d2h(slot.buffers[f], out[f], f)
                 payload = {f: slot.buffers[f] for f in DTYPES}
             backend.record("post_process")
             # the flag is consumed in the same step (FD's loop condition), after its event
@@ -578,6 +584,18 @@ def main(argv=None) -> int:
     backend = CheckedBackend(glue=TorchGlue(), rt=rt, probe_ops=ops)
     run_probe(backend, lib, ops)
     run_correctness(backend, lib, cycles, args.quick, device)
+    from host_cost_breakdown import build_batch_library
+
+    batch_lib, why = build_batch_library()
+    if batch_lib is None:
+        check(False, f"custom_ops/copy_batch.cc {why}")
+    else:  # what CudaBackend does with the process's runtime when the custom ops are built
+        batch_rt = CountingRuntime()
+        batch_rt.use_batch(ctypes.CDLL(batch_lib))
+        batched = CheckedBackend(glue=TorchGlue(), rt=batch_rt, probe_ops=ops)
+        batched.probes = dict(backend.probes)
+        say("the same with each step's copies and event issued by fdac_d2h_batch (one C call):")
+        run_correctness(batched, lib, cycles, True, device)
     if not args.quick:
         run_two_threads(backend, lib, cycles, device)
         timing_backend = CudaBackend(glue=TorchGlue(), rt=rt, probe_ops=ops)  # no witness events

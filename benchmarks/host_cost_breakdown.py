@@ -10,10 +10,15 @@ One decode step's output copies (logprob ids / logprobs / ranks of B rows x K+1 
 - ``plugin, census on``: the same inside an active census (tests and ``bench`` run it on);
 - ``plugin, per-copy API``: ``acquire`` + one ``copy_d2h`` per tensor + ``record`` (the API other
   producers use; issue 24's "before" measured this path);
+- ``plugin: ring.fill``: what the logprobs producer calls since the fifth cut - one ``PinnedRing.fill``
+  (each source's facts read once), one ctypes call per copy; and ``+ fdac_d2h_batch (default)``: the
+  same with the step's copies and event in one C call (``custom_ops/copy_batch.cc``, compiled here with
+  g++ unless ``--batch-lib`` names a build), as ``CudaBackend`` does when the custom ops are built;
 - ``FD 2.4``: blocking copies (``cudaMemcpyAsync`` into pageable memory + stream synchronize each);
 - ``FD 2.5``: per-step pinned allocation + copies + a new event, freed a step later;
 - ``floor``: only the CUDA calls a step cannot avoid, through ctypes with prebuilt arguments
-  (3 x ``cudaMemcpyAsync`` + ``cudaEventRecord``; the consumer's ``cudaEventSynchronize``).
+  (3 x ``cudaMemcpyAsync`` + ``cudaEventRecord``; the consumer's ``cudaEventSynchronize``), and the
+  same calls made by ``fdac_d2h_batch`` in one ctypes call.
 
 Each variant runs twice, interleaved over ``--rounds``: plain (producer, consumer and wall time per
 step, nothing wrapped) and instrumented, where every part is wrapped with ``time.perf_counter_ns``
@@ -31,7 +36,7 @@ parts by; the plain producer/consumer/wall figures and the segments are exact.
 No runtime code is changed: the parts are wrapped from outside, on this script's objects only.
 
     python3 benchmarks/host_cost_breakdown.py [--device cuda|cpu] [--sizes 128,1024] [--k 20]
-        [--steps 200] [--rounds 3] [--busy-ms 2.0] [--output FILE] [--json FILE]
+        [--steps 200] [--rounds 3] [--busy-ms 2.0] [--batch-lib FILE] [--output FILE] [--json FILE]
 
 ``--device cpu`` runs the same code on the ``host`` backend (HostRuntime: memmove copies, events
 always complete) with numpy arrays as the framework: a smoke path, not a measurement of CUDA.
@@ -203,23 +208,29 @@ RT_PARTS = {  # CudaRuntime method -> the CUDA call it wraps
     "host_alloc": "cudaHostAlloc", "host_free": "cudaFreeHost", "event_create": "cudaEventCreateWithFlags",
     "event_destroy": "cudaEventDestroy", "get_device": "cudaGetDevice",
 }
-GLUE = ("address", "shape", "dtype", "is_contiguous", "gpu_device", "stream", "set_shape", "wrap", "from_numpy")
+GLUE = ("address", "shape", "dtype", "is_contiguous", "gpu_device", "facts", "stream", "set_shape", "wrap",
+        "from_numpy")
 
 
-def instrument(prof: Profiler, backend, rings) -> None:
+def instrument(prof: Profiler, backend, rings, glue: bool = True) -> None:
     rt = backend.rt
     raw = getattr(rt, "_f", None)  # CudaRuntime: the ctypes function objects themselves
     for method, call in RT_PARTS.items():
         prof.wrap(rt, method, f"CudaRuntime wrapper Python ({method})" if raw is not None else f"HostRuntime.{method}")
         if raw is not None and call in raw:
             prof.wrap(raw, call, f"ctypes {call} (the CUDA call)", on_dict=True)
-    for name in GLUE:
-        prof.wrap(backend.glue, name, f"framework accessors (glue.{name})")
+    if getattr(rt, "batch", None) is not None:
+        prof.wrap(rt.batch, "issue", "ctypes fdac_d2h_batch (the CUDA calls: one C call)")
+    for name in GLUE if glue else ():  # (a glue shared by two backends is wrapped once)
+        if hasattr(backend.glue, name):
+            prof.wrap(backend.glue, name, f"framework accessors (glue.{name})")
     for ring in rings:
         prof.wrap(ring, "acquire", "ring: acquire (refcounts, slot choice)")
+        prof.wrap(ring, "_acquire", "ring: acquire (refcounts, slot choice)")
     prof.wrap(census_module, "record", "census.record")
     prof.wrap(backend_module, "host_view", "backend: host_view (zero-copy view)")
     for method, part in (("copy_d2h", "copy_d2h"), ("copy_d2h_many", "copy_d2h"), ("_issue", "copy_d2h"),
+                         ("fill", "copy_d2h"), ("_sources", "copy_d2h"),
                          ("_copy", "copy_d2h"), ("_facts", "is_pinned/memory_of"),
                          ("_fit", "_fit (dtype/shape/capacity)"),
                          ("ensure_probed", "ensure_probed"), ("record", "record"), ("_record_native", "record"),
@@ -248,15 +259,34 @@ def group_of(part: str) -> str:
 # --- the step variants --------------------------------------------------------------------------
 
 
-def make_variants(backend, out, is_cuda: bool):
+def make_variants(backend, out, is_cuda: bool, batched=None):
+    """``batched``: a backend like ``backend`` whose runtime issues a step through fdac_d2h_batch."""
     rt, glue = backend.rt, backend.glue
     stream = glue.stream(0) if is_cuda else 0
     nbytes = {f: int(np.prod(glue.shape(t))) * np.dtype(DTYPES[f]).itemsize for f, t in out.items()}
     pageable = {f: np.empty(nbytes[f], dtype=np.uint8) for f in DTYPES}
     capacity = {f: int(np.prod(glue.shape(t))) for f, t in out.items()}
     rings = {name: PinnedRing(backend, f"bench.{name}", DTYPES, capacity, slots=2)
-             for name in ("plain", "census", "per-copy")}
+             for name in ("plain", "census", "per-copy", "fill")}
+    if batched is not None:
+        rings["fill+batch"] = PinnedRing(batched, "bench.fill+batch", DTYPES, capacity, slots=2)
     labels = {f: f"bench.{f}" for f in DTYPES}
+
+    def fill_producer(ring):
+        def produce(state):  # what the logprobs producer calls: one ring.fill per step
+            seg = state.setdefault("segments", collections.defaultdict(list))
+            pr = state.get("prof")
+            if pr is not None:
+                pr.phase = "producer: ring.fill"
+            t0 = ns()
+            slot, event = ring.fill("bench", out, labels, "bench")
+            t1 = ns()
+            if pr is not None:
+                pr.phase = "producer"
+            previous, state["prev"] = state.get("prev"), ([slot.buffers[f] for f in DTYPES], event)
+            seg["producer: ring.fill"].append(t1 - t0)
+            return previous
+        return produce
 
     def plugin_producer(ring, batched=True):
         def produce(state):  # the segments' times: a few perf_counter_ns reads per step, no wrappers
@@ -298,7 +328,10 @@ def make_variants(backend, out, is_cuda: bool):
             return previous
         return produce
 
-    def plugin_consume(previous, state):
+    def consumer_of(backend):
+        return lambda previous, state: plugin_consume(previous, state, backend)
+
+    def plugin_consume(previous, state, backend=backend):
         if previous is not None:
             buffers, event = previous
             pr = state.get("prof")
@@ -385,12 +418,26 @@ def make_variants(backend, out, is_cuda: bool):
             rt.device_synchronize()
 
         floor = {"floor: 3 ctypes cudaMemcpyAsync + 1 cudaEventRecord": (floor_produce, floor_consume, floor_cleanup)}
+        if batched is not None:  # the same calls from C: one ctypes call (fdac_d2h_batch)
+            issue = batched.rt.batch.issue
+            copies = [(floor_bufs[f], glue.address(out[f]), nbytes[f]) for f in DTYPES]
+
+            def batch_produce(state):
+                i = state["i"] = state.get("i", 0) ^ 1
+                issue(copies, stream, floor_events[i])
+                return None if "started" not in state else ev[i ^ 1]
+
+            floor["floor: fdac_d2h_batch (3 copies + record, one C call)"] = (batch_produce, floor_consume,
+                                                                            floor_cleanup)
 
     variants = {
         "plugin: ring + copy_d2h_many": (plugin_producer(rings["plain"]), plugin_consume, None),
         "plugin, census on": (plugin_producer(rings["census"]), plugin_consume, None),
         "plugin, per-copy API: ring + copy_d2h + record": (plugin_producer(rings["per-copy"], False), plugin_consume,
                                                            None),
+        "plugin: ring.fill (one ctypes call per copy)": (fill_producer(rings["fill"]), plugin_consume, None),
+        **({"plugin: ring.fill + fdac_d2h_batch (default)": (fill_producer(rings["fill+batch"]), consumer_of(batched),
+                                                             None)} if batched is not None else {}),
         "FD 2.4: blocking copies": (blocking, no_consume, None),
         "FD 2.5: per-step pinned + event": (per_step_pinned, per_step_consume, per_step_cleanup),
         **floor,
@@ -515,6 +562,23 @@ def report_case(say, title, plain, profiled, calls, wrap_ns, steps_total):
                 say(line)
 
 
+def build_batch_library() -> tuple[str | None, str]:
+    """custom_ops/copy_batch.cc compiled alone (what the custom-ops module holds), or why not."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        return None, "not built (no g++): the ring.fill + fdac_d2h_batch variant is left out"
+    out = Path(tempfile.mkdtemp(prefix="fdac-batch-")) / "libfd_async_copy_batch.so"
+    done = subprocess.run([cxx, "-O2", "-shared", "-fPIC", "-o", str(out), str(REPO / "custom_ops" / "copy_batch.cc")],
+                          capture_output=True, text=True)
+    if done.returncode:
+        return None, f"not built ({cxx} failed: {done.stderr.strip()[:200]}): its variant is left out"
+    return str(out), ""
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
@@ -524,6 +588,7 @@ def main(argv=None) -> int:
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (steps pooled)")
     parser.add_argument("--busy-ms", type=float, default=2.0, help="GPU work queued per step when busy")
+    parser.add_argument("--batch-lib", help="a built custom_ops/copy_batch.cc (default: compiled here with g++)")
     parser.add_argument("--output", help="also write the report here")
     parser.add_argument("--json", help="also write every step's times and the parts' totals here (JSON)")
     args = parser.parse_args(argv)
@@ -553,6 +618,15 @@ def main(argv=None) -> int:
         rt = CudaRuntime()
         backend = CudaBackend(glue=TorchGlue(), rt=rt, probe_ops=TorchProbeOps(cycles))
         backend.ensure_probed(0)
+        batch_lib, why, batched = args.batch_lib, "", None
+        if batch_lib is None:
+            batch_lib, why = build_batch_library()
+        if batch_lib is not None:  # what the plugin's CudaBackend uses: the process's runtime + the helper
+            batch_rt = CudaRuntime()
+            batch_rt.use_batch(ctypes.CDLL(batch_lib))
+            batched = CudaBackend(glue=backend.glue, rt=batch_rt, probe_ops=TorchProbeOps(cycles))
+            batched.ensure_probed(0)
+        say(f"fdac_d2h_batch: {batch_lib or why}")
         say(f"framework (device tensors and the stream only): PyTorch {torch.__version__}, "
             f"{torch.cuda.get_device_name(0)}; Paddle imported: {'paddle' in sys.modules}")
         say(f"CUDA layer: {rt.versions()}; accessor probe: {'ok' if backend.probes[0]['ok'] else 'FAILED'}")
@@ -568,7 +642,7 @@ def main(argv=None) -> int:
     else:
         from fd_async_copy_plugin.runtime.host import HostBackend
 
-        backend = HostBackend(glue=NumpyGlue())
+        backend, batched = HostBackend(glue=NumpyGlue()), None
         say("device cpu: the host backend (HostRuntime: memmove copies, events always complete) with numpy "
             "arrays as the framework - a smoke path, not a CUDA measurement")
 
@@ -590,8 +664,10 @@ def main(argv=None) -> int:
     for rows in sizes:
         columns = args.k + 1
         out = make_out(rows, columns)
-        variants, rings = make_variants(backend, out, args.device == "cuda")
+        variants, rings = make_variants(backend, out, args.device == "cuda", batched)
         instrument(prof, backend, rings)
+        if batched is not None:
+            instrument(prof, batched, [], glue=False)
         try:
             for busy, busy_fn in cases:
                 plain = {name: {"producer": [], "consumer": [], "wall": []} for name in variants}
