@@ -562,6 +562,49 @@ def report_case(say, title, plain, profiled, calls, wrap_ns, steps_total):
                 say(line)
 
 
+def run_step_copies(say, backend, batched, make_out, steps: int, rounds: int, sync) -> None:
+    """FD 2.4's default decode step: the stop flag, the sampled tokens and step_syncs' 4-copy snapshot,
+    then the step's event (6 small copies, 1-128 elements), issued one by one (the fourth cut's
+    ``after_update``) or as one ``copy_d2h_many`` (the fifth's), with and without fdac_d2h_batch.
+    Host time to issue them (the event wait after each step is not timed)."""
+    small, rows = make_out(1, 1), make_out(128, 1)
+    sources = [small["ranks"], rows["ids"], rows["ranks"], small["ids"], rows["logprobs"], small["logprobs"]]
+    variants = {}
+    for name, b, batch in (("one by one: 6 x copy_d2h + record (fourth cut)", backend, False),
+                           ("one copy_d2h_many, one ctypes call per copy", backend, True),
+                           ("one copy_d2h_many + fdac_d2h_batch (default)", batched, True)):
+        if b is None:
+            continue
+        glue = b.glue
+        copies = [(b.new_pinned(list(glue.shape(t)), glue.dtype(t), f"step.{i}"), t, f"step.{i}")
+                  for i, t in enumerate(sources)]
+
+        def issue(b=b, copies=copies, batch=batch):
+            if batch:
+                return b.copy_d2h_many(copies, "post_process")
+            for copy in copies:
+                b.copy_d2h(*copy)
+            return b.record("post_process")
+
+        variants[name] = (b, issue)
+    times = {name: [] for name in variants}
+    for _ in range(rounds):
+        for name, (b, issue) in variants.items():
+            for step in range(steps + 20):
+                t0 = ns()
+                event = issue()
+                t1 = ns()
+                b.wait(event, "step")
+                if step >= 20:
+                    times[name].append(t1 - t0)
+            sync()
+    say("  a decode step's own copies on FD 2.4's default path (stop flag, tokens, 4-copy snapshot + the event; "
+        "host time to issue them, median (p90)):")
+    for name, values in times.items():
+        values.sort()
+        say(f"    {name:52s} {us(statistics.median(values))} {us(values[int(0.9 * (len(values) - 1))])}")
+
+
 def build_batch_library() -> tuple[str | None, str]:
     """custom_ops/copy_batch.cc compiled alone (what the custom-ops module holds), or why not."""
     import shutil
@@ -703,6 +746,7 @@ def main(argv=None) -> int:
         finally:
             prof.restore()
         sync()
+    run_step_copies(say, backend, batched, make_out, args.steps, args.rounds, sync)
     say("The figures are host times of this script's loop; the breakdown's 'exclusive' time of a part excludes "
         "the wrapped parts it calls; 'call-site Python' is the step code around the calls (FD's own in production).")
     say("RESULT: MEASURED")

@@ -75,6 +75,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import ctypes
 import gc
 import io
 import logging
@@ -406,11 +407,11 @@ class TorchEngine(EngineBase):
         backend = self.backend
         bufs = self.ring.acquire("save_output", self._shapes()).buffers
         ids, nns, seq = bufs["ids"], bufs["not_need_stop"], bufs["seq_lens"]
-        backend.copy_d2h(nns, self.not_need_stop_dev, "not_need_stop")
-        backend.copy_d2h(ids, self.sampled, "sampled_token_ids")
+        copies = [(nns, self.not_need_stop_dev, "not_need_stop"), (ids, self.sampled, "sampled_token_ids")]
         if snapshot:
-            backend.copy_d2h(seq, self.seq_lens_this_time, "seq_lens_this_time")
-        return Pending(step, ids, nns, seq if snapshot else None, backend.record("post_process"))
+            copies.append((seq, self.seq_lens_this_time, "seq_lens_this_time"))
+        # the step's copies and event in one batch, as the stop flag's after_update issues them
+        return Pending(step, ids, nns, seq if snapshot else None, backend.copy_d2h_many(copies, "post_process"))
 
     def _wait(self, p, name: str, reason: str) -> None:  # a host wait on an event of the plugin's backend
         with self.site(name):
@@ -1099,6 +1100,12 @@ def torch_setup():
             cache[ms] = int(c)
         return cache[ms]
 
+    from host_cost_breakdown import build_batch_library  # what CudaBackend loads from the built custom ops
+
+    batch_lib, why = build_batch_library()
+    if batch_lib is not None:
+        rt.use_batch(ctypes.CDLL(batch_lib))
+    rt.batch_origin = batch_lib or why
     backend = CudaBackend(glue=TorchGlue(), rt=rt, probe_ops=TorchProbeOps(int(per_ms)))
     probe = backend.ensure_probed(0)
     return torch, backend, rt, per_ms, cycles_for, time_sleep, probe
@@ -1156,6 +1163,8 @@ def main(argv=None) -> int:
         say(f"framework (GPU work and the stream only): PyTorch {torch.__version__}, {torch.cuda.get_device_name(0)}; "
             f"Paddle imported: {'paddle' in sys.modules}")
         say(f"CUDA layer: {rt.versions()}; accessor probe: {'ok' if probe['ok'] else 'FAILED ' + probe['reason']}")
+        say(f"a step's copies and event: {'one C call, fdac_d2h_batch ' if rt.batch else 'one ctypes call each: '}"
+            f"{rt.batch_origin}")
         say(f"spin kernel: {per_ms / 1e3:.0f} cycles/us; copies/events/stream syncs through runtime.cudart + CudaBackend + "
             "PinnedRing (blocking-sync events, GIL released); blocking copies = backend.blocking_d2h (torch .cpu()); "
             "pageable H2D = torch copy_ from CPU")

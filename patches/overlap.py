@@ -77,10 +77,9 @@ class OverlapState:
         self.saving = threading.RLock()  # one flush at a time; the captured saves move under it
         self.detached = False  # disable() took the part off its runner
 
-    def copy_step_flag(self) -> None:
-        """Right after the update op (``RunnerState.step_copies``): this step's flag, for its save."""
-        if self.in_step:
-            self.backend.copy_d2h(self.flags[self.flag_turn], self.runner.stop.device, "overlap.not_need_stop")
+    def step_flag_copies(self) -> list:
+        """Right after the update op (``RunnerState.step_copies``): the copy of this step's flag, for its save."""
+        return [(self.flags[self.flag_turn], self.runner.stop.device, "overlap.not_need_stop")] if self.in_step else []
 
     def holds_step(self) -> bool:
         """A step's save is still to run (captured in this step, or pending from the last)."""

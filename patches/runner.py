@@ -76,13 +76,15 @@ class RunnerState:
         self.stop = self.syncs = self.overlap = None
 
     # -- what one part needs of another ---------------------------------------------------------
-    def step_copies(self) -> None:
-        """Right after the update op, before the stop flag's event is recorded: the copies the
-        step's event must cover (step_syncs' snapshot, then overlap's step flag)."""
+    def step_copies(self) -> list:
+        """Right after the update op: the copies (dst, src, label) the step's event must cover
+        (step_syncs' snapshot, then overlap's step flag), issued by the stop flag in one batch."""
+        copies = []
         if self.syncs is not None and self.syncs.shadow is not None:
-            self.syncs.shadow.issue_snapshot()
+            copies += self.syncs.shadow.snapshot_copies()
         if self.overlap is not None:
-            self.overlap.copy_step_flag()
+            copies += self.overlap.step_flag_copies()
+        return copies
 
     def save_deferred(self) -> bool:
         """This step's save runs one step later (overlap): post_process leaves the flag pending."""

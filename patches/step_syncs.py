@@ -80,6 +80,7 @@ SHADOWED = {
 }
 #: what the device changes during a step: copied to pinned after the update op, every step
 SNAPSHOT = ("this_time", "enc", "block_step", "step_dec")
+SNAPSHOT_LABELS = tuple((name, f"step_syncs.{name}") for name in SNAPSHOT)
 
 _armed = threading.local()  # the count _prepare_inputs computed, for get_padding_offset
 
@@ -237,21 +238,22 @@ class StepShadow:
             self.load("after a dummy run or an untracked write")
 
     # -- the step's device changes --------------------------------------------------------------
-    def issue_snapshot(self) -> None:
-        """Right after the update op, before the stop flag's event is recorded."""
-        for name in SNAPSHOT:
-            self.backend.copy_d2h(self.snap[name], self.tensors[name], f"step_syncs.{name}")
+    def snapshot_copies(self) -> list:
+        """Right after the update op: the snapshot's copies, issued in the stop flag's batch before
+        its event is recorded (``RunnerState.step_copies``)."""
+        copies = [(self.snap[name], self.tensors[name], label) for name, label in SNAPSHOT_LABELS]
         self.snap_expect = None
         if self.count_src is not None and self.count_used is not None:
             if self.snap_count is None:
                 self.snap_count = self.backend.new_pinned(
                     self.glue.shape(self.count_src), self.glue.dtype(self.count_src), "step_syncs.token_num")
-            self.backend.copy_d2h(self.snap_count, self.count_src, "step_syncs.token_num")
+            copies.append((self.snap_count, self.count_src, "step_syncs.token_num"))
             self.snap_expect = (self.count_used, self.count_is_bound)
         self.count_src = self.count_used = None
         self.count_is_bound = False
         self.snap_nr = int(self.glue.shape(self.share_inputs["seq_lens_this_time"])[0])
         self.snap_pending = True
+        return copies
 
     def snapshot_in_flight(self) -> bool:
         """The last step's snapshot is issued and no wait has covered it yet (overlap: the save of
@@ -779,10 +781,10 @@ class TokenShadow:
                                 "outside the table)")
 
     def issue_snapshot(self) -> None:
-        """Right after update_inputs_v1, before FastDeploy records post_process_event."""
-        for name in SNAPSHOT_25:
-            self.backend.copy_d2h(self.snap[name], self.tensors[name], f"step_syncs.{name}")
-        self.pending = self.backend.record("step_syncs.snapshot")
+        """Right after update_inputs_v1, before FastDeploy records post_process_event: its copies
+        and their event in one batch."""
+        self.pending = self.backend.copy_d2h_many(
+            [(self.snap[name], self.tensors[name], f"step_syncs.{name}") for name in SNAPSHOT_25], "step_syncs.snapshot")
         self.log, self.lost_while_pending = [], set()
 
     def settle(self, reader: str) -> None:

@@ -97,13 +97,13 @@ class StopFlagState:
             self.tokens.copy_(paddle.to_tensor(minus_one, place=paddle.CPUPlace()), True)
 
     def after_update(self, topk_ids) -> None:
-        """Right after the update op: copy the device flag (and final tokens) to pinned, record."""
-        self.backend.copy_d2h(self.pinned, self.device, "not_need_stop")
+        """Right after the update op: copy the device flag (and final tokens) to pinned with the
+        other parts' copies (step_syncs, overlap), then record: the step's copies in one batch."""
+        copies = [(self.pinned, self.device, "not_need_stop")]
         if self.tokens is not None and topk_ids is not None:
-            self.backend.copy_d2h(self.tokens, topk_ids, "sampled_token_ids")
+            copies.append((self.tokens, topk_ids, "sampled_token_ids"))
             self.token_source = topk_ids
-        self.runner.step_copies()  # covered by the event recorded now (step_syncs, overlap)
-        self.backend.record("post_process")
+        self.backend.copy_d2h_many(copies + self.runner.step_copies(), "post_process")
         self.flag_pending = True
 
     def sync(self, reader: str) -> None:

@@ -39,4 +39,7 @@ def test_cpu_smoke_run_reports_every_variant_and_the_parts(tmp_path):
     # 3 copies and 1 event per step: the calls per step are counted, not guessed
     copy_line = next(line for line in text.splitlines() if "HostRuntime.memcpy_d2h_async" in line)
     assert copy_line.split()[-2] == "3.0", copy_line
+    # a decode step's own copies (FD 2.4's default path): one by one vs one batch
+    assert "one by one: 6 x copy_d2h + record (fourth cut)" in text
+    assert "one copy_d2h_many, one ctypes call per copy" in text
     assert text.rstrip().endswith("RESULT: MEASURED") and out.read_text() == text
