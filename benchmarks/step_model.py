@@ -1062,7 +1062,7 @@ def host_overhead_line(name: str, r: dict) -> str:
 # --- PyTorch set-up (GPU only) ------------------------------------------------------------------
 
 
-def torch_setup():
+def torch_setup(no_batch: bool = False):
     from fd_async_copy_plugin.runtime.cuda import CudaBackend
     from fd_async_copy_plugin.runtime.cudart import CudaRuntime
 
@@ -1102,7 +1102,7 @@ def torch_setup():
 
     from host_cost_breakdown import build_batch_library  # what CudaBackend loads from the built custom ops
 
-    batch_lib, why = build_batch_library()
+    batch_lib, why = build_batch_library() if not no_batch else (None, "--no-batch")
     if batch_lib is not None:
         rt.use_batch(ctypes.CDLL(batch_lib))
     rt.batch_origin = batch_lib or why
@@ -1115,6 +1115,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer steps, one round")
     parser.add_argument("--output", help="also write the report here")
+    parser.add_argument("--no-batch", action="store_true", help="each copy its own ctypes call (no fdac_d2h_batch)")
     parser.add_argument("--dry-run", action="store_true", help="fake clock, no GPU and no torch (logic check + model)")
     parser.add_argument("--config", action="append", default=[],
                         help="extra NAME:forward:sampler:prepare:between:save (ms); repeatable")
@@ -1159,7 +1160,7 @@ def main(argv=None) -> int:
             ratios[name] = mode_ratios(models[name])
             ratios25[name] = fd25_ratio(models[name])
     else:
-        torch, backend, rt, per_ms, cycles_for, time_sleep, probe = torch_setup()
+        torch, backend, rt, per_ms, cycles_for, time_sleep, probe = torch_setup(args.no_batch)
         say(f"framework (GPU work and the stream only): PyTorch {torch.__version__}, {torch.cuda.get_device_name(0)}; "
             f"Paddle imported: {'paddle' in sys.modules}")
         say(f"CUDA layer: {rt.versions()}; accessor probe: {'ok' if probe['ok'] else 'FAILED ' + probe['reason']}")

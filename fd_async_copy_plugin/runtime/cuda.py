@@ -111,10 +111,11 @@ class RuntimeBackend(CopyBackend):
         return ""
 
     # -- copies ----------------------------------------------------------------------------------
-    # Before the lock: every source checked and its facts read once (a device not used before is
-    # probed first), so nothing is issued if one fails. Under it: each copy's bookkeeping and its
-    # CUDA call in order, the current stream of each device asked once (the calling thread's), then
-    # the event (``record``).
+    # Every source and destination checked first (nothing issued if one fails); under the lock each
+    # copy's bookkeeping and CUDA call in order, each device's current stream asked once, the event.
+    def copy_d2h(self, dst, src, label):
+        self._issue((dst,), (label,), self._sources((src,)), None)
+
     def copy_d2h_many(self, copies, label):
         return self._issue([dst for dst, _, _ in copies], [name for _, _, name in copies],
                            self._sources([src for _, src, _ in copies]), label)
@@ -141,13 +142,18 @@ class RuntimeBackend(CopyBackend):
             out.append(facts)
         return out
 
-    def _issue(self, dsts: list, names: list, sources: list, label):
-        """Copy each source (its ``_sources`` facts) into its destination, then ``record(label)``."""
-        glue, fit = self.glue, self._fit
-        fitted = [fit(dst, source[2], source[3]) for dst, source in zip(dsts, sources)]  # all before any copy
+    def _issue(self, dsts, names, sources: list, label):
+        """Copy each source (its ``_sources`` facts) into its destination, then ``record(label)``.
+        With the runtime's batch (``fdac_d2h_batch``), two or more copies, or copies and their
+        event, go to the GPU in one C call when they share one stream."""
+        glue, fit, fitted, batch = self.glue, self._fit, [], self.rt.batch
+        for dst, source in zip(dsts, sources):  # every destination checked before anything is issued
+            fitted.append(fit(dst, source[2], source[3]))
+        if batch is not None and (len(dsts) < 2 and label is None or len(dsts) > batch.MAX):
+            batch = None  # one copy and no event: nothing to batch
         with self._lock:  # issued under the lock: sequence order is stream order, for every thread
-            streams, seq, last, known, issue = {}, self._seq, self._copy_seq, self._streams, []
-            counting = census._ACTIVE is not None
+            streams, seq, last, known, memcpy = {}, self._seq, self._copy_seq, self._streams, self.rt.memcpy_d2h_async
+            counting, issue = census._ACTIVE is not None, []
             try:
                 for dst, name, source, facts in zip(dsts, names, sources, fitted):
                     if counting:
@@ -160,15 +166,18 @@ class RuntimeBackend(CopyBackend):
                         stream = streams[device] = 0 if device is None else glue.stream(device)
                         known.setdefault(stream, -1 if device is None else device)
                     if facts.nbytes:
-                        issue.append((facts.ptr, source[1], facts.nbytes, stream))
+                        if batch is None:
+                            memcpy(facts.ptr, source[1], facts.nbytes, stream)
+                        else:
+                            issue.append((facts.ptr, source[1], facts.nbytes, stream))
                         facts.memory().fence(stream, seq, -1 if device is None else device)
             finally:
                 self._seq = seq  # never reused (if a CUDA call fails, later events cover what was issued)
-            batch = self.rt.batch
-            if batch is None or len(streams) != 1 or len(issue) > batch.MAX or (label is None and len(issue) < 2):
-                memcpy = self.rt.memcpy_d2h_async
+            if batch is not None and len(streams) != 1:  # copies on two streams: one call each
                 for copy in issue:
                     memcpy(*copy)
+                batch = None
+            if batch is None:
                 return None if label is None else self.record(label)
             # One C call: the copies, and the event when this stream is the only one copied on (an
             # event covers every stream's copies: ``_record_native``).

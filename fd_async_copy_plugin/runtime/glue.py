@@ -78,12 +78,9 @@ class PaddleGlue(FactsInOneCall):
 
     def facts(self, t) -> tuple:
         """(``gpu_device``, ``address``, ``shape``, ``dtype``, ``is_contiguous``) of ``t``."""
-        place, dtype = t.place, t.dtype
-        known = self._dtypes.get(id(dtype))
-        if known is None or known[0] is not dtype:
-            known = (dtype, self.dtype(t))
-        return (place.gpu_device_id() if place.is_gpu_place() else None, t.data_ptr(), tuple(t.shape), known[1],
-                t.is_contiguous())  # (Paddle answers ints and a bool: no int()/bool() needed)
+        place = t.place  # (Paddle answers ints and a bool: no int()/bool() needed)
+        return (place.gpu_device_id() if place.is_gpu_place() else None, t.data_ptr(), tuple(t.shape), self.dtype(t),
+                t.is_contiguous())
 
     def current_device(self) -> int:
         """Paddle's idea of the thread's device (parsed from its expected place, not cudaGetDevice)."""

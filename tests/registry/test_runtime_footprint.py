@@ -63,11 +63,11 @@ SCAFFOLDING = ("testing", "cli", "serving_ab", "runtime.simulated", "ops.build",
 #: Raised again from 4600 / 7100 for FD 2.5's token-count shadow (issue 22: TokenShadow, its links and
 #: the deferred event, ~350 code lines). Raised from 5000 / 7600 for issue 24's fifth host-cost cut
 #: (``PinnedRing.fill``, ``glue.facts`` and the probe's check of it, the ``fdac_d2h_batch`` binding and
-#: its loading: ~90 code lines), the one raise not for a FastDeploy line: it buys a measured cut
-#: (README, "Host time on the output copies").
+#: its loading, a step's copies in one batch: ~95 code lines): the one raise not for a FastDeploy
+#: line; it buys a measured cut (README, "Host time on the output copies").
 MAX_RUNTIME_CODE_LINES = 5100
 #: and a ceiling on the physical lines, docs included
-MAX_RUNTIME_LINES = 7750
+MAX_RUNTIME_LINES = 7800
 
 
 def loaded_by_register(prelude: str = "") -> tuple[set[str], dict]:

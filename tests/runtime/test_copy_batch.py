@@ -176,3 +176,16 @@ def test_the_process_runtime_takes_the_batch_from_the_built_custom_ops(fake, mon
     backend.wait(event, "reader")
     assert backend.read(slot.buffers["lp"], "reader").tolist() == [[0.25] * 3] * 2
     assert [e[0] for e in fake.log()] == ["copy"] * 3 + ["record"]
+
+
+def test_a_lone_copy_without_an_event_is_one_ctypes_call(fake, libs, monkeypatch):
+    """Nothing to batch: one copy and no event go straight to cudaMemcpyAsync (the batch's arrays
+    would only add to it); two copies, or one with its event, take the batch."""
+    backend = _backend(fake, libs[1])
+    buf = backend.new_pinned([4], "int64", "b")
+    batched = []
+    issue = fake.rt.batch.issue
+    monkeypatch.setattr(fake.rt.batch, "issue", lambda *args: batched.append(len(args[0])) or issue(*args))
+    backend.copy_d2h(buf, paddle.arange(4, dtype="int64"), "lone")
+    backend.copy_d2h_many([(buf, paddle.arange(4, dtype="int64"), "with-event")], "s")
+    assert batched == [1] and [e[0] for e in fake.log()] == ["copy", "copy", "record"]
