@@ -62,7 +62,7 @@ class D2HBatch:
     """``fdac_d2h_batch`` (custom_ops/copy_batch.cc): a step's D2H copies and its event record in one
     ctypes call instead of one each, through the process's own ``cudaMemcpyAsync`` and
     ``cudaEventRecord`` (``memcpy_async``, ``event_record``: their addresses). Its argument arrays
-    are reused: ``issue`` is called under the caller's lock."""
+    are reused, under its own lock (backends sharing the process's runtime may issue at once)."""
 
     MAX = 16  # copies per call
 
@@ -74,15 +74,18 @@ class D2HBatch:
         self._dst, self._src = (ctypes.c_void_p * self.MAX)(), (ctypes.c_void_p * self.MAX)()
         self._nbytes, self._failed = (ctypes.c_size_t * self.MAX)(), ctypes.c_int(-1)
         self._arrays = tuple(ctypes.addressof(a) for a in (self._dst, self._src, self._nbytes))
+        self._lock = threading.Lock()
 
     def issue(self, copies: list, stream: int, event: int | None) -> None:
         """``copies``: up to ``MAX`` (dst, src, nbytes, ...); then a record of ``event`` (None: none)."""
         dst, src, nbytes = self._dst, self._src, self._nbytes
-        for i, copy in enumerate(copies):
-            dst[i], src[i], nbytes[i] = copy[0], copy[1], copy[2]
-        code = self._fn(*self._functions, len(copies), *self._arrays, stream, event, ctypes.addressof(self._failed))
+        with self._lock:
+            for i, copy in enumerate(copies):
+                dst[i], src[i], nbytes[i] = copy[0], copy[1], copy[2]
+            code = self._fn(*self._functions, len(copies), *self._arrays, stream, event, ctypes.addressof(self._failed))
+            failed = self._failed.value
         if code:
-            self._fail("cudaEventRecord" if self._failed.value == len(copies) else "cudaMemcpyAsync", code)
+            self._fail("cudaEventRecord" if failed == len(copies) else "cudaMemcpyAsync", code)
 
 
 def loaded_cudart_paths() -> list[str]:

@@ -55,7 +55,7 @@ class PinnedSlot:
     generation: int = 0
     last_acquired: int = 0  # the ring's acquire count when this slot was last handed out
     idle_since: int | None = None  # the acquire count when it was first seen idle (None: in use)
-    served: dict | None = None  # the shapes it was last handed out for (they fit its capacity)
+    served: dict | None = None  # the shapes (tuples) it was last handed out for: they fit its capacity
 
 
 class PinnedRing:
@@ -244,10 +244,10 @@ class PinnedRing:
                 if (prod(shape) if shape else 1) > capacity[name]:
                     break
             else:
-                slot.served = shapes
+                slot.served = {name: tuple(shape) for name, shape in shapes.items()}  # (a copy: callers may reuse theirs)
                 return self._hand_out(slot)
         slot = self._grown(writer, slot, shapes, reserve)
-        slot.served = shapes
+        slot.served = {name: tuple(shape) for name, shape in shapes.items()}
         return self._hand_out(slot)
 
     def _hand_out(self, slot: PinnedSlot) -> PinnedSlot:

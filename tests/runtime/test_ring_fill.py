@@ -145,3 +145,17 @@ def test_the_probe_fails_a_facts_that_disagrees_with_the_accessors():
 
     result = run(WrongFacts())
     assert not result["ok"] and "data_ptr" in failed(result) and "facts() answers" in result["reason"]
+
+
+@BACKENDS
+def test_a_caller_reusing_its_shapes_dict_still_grows_the_slot(make):
+    """``served`` is the ring's own copy: a caller that mutates the dict (or its lists) it passed
+    last time is not mistaken for the same shapes."""
+    backend = make()
+    ring = PinnedRing(backend, "r", {"x": "int64"}, {"x": 4}, slots=1)
+    shapes = {"x": [4]}
+    ring.acquire("w", shapes)
+    shapes["x"][0] = 9  # the same dict and list, now larger
+    slot = ring.acquire("w", shapes)
+    assert slot.capacity["x"] >= 9
+    backend.copy_d2h(slot.buffers["x"], paddle.arange(9, dtype="int64"), "w")  # fits: no "do not fit"
