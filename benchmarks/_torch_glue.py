@@ -40,10 +40,7 @@ class TorchGlue(FactsInOneCall):
 
     def facts(self, t):
         """The five accessors in one call, as ``PaddleGlue.facts`` (what the copies ask of a source)."""
-        name = self._dtypes.get(t.dtype)
-        if name is None:
-            name = self.dtype(t)
-        return (t.device.index if t.is_cuda else None), t.data_ptr(), tuple(t.shape), name, t.is_contiguous()
+        return (t.device.index if t.is_cuda else None), t.data_ptr(), tuple(t.shape), self.dtype(t), t.is_contiguous()
 
     def current_device(self):
         return torch.cuda.current_device()

@@ -401,9 +401,13 @@ class CopyBackend:
 
     def record(self, label: str) -> CopyEvent:
         with self._lock:  # recorded and listed atomically: covering_event sees events in seq order
-            seq = self._seq
-            event = CopyEvent(seq, label, self._record_native(seq, label))
-            self._recent_events.append(event)
+            return self._listed(label, self._record_native(self._seq, label))
+
+    def _listed(self, label: str, native) -> CopyEvent:
+        """The event at the last copy issued, recorded as ``native``, listed for ``covering_event``
+        (backend lock held)."""
+        event = CopyEvent(self._seq, label, native)
+        self._recent_events.append(event)
         return event
 
     def _last_copy(self, buf) -> tuple[int, str, weakref.ref] | None:

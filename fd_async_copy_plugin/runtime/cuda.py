@@ -173,21 +173,18 @@ class RuntimeBackend(CopyBackend):
                         facts.memory().fence(stream, seq, -1 if device is None else device)
             finally:
                 self._seq = seq  # never reused (if a CUDA call fails, later events cover what was issued)
+            handle = None
             if batch is not None and len(streams) != 1:  # copies on two streams: one call each
                 for copy in issue:
                     memcpy(*copy)
-                batch = None
-            if batch is None:
-                return None if label is None else self.record(label)
-            # One C call: the copies, and the event when this stream is the only one copied on (an
-            # event covers every stream's copies: ``_record_native``).
-            handle = self._event(stream, known[stream]) if label is not None and len(known) == 1 else None
-            batch.issue(issue, stream, handle)
-            if handle is None:
-                return None if label is None else self.record(label)
-            event = CopyEvent(seq, label, (handle,))  # what ``record`` lists, recorded by the batch
-            self._recent_events.append(event)
-            return event
+            elif batch is not None:
+                # One C call: the copies, and the event when this stream is the only one copied on (an
+                # event covers every stream's copies: ``_record_native``).
+                handle = self._event(stream, known[stream]) if label is not None and len(known) == 1 else None
+                batch.issue(issue, stream, handle)
+            if label is None:
+                return None
+            return self.record(label) if handle is None else self._listed(label, (handle,))
 
     def _plan_other(self, src, device) -> tuple:
         """The facts of a source that cannot be copied by address (the ``host`` backend copies it

@@ -236,18 +236,16 @@ class PinnedRing:
         if len(self.slots) > self.base_slots:
             self.release_idle()
         slot = self._choose(writer)
-        if slot is not None:  # the common step: a free slot that holds it (nothing to grow or check)
-            if shapes == slot.served:  # what it held last time: it still has the capacity
-                return self._hand_out(slot)
-            capacity = slot.capacity
-            for name, shape in shapes.items():
-                if (prod(shape) if shape else 1) > capacity[name]:
-                    break
-            else:
-                slot.served = {name: tuple(shape) for name, shape in shapes.items()}  # (a copy: callers may reuse theirs)
-                return self._hand_out(slot)
-        slot = self._grown(writer, slot, shapes, reserve)
-        slot.served = {name: tuple(shape) for name, shape in shapes.items()}
+        if slot is not None and shapes == slot.served:  # the common step: what it held last time fits
+            return self._hand_out(slot)
+        fits = slot is not None
+        for name, shape in shapes.items() if fits else ():  # (a loop: a generator costs ~0.5 us here)
+            if (prod(shape) if shape else 1) > slot.capacity[name]:
+                fits = False
+                break
+        if not fits:
+            slot = self._grown(writer, slot, shapes, reserve)
+        slot.served = {name: tuple(shape) for name, shape in shapes.items()}  # (a copy: callers may reuse theirs)
         return self._hand_out(slot)
 
     def _hand_out(self, slot: PinnedSlot) -> PinnedSlot:
