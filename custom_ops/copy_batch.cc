@@ -42,4 +42,23 @@ int fdac_d2h_batch(void* memcpy_async, void* event_record, int count, void* cons
   return 0;
 }
 
+// A batch whose destinations and sizes stay the same from call to call (a ring slot's buffers),
+// prepared once by the caller: each call passes only this, the stream and the event, so the
+// Python side converts three arguments instead of nine. Same calls and result as fdac_d2h_batch;
+// the index of a failing call lands in failed.
+struct fdac_d2h_prepared {
+  void* memcpy_async;
+  void* event_record;
+  int count;
+  void* const* dst;
+  const void* const* src;
+  const size_t* nbytes;
+  int failed;
+};
+
+int fdac_d2h_batch_prepared(fdac_d2h_prepared* batch, void* stream, void* event) {
+  return fdac_d2h_batch(batch->memcpy_async, batch->event_record, batch->count, batch->dst, batch->src,
+                        batch->nbytes, stream, event, &batch->failed);
+}
+
 }  // extern "C"

@@ -448,10 +448,12 @@ class CopyBackend:
         """Host waits for ``event`` only. Free when a later event was already waited on."""
         if event.seq <= self._completed:
             return
-        census.record("event_wait", f"{reason}<-{event.label}")
+        if census._ACTIVE is not None:  # (the site's name built only when counted)
+            census.record("event_wait", f"{reason}<-{event.label}")
         self._wait_native(event)
-        with self._wait_lock("wait(%s<-%s)", reason, event.label):
-            self._completed = max(self._completed, event.seq)
+        with self._lock if self.wait_timeout is None else self._wait_lock("wait(%s<-%s)", reason, event.label):
+            if event.seq > self._completed:
+                self._completed = event.seq
 
     def _wait_lock(self, what: str, *args):
         """The backend lock, for a wait: bounded by ``wait_timeout`` when it is set (``what % args``
@@ -484,8 +486,9 @@ class CopyBackend:
         if census._ACTIVE is not None:
             census.record("host_read", reader)
         self._check_readable(buf, reader)
-        facts, glue = self._facts(buf), self.glue
-        if facts is not None and glue.address(buf) == facts.ptr and glue.shape(buf) == facts.shape:
+        facts, glue = self._pinned.get(id(buf)), self.glue  # (``_facts``, inline)
+        if (facts is not None and facts.buf() is buf and glue.address(buf) == facts.ptr
+                and glue.shape(buf) == facts.shape):
             view = facts.view  # the allocation's own view, in the tensor's shape
         else:
             view = host_view(buf, glue)

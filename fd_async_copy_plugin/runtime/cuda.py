@@ -22,6 +22,7 @@ from functools import partial
 
 from . import census
 from .backend import AsyncCopyError, CopyBackend, CopyEvent
+from .cudart import PreparedBatch
 from .glue import composed_facts
 
 _EVENT_POOL = 8
@@ -122,20 +123,31 @@ class RuntimeBackend(CopyBackend):
 
     def fill(self, ring, writer, sources, labels, label, reserve=None):
         # The ring's lock held (``PinnedRing.fill``): each source's facts read once, for the slot's
-        # choice and for its copy.
+        # choice and for its copy. A slot filling the same way as last time takes its prepared plan.
         facts = self._sources(list(sources.values()))
-        slot = ring._acquire(writer, {field: f[2] for field, f in zip(sources, facts)}, reserve)
+        shapes = {}
+        for field, f in zip(sources, facts):
+            shapes[field] = f[2]
+        slot = ring._acquire(writer, shapes, reserve)
+        plan = slot.plan
+        if plan is not None and plan.labels is labels and label is not None and plan.shapes == shapes:
+            event = plan.issue(self, slot.buffers, sources, facts, label)
+            if event is not None:
+                return slot, event
         buffers = slot.buffers
-        return slot, self._issue([buffers[field] for field in sources], [labels[field] for field in sources], facts,
-                                 label)
+        dsts = [buffers[field] for field in sources]
+        names = [labels[field] for field in sources]
+        event = self._issue(dsts, names, facts, label)
+        slot.plan = _FillPlan.prepare(self, dsts, names, facts, labels, shapes, label)
+        return slot, event
 
     def _sources(self, sources: list) -> list[tuple]:
         """Each source's checked facts: (device, address, shape, dtype, ...) (see ``_plan_other``)."""
-        facts_of, probed, out = self._facts_of, self._probed_ok, []
+        facts_of, probed, on_device, out = self._facts_of, self._probed_ok, self.device_sources, []
         for src in sources:
             facts = facts_of(src)
             device = facts[0]
-            if (device is None) == self.device_sources or not facts[4]:
+            if (device is None) == on_device or not facts[4]:
                 facts = self._plan_other(src, device)
             elif device is not None and device not in probed:
                 self.ensure_probed(device)  # probes a device not used before (raises if it failed)
@@ -146,16 +158,25 @@ class RuntimeBackend(CopyBackend):
         """Copy each source (its ``_sources`` facts) into its destination, then ``record(label)``.
         With the runtime's batch (``fdac_d2h_batch``), two or more copies, or copies and their
         event, go to the GPU in one C call when they share one stream."""
-        glue, fit, fitted, batch = self.glue, self._fit, [], self.rt.batch
+        pinned, address, shape_of, fitted = self._pinned, self.glue.address, self.glue.shape, []
         for dst, source in zip(dsts, sources):  # every destination checked before anything is issued
-            fitted.append(fit(dst, source[2], source[3]))
+            facts = pinned.get(id(dst))
+            # Every step's case inline: the buffer exactly as the backend left it, so nothing to fit.
+            if (facts is None or facts.buf() is not dst or source[2] != facts.shape or source[3] != facts.dtype
+                    or address(dst) != facts.ptr or shape_of(dst) != facts.shape):
+                facts = self._fit(dst, source[2], source[3])
+            memory = facts.memory()
+            if memory is None:
+                self._fit(dst, source[2], source[3])  # raises: the buffer lost its memory
+            fitted.append((facts, memory))
+        batch = self.rt.batch
         if batch is not None and (len(dsts) < 2 and label is None or len(dsts) > batch.MAX):
             batch = None  # one copy and no event: nothing to batch
         with self._lock:  # issued under the lock: sequence order is stream order, for every thread
             streams, seq, last, known, memcpy = {}, self._seq, self._copy_seq, self._streams, self.rt.memcpy_d2h_async
-            counting, issue = census._ACTIVE is not None, []
+            counting, ptrs, srcs, sizes, on = census._ACTIVE is not None, [], [], [], []
             try:
-                for dst, name, source, facts in zip(dsts, names, sources, fitted):
+                for dst, name, source, (facts, memory) in zip(dsts, names, sources, fitted):
                     if counting:
                         census.record("async_d2h", name)
                     seq += 1
@@ -163,25 +184,30 @@ class RuntimeBackend(CopyBackend):
                     device = source[0]
                     stream = streams.get(device)
                     if stream is None:
-                        stream = streams[device] = 0 if device is None else glue.stream(device)
+                        stream = streams[device] = 0 if device is None else self.glue.stream(device)
                         known.setdefault(stream, -1 if device is None else device)
                     if facts.nbytes:
                         if batch is None:
                             memcpy(facts.ptr, source[1], facts.nbytes, stream)
                         else:
-                            issue.append((facts.ptr, source[1], facts.nbytes, stream))
-                        facts.memory().fence(stream, seq, -1 if device is None else device)
+                            ptrs.append(facts.ptr)
+                            srcs.append(source[1])
+                            sizes.append(facts.nbytes)
+                            on.append(stream)
+                        # ``memory.fence(stream, seq, device)``, inline
+                        memory.fence_stream, memory.fence_seq = stream, seq
+                        memory.fence_device = -1 if device is None else device
             finally:
                 self._seq = seq  # never reused (if a CUDA call fails, later events cover what was issued)
             handle = None
             if batch is not None and len(streams) != 1:  # copies on two streams: one call each
-                for copy in issue:
+                for copy in zip(ptrs, srcs, sizes, on):
                     memcpy(*copy)
             elif batch is not None:
                 # One C call: the copies, and the event when this stream is the only one copied on (an
                 # event covers every stream's copies: ``_record_native``).
                 handle = self._event(stream, known[stream]) if label is not None and len(known) == 1 else None
-                batch.issue(issue, stream, handle)
+                batch.issue(ptrs, srcs, sizes, stream, handle)
             if label is None:
                 return None
             return self.record(label) if handle is None else self._listed(label, (handle,))
@@ -250,6 +276,62 @@ class RuntimeBackend(CopyBackend):
     def query(self, event: CopyEvent) -> bool:
         """Whether ``event``'s copies have landed, without waiting."""
         return event.seq <= self._completed or all(self.rt.event_query(h) for h in event.native or ())
+
+
+class _FillPlan:
+    """A ring slot's fill as every decode step repeats it, prepared once (issue 24): the fields in
+    order with each buffer's allocation facts and its copy's label, and the batch's destinations
+    and sizes (``PreparedBatch``). ``issue`` is ``_issue`` for exactly that fill: the same checks
+    (the sources' device, dtype and shape; each buffer registered, at its memory, in its shape),
+    the same bookkeeping and one C call, without rebuilding what did not change. It returns None,
+    having done nothing, when this step differs in any of them: the caller takes ``_issue``. The
+    ring drops the plan when a buffer of the slot changes (``PinnedRing._new_buffer``)."""
+
+    __slots__ = ("labels", "shapes", "entries", "device", "batch")
+
+    @classmethod
+    def prepare(cls, backend, dsts, names, facts, labels, shapes, label):
+        """The plan of the fill just issued, or None where it cannot be replayed: no batch, no event,
+        sources not all on one GPU, an empty copy."""
+        batch, pinned = backend.rt.batch, backend._pinned
+        if batch is None or label is None or not 0 < len(dsts) <= batch.MAX:
+            return None
+        device = facts[0][0]
+        held = [pinned.get(id(dst)) for dst in dsts]
+        if device is None or any(f[0] != device for f in facts) or any(p is None or not p.nbytes for p in held):
+            return None
+        plan = cls()
+        plan.labels, plan.shapes, plan.device = labels, dict(shapes), device
+        plan.entries = tuple(zip(shapes, held, names, map(id, dsts)))
+        plan.batch = PreparedBatch(batch, [p.ptr for p in held], [p.nbytes for p in held])
+        return plan
+
+    def issue(self, backend, buffers, sources, facts, label):
+        pinned, device, glue = backend._pinned, self.device, backend.glue
+        address, shape_of = glue.address, glue.shape
+        for (field, held, _, ident), key, f in zip(self.entries, sources, facts):
+            dst = buffers[field]
+            if (key != field or f[0] != device or f[3] != held.dtype or f[2] != held.shape
+                    or pinned.get(ident) is not held or held.buf() is not dst or held.memory() is None
+                    or address(dst) != held.ptr or shape_of(dst) != held.shape):
+                return None
+        with backend._lock:  # as ``_issue``: sequence order is stream order
+            stream = glue.stream(device)
+            known = backend._streams
+            known.setdefault(stream, device)
+            seq, last, counting, srcs = backend._seq, backend._copy_seq, census._ACTIVE is not None, []
+            for (_, held, name, ident), f in zip(self.entries, facts):
+                if counting:
+                    census.record("async_d2h", name)
+                seq += 1
+                last[ident] = (seq, name, held.buf)
+                srcs.append(f[1])
+                memory = held.memory()  # ``memory.fence(stream, seq, device)``, inline
+                memory.fence_stream, memory.fence_seq, memory.fence_device = stream, seq, device
+            backend._seq = seq
+            handle = backend._event(stream, device) if len(known) == 1 else None
+            self.batch.issue(srcs, stream, handle)
+            return backend.record(label) if handle is None else backend._listed(label, (handle,))
 
 
 class CudaBackend(RuntimeBackend):

@@ -71,21 +71,54 @@ class D2HBatch:
         fn.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int] + [ctypes.c_void_p] * 6
         fn.restype = ctypes.c_int
         self._fn, self._fail, self._functions = fn, fail, (memcpy_async, event_record)
+        self._prepared = lib.fdac_d2h_batch_prepared
+        self._prepared.argtypes, self._prepared.restype = [ctypes.c_void_p] * 3, ctypes.c_int
         self._dst, self._src = (ctypes.c_void_p * self.MAX)(), (ctypes.c_void_p * self.MAX)()
         self._nbytes, self._failed = (ctypes.c_size_t * self.MAX)(), ctypes.c_int(-1)
         self._arrays = tuple(ctypes.addressof(a) for a in (self._dst, self._src, self._nbytes))
+        self._failed_at = ctypes.addressof(self._failed)
         self._lock = threading.Lock()
 
-    def issue(self, copies: list, stream: int, event: int | None) -> None:
-        """``copies``: up to ``MAX`` (dst, src, nbytes, ...); then a record of ``event`` (None: none)."""
-        dst, src, nbytes = self._dst, self._src, self._nbytes
+    def issue(self, dst: list, src: list, nbytes: list, stream: int, event: int | None) -> None:
+        """Copies ``nbytes[i]`` bytes from device address ``src[i]`` to host address ``dst[i]`` (up to
+        ``MAX``; zero bytes: skipped), then records ``event`` (None: none), all on ``stream``."""
+        count = len(dst)
         with self._lock:
-            for i, copy in enumerate(copies):
-                dst[i], src[i], nbytes[i] = copy[0], copy[1], copy[2]
-            code = self._fn(*self._functions, len(copies), *self._arrays, stream, event, ctypes.addressof(self._failed))
+            self._dst[:count], self._src[:count], self._nbytes[:count] = dst, src, nbytes
+            code = self._fn(*self._functions, count, *self._arrays, stream, event, self._failed_at)
             failed = self._failed.value
         if code:
-            self._fail("cudaEventRecord" if failed == len(copies) else "cudaMemcpyAsync", code)
+            self._fail("cudaEventRecord" if failed == count else "cudaMemcpyAsync", code)
+
+
+class _Prepared(ctypes.Structure):
+    # ``struct fdac_d2h_prepared`` (custom_ops/copy_batch.cc)
+    _fields_ = [("memcpy_async", ctypes.c_void_p), ("event_record", ctypes.c_void_p), ("count", ctypes.c_int),
+                ("dst", ctypes.c_void_p), ("src", ctypes.c_void_p), ("nbytes", ctypes.c_void_p), ("failed", ctypes.c_int)]
+
+
+class PreparedBatch:
+    """A batch whose destinations and sizes stay the same from call to call (a ring slot's buffers,
+    ``RuntimeBackend.fill``): prepared once (``fdac_d2h_batch_prepared``), each ``issue`` sets only
+    the sources and passes three arguments. Its arrays are its own: its owner serialises the calls
+    (the copy backend's lock)."""
+
+    def __init__(self, batch: D2HBatch, dst: list, nbytes: list) -> None:
+        count = self.count = len(dst)
+        if not 0 < count <= batch.MAX:
+            raise ValueError(f"a prepared batch holds 1 to {batch.MAX} copies, not {count}")
+        self._dst, self._src = (ctypes.c_void_p * count)(*dst), (ctypes.c_void_p * count)()
+        self._nbytes = (ctypes.c_size_t * count)(*nbytes)
+        self._args = _Prepared(*batch._functions, count, *(ctypes.addressof(a) for a in (self._dst, self._src, self._nbytes)),
+                               -1)
+        self._fn, self._fail, self._at = batch._prepared, batch._fail, ctypes.addressof(self._args)
+
+    def issue(self, src: list, stream: int, event: int | None) -> None:
+        """The copies from the device addresses ``src`` (one per destination), then ``event``'s record."""
+        self._src[:] = src
+        code = self._fn(self._at, stream, event)
+        if code:
+            self._fail("cudaEventRecord" if self._args.failed == self.count else "cudaMemcpyAsync", code)
 
 
 def loaded_cudart_paths() -> list[str]:

@@ -41,9 +41,9 @@ class RingFull(RuntimeError):
     """Serving this step from the ring would take it past its ``max_bytes``; nothing was allocated."""
 
 
-def _refcount(buf) -> int:
-    # Always measured through this one function so the frame-local references are constant.
-    return sys.getrefcount(buf)
+# Reference counts are always read in one form, ``getrefcount(buffers[name])`` with ``buffers`` a
+# slot's dict: the temporary references the expression holds are then the same at every read.
+getrefcount = sys.getrefcount
 
 
 @dataclass
@@ -56,6 +56,7 @@ class PinnedSlot:
     last_acquired: int = 0  # the ring's acquire count when this slot was last handed out
     idle_since: int | None = None  # the acquire count when it was first seen idle (None: in use)
     served: dict | None = None  # the shapes (tuples) it was last handed out for: they fit its capacity
+    plan: object = None  # the backend's prepared fill of these buffers (``RuntimeBackend.fill``)
 
 
 class PinnedRing:
@@ -99,9 +100,10 @@ class PinnedRing:
 
     # -- slots ---------------------------------------------------------------------------------
     def _new_buffer(self, slot: PinnedSlot, name: str, elements: int) -> None:
-        slot.buffers[name] = self.backend.new_pinned([elements], self.dtypes[name], f"{self.name}[{slot.index}].{name}")
+        buffers, slot.plan = slot.buffers, None  # (a prepared fill names the old buffers)
+        buffers[name] = self.backend.new_pinned([elements], self.dtypes[name], f"{self.name}[{slot.index}].{name}")
         slot.capacity[name] = elements
-        slot.baseline[name] = _refcount(slot.buffers[name])
+        slot.baseline[name] = getrefcount(buffers[name])
 
     def _add_slot(self, capacity: dict[str, int]) -> PinnedSlot:
         slot = PinnedSlot(len(self.slots), {}, {})
@@ -114,12 +116,12 @@ class PinnedRing:
         """References to the slot's buffers held outside the ring (and outside the backend)."""
         buffers, internal = slot.buffers, self.backend.internal_refs
         return {name: extra for name, base in slot.baseline.items()
-                if (extra := _refcount(buffers[name]) - base - internal(buffers[name])) > 0}
+                if (extra := getrefcount(buffers[name]) - base - internal(buffers[name])) > 0}
 
     def is_free(self, slot: PinnedSlot) -> bool:
         buffers, internal = slot.buffers, self._internal_refs
         for name, base in slot.baseline.items():
-            if _refcount(buffers[name]) - base > (0 if internal is None else internal(buffers[name])):
+            if getrefcount(buffers[name]) - base > (0 if internal is None else internal(buffers[name])):
                 return False
         self._vetted = slot  # found free under the lock: ``_acquire`` need not check it again
         return True
@@ -233,7 +235,23 @@ class PinnedRing:
 
     def _acquire(self, writer: str, shapes: dict[str, list[int]], reserve) -> PinnedSlot:
         self._acquires += 1
-        if len(self.slots) > self.base_slots:
+        slots = self.slots
+        if len(slots) == self.base_slots and self._internal_refs is None:
+            # The common step, inline: the next slot in ring order serves these shapes again and
+            # nothing outside the ring references its buffers (``is_free``, ``_hand_out``).
+            slot = slots[self._next]
+            if shapes == slot.served:
+                buffers = slot.buffers
+                for name, base in slot.baseline.items():
+                    if getrefcount(buffers[name]) > base:
+                        break
+                else:
+                    self._next = (slot.index + 1) % len(slots)
+                    slot.generation += 1
+                    slot.last_acquired = self._acquires
+                    slot.idle_since = None
+                    return slot
+        if len(slots) > self.base_slots:
             self.release_idle()
         slot = self._choose(writer)
         if slot is not None and shapes == slot.served:  # the common step: what it held last time fits

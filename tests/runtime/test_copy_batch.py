@@ -81,10 +81,10 @@ def test_the_batch_issues_each_copy_in_order_then_the_record_through_the_given_r
     src = [np.arange(n, dtype=np.int64) for n in (4, 0, 3)]
     dst = [np.zeros(max(1, n), dtype=np.int64) for n in (4, 0, 3)]
     copies = [(d.ctypes.data, s.ctypes.data, s.nbytes) for d, s in zip(dst, src)]
-    fake.rt.batch.issue(copies, STREAM, 42)
+    fake.rt.batch.issue(*zip(*copies), STREAM, 42)
     assert fake.log() == [("copy", *copies[0], STREAM), ("copy", *copies[2], STREAM), ("record", 42, 0, 0, STREAM)]
     assert dst[0].tolist() == [0, 1, 2, 3] and dst[2].tolist() == [0, 1, 2]  # (the zero-byte copy skipped)
-    fake.rt.batch.issue(copies[:1], STREAM, None)  # no event: no record
+    fake.rt.batch.issue(*zip(*copies[:1]), STREAM, None)  # no event: no record
     assert [e[0] for e in fake.log()[3:]] == ["copy"]
 
 
@@ -93,12 +93,12 @@ def test_a_failing_copy_stops_the_batch_and_raises_naming_the_call(fake, libs):
     a, b = np.arange(4, dtype=np.int64), np.zeros(4, dtype=np.int64)
     fake.var("fake_fail_copy").value = 1  # the second copy fails
     with pytest.raises(CudaError, match="cudaMemcpyAsync failed: fake error") as failure:
-        fake.rt.batch.issue([(b.ctypes.data, a.ctypes.data, 32)] * 3, STREAM, 7)
+        fake.rt.batch.issue([b.ctypes.data] * 3, [a.ctypes.data] * 3, [32] * 3, STREAM, 7)
     assert failure.value.code == 700 and [e[0] for e in fake.log()] == ["copy"]  # nothing after it
     fake.var("fake_fail_copy").value = -1
     fake.var("fake_fail_record").value = 1
     with pytest.raises(CudaError, match="cudaEventRecord failed"):
-        fake.rt.batch.issue([(b.ctypes.data, a.ctypes.data, 32)], STREAM, 7)
+        fake.rt.batch.issue([b.ctypes.data], [a.ctypes.data], [32], STREAM, 7)
 
 
 @pytest.mark.parametrize("batched", [False, True], ids=["per-copy", "batch"])

@@ -1,0 +1,238 @@
+"""A ring slot's prepared fill (``_FillPlan``, issue 24's sixth cut): a slot filled the same way as
+last time replays its plan - the same checks and bookkeeping as ``_issue`` and one
+``fdac_d2h_batch_prepared`` call - and any step that differs (a dtype, a shape, the labels, the
+order, a buffer moved or reshaped behind the backend's back, another device) gets ``_issue``'s
+answer instead, with nothing issued by the plan. Runs the real C loop and the real ``CudaRuntime``
+against ``fake_cudart.c`` (see test_copy_batch.py)."""
+
+from __future__ import annotations
+
+import ctypes
+
+import paddle
+import pytest
+
+from fd_async_copy_plugin.runtime import PinnedRing
+from fd_async_copy_plugin.runtime.backend import AsyncCopyError
+from fd_async_copy_plugin.runtime.cuda import RuntimeBackend, _FillPlan
+from fd_async_copy_plugin.runtime.cudart import CudaError, PreparedBatch
+
+from test_copy_batch import FIELDS, LABELS, _sources, fake, libs  # noqa: F401 (fixtures)
+from test_cuda_layer import STREAM, GpuLikeGlue
+
+CAPACITY = {"ids": 6, "lp": 6, "ranks": 2}
+
+
+class Spied:
+    """Counts which path each fill took: ``_issue`` (the general one) or a plan's prepared call."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.general = self.planned = 0
+        issue, prepared = RuntimeBackend._issue, PreparedBatch.issue
+
+        def general(backend, *args):
+            self.general += 1
+            return issue(backend, *args)
+
+        def planned(batch, *args):
+            self.planned += 1
+            return prepared(batch, *args)
+
+        monkeypatch.setattr(RuntimeBackend, "_issue", general)
+        monkeypatch.setattr(PreparedBatch, "issue", planned)
+
+
+def _ring(fake, libs, glue=None, slots=2):
+    fake.rt.use_batch(ctypes.CDLL(libs[1]))
+    backend = RuntimeBackend(fake.rt, glue=glue or GpuLikeGlue(), probe=False)
+    return backend, PinnedRing(backend, "r", FIELDS, CAPACITY, slots=slots)
+
+
+def _check_step(fake, backend, ring, src, start, event, slot):
+    """The step's log: its three copies from ``src`` into the slot, then its event, on the stream."""
+    log = fake.log()[start:]
+    assert [e[0] for e in log] == ["copy"] * 3 + ["record"] and event.native == (log[-1][1],)
+    assert [e[1] for e in log[:3]] == [slot.buffers[f].data_ptr() for f in FIELDS]
+    assert [e[2] for e in log[:3]] == [t.data_ptr() for t in src.values()]
+    assert [e[3] for e in log[:3]] == [t.numel() * t.element_size() for t in src.values()]
+    assert all(e[-1] == STREAM for e in log) and event.seq == backend._seq
+    for field in FIELDS:  # each buffer's last copy is this step's, and in flight until the wait
+        assert backend.copy_in_flight(slot.buffers[field]) and backend.covering_event(slot.buffers[field]) is event
+    backend.wait(event, "reader")
+    for field, t in src.items():
+        assert not backend.copy_in_flight(slot.buffers[field])
+        assert backend.read(slot.buffers[field], "reader").tolist() == t.numpy().tolist()
+
+
+def test_a_slot_filled_again_the_same_way_replays_its_plan(fake, libs, monkeypatch):
+    backend, ring = _ring(fake, libs)
+    spied = Spied(monkeypatch)
+    for step in range(1, 7):
+        src = _sources(step=step)  # new source tensors every step, as a decode step's outputs
+        start = len(fake.log())
+        slot, event = ring.fill("w", src, LABELS, "s")
+        _check_step(fake, backend, ring, src, start, event, slot)
+        assert isinstance(slot.plan, _FillPlan)
+        del slot
+    assert (spied.general, spied.planned) == (2, 4)  # each slot's first fill prepared its plan
+    fences = [backend.memory_of(buf).fence_seq for s in ring.slots for buf in s.buffers.values()]
+    assert backend._seq == 18 and sorted(fences) == list(range(13, 19))  # the last two steps' copies
+
+
+def test_the_census_counts_a_replayed_fill_as_three_copies(fake, libs):
+    from fd_async_copy_plugin.runtime import census
+
+    backend, ring = _ring(fake, libs, slots=1)
+    ring.fill("w", _sources(), LABELS, "s")
+    with census.collecting() as counted:
+        slot, event = ring.fill("w", _sources(step=2), LABELS, "s")
+    assert slot.plan is not None and counted.setup.events == [("async_d2h", LABELS[f]) for f in FIELDS]
+
+
+def _variations():
+    def dtype(src, backend, slot):
+        src["ranks"] = src["ranks"].astype("int32")
+
+    def shape(src, backend, slot):
+        src["ids"], src["lp"] = src["ids"][:1], src["lp"][:1]
+
+    def reshaped(src, backend, slot):
+        backend.glue.set_shape(slot.buffers["lp"], (3, 2))  # behind the backend's back
+
+    def forgotten(src, backend, slot):
+        backend.free_pinned(slot.buffers["lp"], "gone")  # no longer a pinned buffer of the backend
+
+    def other_labels(src, backend, slot):
+        return "labels"
+
+    return {"dtype": (dtype, ValueError), "shape": (shape, None),
+            "buffer reshaped": (reshaped, None), "buffer forgotten": (forgotten, ValueError), "other labels": (other_labels, None)}
+
+
+@pytest.mark.parametrize("variation", list(_variations()))
+def test_a_step_that_differs_gets_the_general_path_and_its_answer(fake, libs, monkeypatch, variation):
+    change, raises = _variations()[variation]
+    backend, ring = _ring(fake, libs, slots=1)
+    slot, _ = ring.fill("w", _sources(), LABELS, "s")
+    assert slot.plan is not None
+    spied = Spied(monkeypatch)
+    src = _sources(step=2)
+    answer = change(src, backend, slot)
+    labels = dict(LABELS) if answer == "labels" else LABELS
+    src = answer if isinstance(answer, dict) else src
+    del slot
+    start, seq = len(fake.log()), backend._seq
+    if raises is not None:
+        with pytest.raises(raises):
+            ring.fill("w", src, labels, "s")
+        assert fake.log()[start:] == [] and backend._seq == seq and spied.planned == 0  # nothing issued
+        return
+    slot, event = ring.fill("w", src, labels, "s")
+    assert (spied.general, spied.planned) == (1, 0)
+    log = fake.log()[start:]
+    assert [e[0] for e in log] == ["copy"] * 3 + ["record"]
+    assert sorted(e[2] for e in log[:3]) == sorted(t.data_ptr() for t in src.values())
+    backend.wait(event, "reader")
+    for field, t in src.items():
+        assert backend.read(slot.buffers[field], "reader").tolist() == t.numpy().tolist()
+
+
+def test_sources_in_another_order_go_to_their_own_buffers(fake, libs, monkeypatch):
+    """The same fields, shapes and dtypes in another order: the plan replays copies in its own order,
+    so it must decline (each field's data in its own buffer)."""
+    backend, ring = _ring(fake, libs, slots=1)
+
+    def sources(step):  # ids and ranks alike in shape and dtype: only the names tell them apart
+        return {"ids": paddle.arange(2, dtype="int64") + 10 * step, "lp": paddle.full([2], 0.5 * step),
+                "ranks": paddle.arange(2, dtype="int64") - 10 * step}
+
+    slot, event = ring.fill("w", sources(1), LABELS, "s")
+    backend.wait(event, "reader")
+    del slot
+    spied, src = Spied(monkeypatch), sources(2)
+    slot, event = ring.fill("w", dict(reversed(list(src.items()))), LABELS, "s")
+    backend.wait(event, "reader")
+    assert (spied.general, spied.planned) == (1, 0)
+    for field, t in src.items():
+        assert backend.read(slot.buffers[field], "reader").tolist() == t.numpy().tolist()
+
+
+def test_a_buffer_no_longer_at_its_memory_is_refused_with_nothing_issued(fake, libs, monkeypatch):
+    """A framework op that reallocated a pinned buffer: the plan must not copy into the new memory
+    (its address check fails) and the general path refuses the step."""
+    moved: set[int] = set()
+
+    class Moving(GpuLikeGlue):
+        def address(self, t):
+            return super().address(t) + (64 if id(t) in moved else 0)
+
+    backend, ring = _ring(fake, libs, glue=Moving(), slots=1)
+    slot, _ = ring.fill("w", _sources(), LABELS, "s")
+    moved.add(id(slot.buffers["lp"]))
+    del slot
+    spied, start = Spied(monkeypatch), len(fake.log())
+    with pytest.raises(AsyncCopyError, match="no longer points at its memory"):
+        ring.fill("w", _sources(step=2), LABELS, "s")
+    assert fake.log()[start:] == [] and spied.planned == 0
+
+
+def test_a_source_on_another_device_is_not_replayed(fake, libs, monkeypatch):
+    """The plan is for one device: a step whose sources moved gets the general path, which copies on
+    that device's stream and records there."""
+    where = {"device": 0}
+
+    class Movable(GpuLikeGlue):
+        def gpu_device(self, t):
+            return where["device"]
+
+        def stream(self, device):
+            return (STREAM, 0xB0B)[device]
+
+    backend, ring = _ring(fake, libs, glue=Movable(), slots=1)
+    ring.fill("w", _sources(), LABELS, "s")
+    where["device"] = 1
+    spied, start = Spied(monkeypatch), len(fake.log())
+    slot, event = ring.fill("w", _sources(step=2), LABELS, "s")
+    log = fake.log()[start:]
+    assert spied.planned == 0 and [e[-1] for e in log[:3]] == [0xB0B] * 3
+    assert {e[-1] for e in log[3:]} == {STREAM, 0xB0B}  # the event covers both streams copied on
+    assert slot.plan.device == 1  # prepared again, for gpu:1
+    del slot
+    start = len(fake.log())
+    slot, event = ring.fill("w", _sources(step=3), LABELS, "s")
+    log = fake.log()[start:]
+    assert spied.planned == 1 and [e[-1] for e in log[:3]] == [0xB0B] * 3
+    assert {e[-1] for e in log[3:]} == {STREAM, 0xB0B} and len(event.native) == 2  # two streams known: no fused event
+
+
+def test_a_grown_slot_drops_its_plan_and_prepares_the_new_buffers(fake, libs, monkeypatch):
+    backend, ring = _ring(fake, libs, slots=1)
+    slot, _ = ring.fill("w", _sources(), LABELS, "s")
+    old = slot.plan
+    del slot
+    slot, event = ring.fill("w", _sources(rows=4, cols=3, step=3), LABELS, "s")  # larger: the slot grows
+    assert slot.plan is not old and slot.plan is not None
+    backend.wait(event, "reader")
+    del slot
+    spied, start = Spied(monkeypatch), len(fake.log())
+    src = _sources(rows=4, cols=3, step=4)
+    slot, event = ring.fill("w", src, LABELS, "s")
+    assert spied.planned == 1
+    _check_step(fake, backend, ring, src, start, event, slot)
+
+
+def test_a_failing_replayed_copy_raises_naming_the_call_and_never_reuses_a_sequence_number(fake, libs):
+    backend, ring = _ring(fake, libs, slots=1)
+    slot, event = ring.fill("w", _sources(), LABELS, "s")
+    backend.wait(event, "reader")
+    del slot
+    seq = backend._seq
+    fake.var("fake_fail_copy").value = fake.var("fake_copies").value + 2  # the next step's third copy fails
+    with pytest.raises(CudaError, match="cudaMemcpyAsync failed"):
+        ring.fill("w", _sources(step=2), LABELS, "s")
+    assert backend._seq == seq + 3  # (later events cover what was issued)
+    fake.var("fake_fail_copy").value = -1
+    fake.var("fake_fail_record").value = 1
+    with pytest.raises(CudaError, match="cudaEventRecord failed"):
+        ring.fill("w", _sources(step=3), LABELS, "s")
+    fake.var("fake_fail_record").value = 0
