@@ -459,12 +459,12 @@ def run_timing(backend, cycles, device, rows=128, k=20, steps=200) -> dict:
     ring = PinnedRing(backend, "bench", DTYPES, {f: t.numel() for f, t in out.items()}, slots=2)
     pageable = {f: np.empty(nbytes[f], dtype=np.uint8) for f in DTYPES}
 
-    def plugin(step, state):
-        slot = ring.acquire("bench", {f: list(t.shape) for f, t in out.items()})
-        for f in DTYPES:
-            backend.copy_d2h(slot.buffers[f], out[f], f)
-        event = backend.record("bench")
-        previous, state["prev"] = state.get("prev"), ([slot.buffers[f] for f in DTYPES], event)
+    def plugin(step, state):  # the logprobs producer's call: a free slot, the three copies, their event
+        with ring.lock:
+            slot, event = ring.fill("bench", out, LABELS, "bench")
+            buffers = [slot.buffers[f] for f in DTYPES]
+            del slot
+        previous, state["prev"] = state.get("prev"), (buffers, event)
         return previous
 
     def plugin_consume(previous):
@@ -506,7 +506,7 @@ def run_timing(backend, cycles, device, rows=128, k=20, steps=200) -> dict:
                               ("FD 2.5: per-step pinned + event", per_step_pinned)):
             state: dict = {}
             allocs0 = CountingRuntime.allocs
-            host, wall = [], time.perf_counter()
+            host, consumer, wall = [], [], time.perf_counter()
             for step in range(steps + 10):
                 if step == 10:
                     wall, allocs0 = time.perf_counter(), CountingRuntime.allocs
@@ -521,6 +521,8 @@ def run_timing(backend, cycles, device, rows=128, k=20, steps=200) -> dict:
                     plugin_consume(previous)
                 elif name.startswith("FD 2.5"):
                     per_step_consume(previous, state)
+                if step >= 10:  # the consumer: the wait on the previous step's event and the host reads
+                    consumer.append(time.perf_counter() - t1)
             torch.cuda.synchronize()
             wall = (time.perf_counter() - wall) / steps
             if name.startswith("FD 2.5"):
@@ -534,6 +536,8 @@ def run_timing(backend, cycles, device, rows=128, k=20, steps=200) -> dict:
             host_us = sorted(x * 1e6 for x in host)
             results[(busy, name)] = {
                 "median": statistics.median(host_us), "p90": host_us[int(0.9 * (len(host_us) - 1))],
+                "consumer": statistics.median(x * 1e6 for x in consumer),
+                "both": statistics.median((p + c) * 1e6 for p, c in zip(host, consumer)),
                 "wall": wall * 1e6, "allocs_per_step": (CountingRuntime.allocs - allocs0) / steps,
             }
         state = None
@@ -544,16 +548,19 @@ def run_timing(backend, cycles, device, rows=128, k=20, steps=200) -> dict:
 def report_timing(results, rows, k, busy_ms) -> None:
     for busy in (False, True):
         say(f"  GPU {'busy (~%.1f ms queued per step)' % busy_ms if busy else 'idle'}: host time per step on the "
-            f"output copies, median (p90); loop wall per step; pinned allocations per step")
+            f"output copies: producer median (p90), consumer median (FD 2.4: nothing left to wait for), "
+            f"producer + consumer median; loop wall per step; pinned allocations per step")
         for (b, name), r in results.items():
             if b == busy:
-                say(f"    {name:34s} {r['median']:9.1f} us ({r['p90']:9.1f})   wall {r['wall']:8.1f} us   "
-                    f"allocs/step {r['allocs_per_step']:.2f}")
+                say(f"    {name:34s} {r['median']:9.1f} us ({r['p90']:9.1f})   consumer {r['consumer']:7.1f} us   "
+                    f"prod+cons {r['both']:8.1f} us   wall {r['wall']:8.1f} us   allocs/step {r['allocs_per_step']:.2f}")
         plugin = results[(busy, "plugin: ring + event")]
         blocking = results[(busy, "FD 2.4: blocking copies")]
         pinned = results[(busy, "FD 2.5: per-step pinned + event")]
         say(f"    ratios: blocking / plugin = {blocking['median'] / plugin['median']:.1f}x, "
-            f"per-step pinned / plugin = {pinned['median'] / plugin['median']:.1f}x")
+            f"per-step pinned / plugin = {pinned['median'] / plugin['median']:.1f}x; producer + consumer: "
+            f"blocking / plugin = {blocking['both'] / plugin['both']:.2f}x, per-step pinned / plugin = "
+            f"{pinned['both'] / plugin['both']:.2f}x")
         if busy:
             check(plugin["median"] * 10 <= blocking["median"],
                   f"B={rows} K={k}, GPU busy: plugin host time/step <= 1/10 of blocking")
@@ -598,9 +605,11 @@ def main(argv=None) -> int:
         run_correctness(batched, lib, cycles, True, device)
     if not args.quick:
         run_two_threads(backend, lib, cycles, device)
-        timing_backend = CudaBackend(glue=TorchGlue(), rt=rt, probe_ops=ops)  # no witness events
+        # No witness events; the default path: the runtime with fdac_d2h_batch when it was built.
+        timing_backend = CudaBackend(glue=TorchGlue(), rt=rt if batch_lib is None else batch_rt, probe_ops=ops)
         timing_backend.probes = dict(backend.probes)
-        say("host time per decode step (same runtime calls for all three):")
+        say(f"host time per decode step (same runtime calls for all three; the plugin: ring.fill, "
+            f"{'one ctypes call per copy' if batch_lib is None else 'one C call per step (fdac_d2h_batch)'}):")
         for rows, k in ((128, 20), (1024, 20)):
             say(f"  B={rows}, K={k} ({rows * (k + 1) * 12 + rows * 8} bytes per step)")
             report_timing(run_timing(timing_backend, cycles, device, rows, k), rows, k, cycles / per_ms)

@@ -66,6 +66,8 @@ import _report  # noqa: E402 - benchmarks/_report.py
 from fd_async_copy_plugin.runtime import PinnedRing, collecting  # noqa: E402
 from fd_async_copy_plugin.runtime import backend as backend_module  # noqa: E402
 from fd_async_copy_plugin.runtime import census as census_module  # noqa: E402
+from fd_async_copy_plugin.runtime.cuda import _FillPlan  # noqa: E402
+from fd_async_copy_plugin.runtime.cudart import PreparedBatch  # noqa: E402
 
 DTYPES = {"ids": "int64", "logprobs": "float32", "ranks": "int64"}
 ns = time.perf_counter_ns
@@ -420,11 +422,11 @@ def make_variants(backend, out, is_cuda: bool, batched=None):
         floor = {"floor: 3 ctypes cudaMemcpyAsync + 1 cudaEventRecord": (floor_produce, floor_consume, floor_cleanup)}
         if batched is not None:  # the same calls from C: one ctypes call (fdac_d2h_batch)
             issue = batched.rt.batch.issue
-            copies = [(floor_bufs[f], glue.address(out[f]), nbytes[f]) for f in DTYPES]
+            copies = ([floor_bufs[f] for f in DTYPES], [glue.address(out[f]) for f in DTYPES], [nbytes[f] for f in DTYPES])
 
             def batch_produce(state):
                 i = state["i"] = state.get("i", 0) ^ 1
-                issue(copies, stream, floor_events[i])
+                issue(*copies, stream, floor_events[i])
                 return None if "started" not in state else ev[i ^ 1]
 
             floor["floor: fdac_d2h_batch (3 copies + record, one C call)"] = (batch_produce, floor_consume,
@@ -708,9 +710,15 @@ def main(argv=None) -> int:
         columns = args.k + 1
         out = make_out(rows, columns)
         variants, rings = make_variants(backend, out, args.device == "cuda", batched)
-        instrument(prof, backend, rings)
-        if batched is not None:
-            instrument(prof, batched, [], glue=False)
+
+        def instrumented():  # the wrappers, installed for the instrumented runs only (plain runs: none)
+            instrument(prof, backend, rings)
+            if batched is not None:
+                instrument(prof, batched, [], glue=False)
+                # a ring slot's prepared fill: its C call and its Python (class-wide: plans come and go)
+                prof.wrap(PreparedBatch, "issue", "ctypes fdac_d2h_batch_prepared (the CUDA calls: one C call)")
+                prof.wrap(_FillPlan, "issue", "backend: copy_d2h")
+
         try:
             for busy, busy_fn in cases:
                 plain = {name: {"producer": [], "consumer": [], "wall": []} for name in variants}
@@ -724,7 +732,11 @@ def main(argv=None) -> int:
                         for key, values in r["segments"].items():
                             plain[name].setdefault("segments", {}).setdefault(key, []).extend(values)
                         plain[name]["wall"].append(r["wall"])
-                        r = run_variant(name, fns, args.steps, args.warmup, busy_fn, prof, sync)
+                        instrumented()
+                        try:
+                            r = run_variant(name, fns, args.steps, args.warmup, busy_fn, prof, sync)
+                        finally:
+                            prof.restore()
                         for key in ("producer", "consumer"):
                             profiled[name][key] += r[key]
                         for key, values in r["segments"].items():
