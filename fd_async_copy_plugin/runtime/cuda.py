@@ -158,17 +158,10 @@ class RuntimeBackend(CopyBackend):
         """Copy each source (its ``_sources`` facts) into its destination, then ``record(label)``.
         With the runtime's batch (``fdac_d2h_batch``), two or more copies, or copies and their
         event, go to the GPU in one C call when they share one stream."""
-        pinned, address, shape_of, fitted = self._pinned, self.glue.address, self.glue.shape, []
+        fit, fitted = self._fit, []
         for dst, source in zip(dsts, sources):  # every destination checked before anything is issued
-            facts = pinned.get(id(dst))
-            # Every step's case inline: the buffer exactly as the backend left it, so nothing to fit.
-            if (facts is None or facts.buf() is not dst or source[2] != facts.shape or source[3] != facts.dtype
-                    or address(dst) != facts.ptr or shape_of(dst) != facts.shape):
-                facts = self._fit(dst, source[2], source[3])
-            memory = facts.memory()
-            if memory is None:
-                self._fit(dst, source[2], source[3])  # raises: the buffer lost its memory
-            fitted.append((facts, memory))
+            facts = fit(dst, source[2], source[3])  # (its memory is alive: ``_fit`` checked it)
+            fitted.append((facts, facts.memory()))
         batch = self.rt.batch
         if batch is not None and (len(dsts) < 2 and label is None or len(dsts) > batch.MAX):
             batch = None  # one copy and no event: nothing to batch
