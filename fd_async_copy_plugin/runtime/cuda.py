@@ -26,6 +26,7 @@ from .cudart import PreparedBatch
 from .glue import composed_facts
 
 _EVENT_POOL = 8
+_PLANS = 32  # prepared ``copy_d2h_many`` plans a backend keeps
 log = logging.getLogger("fd_async_copy")
 
 
@@ -75,6 +76,7 @@ class RuntimeBackend(CopyBackend):
         self._streams: dict[int, int] = {}  # stream -> device, every stream copied on so far
         self._events: dict[int, list[int]] = {}  # stream -> pool of event handles
         self._next_event = 0
+        self._plans: dict[tuple, _CopyPlan | None] = {}  # (label, destination ids) -> plan
         facts = getattr(self.glue, "facts", None)
         self._facts_of = facts if facts is not None else partial(composed_facts, self.glue)
 
@@ -118,27 +120,43 @@ class RuntimeBackend(CopyBackend):
         self._issue((dst,), (label,), self._sources((src,)), None)
 
     def copy_d2h_many(self, copies, label):
-        return self._issue([dst for dst, _, _ in copies], [name for _, _, name in copies],
-                           self._sources([src for _, src, _ in copies]), label)
+        dsts, names = [dst for dst, _, _ in copies], [name for _, _, name in copies]
+        facts = self._sources([src for _, src, _ in copies])
+        if label is None:  # (no event: nothing to prepare)
+            return self._issue(dsts, names, facts, label)
+        # A step's copies into the same pinned buffers as before (the stop flag's, step_syncs'
+        # snapshot, overlap's flags) replay the plan prepared for those buffers.
+        plans, key = self._plans, (label, *map(id, dsts))
+        plan = plans.get(key)
+        if plan is not None and plan.names == names:
+            event = plan.issue(self, dsts, facts, label)
+            if event is not None:
+                return event
+        event = self._issue(dsts, names, facts, label)
+        if len(plans) >= _PLANS:  # (buffers come and go: plans of gone ones never replay)
+            plans.clear()
+        plans[key] = _CopyPlan.prepare(self, dsts, names, facts, label)
+        return event
 
     def fill(self, ring, writer, sources, labels, label, reserve=None):
         # The ring's lock held (``PinnedRing.fill``): each source's facts read once, for the slot's
-        # choice and for its copy. A slot filling the same way as last time takes its prepared plan.
+        # choice and for its copy. A slot filled with the same labels as before takes its plan.
         facts = self._sources(list(sources.values()))
         shapes = {}
         for field, f in zip(sources, facts):
             shapes[field] = f[2]
         slot = ring._acquire(writer, shapes, reserve)
-        plan = slot.plan
-        if plan is not None and plan.labels is labels and label is not None and plan.shapes == shapes:
-            event = plan.issue(self, slot.buffers, sources, facts, label)
+        buffers, plan = slot.buffers, slot.plan
+        if plan is not None and plan.labels is labels and len(facts) == len(plan.entries) and label is not None:
+            event = plan.issue(self, map(buffers.__getitem__, sources), facts, label)
             if event is not None:
                 return slot, event
-        buffers = slot.buffers
         dsts = [buffers[field] for field in sources]
         names = [labels[field] for field in sources]
         event = self._issue(dsts, names, facts, label)
-        slot.plan = _FillPlan.prepare(self, dsts, names, facts, labels, shapes, label)
+        slot.plan = plan = _CopyPlan.prepare(self, dsts, names, facts, label)
+        if plan is not None:
+            plan.labels = labels
         return slot, event
 
     def _sources(self, sources: list) -> list[tuple]:
@@ -271,21 +289,23 @@ class RuntimeBackend(CopyBackend):
         return event.seq <= self._completed or all(self.rt.event_query(h) for h in event.native or ())
 
 
-class _FillPlan:
-    """A ring slot's fill as every decode step repeats it, prepared once (issue 24): the fields in
-    order with each buffer's allocation facts and its copy's label, and the batch's destinations
-    and sizes (``PreparedBatch``). ``issue`` is ``_issue`` for exactly that fill: the same checks
-    (the sources' device, dtype and shape; each buffer registered, at its memory, in its shape),
-    the same bookkeeping and one C call, without rebuilding what did not change. It returns None,
-    having done nothing, when this step differs in any of them: the caller takes ``_issue``. The
-    ring drops the plan when a buffer of the slot changes (``PinnedRing._new_buffer``)."""
+class _CopyPlan:
+    """Copies into the same pinned buffers as a previous call, prepared once (issue 24): each
+    buffer's allocation facts and its copy's label, and the batch's destinations and sizes
+    (``PreparedBatch``). A ring slot keeps one (``RuntimeBackend.fill``), the backend one per set of
+    destinations of ``copy_d2h_many`` (a step's outputs). ``issue`` is ``_issue`` for exactly those
+    buffers: the same checks (the sources' device; each buffer registered, at its memory, given the
+    source's shape and dtype by ``_fit`` where they changed, such as a decode batch that grew or
+    shrank), the same bookkeeping and one C call. It returns None, having issued nothing, when the
+    call differs in its buffers, their order or the device: the caller takes ``_issue``. The ring
+    drops a slot's plan when one of its buffers changes (``PinnedRing._new_buffer``)."""
 
-    __slots__ = ("labels", "shapes", "entries", "device", "batch")
+    __slots__ = ("labels", "names", "entries", "device", "batch")
 
     @classmethod
-    def prepare(cls, backend, dsts, names, facts, labels, shapes, label):
-        """The plan of the fill just issued, or None where it cannot be replayed: no batch, no event,
-        sources not all on one GPU, an empty copy."""
+    def prepare(cls, backend, dsts, names, facts, label):
+        """The plan of the copies just issued, or None where they cannot be replayed: no batch, no
+        event, sources not all on one GPU, an empty copy."""
         batch, pinned = backend.rt.batch, backend._pinned
         if batch is None or label is None or not 0 < len(dsts) <= batch.MAX:
             return None
@@ -294,34 +314,40 @@ class _FillPlan:
         if device is None or any(f[0] != device for f in facts) or any(p is None or not p.nbytes for p in held):
             return None
         plan = cls()
-        plan.labels, plan.shapes, plan.device = labels, dict(shapes), device
-        plan.entries = tuple(zip(shapes, held, names, map(id, dsts)))
+        plan.labels, plan.names, plan.device = None, list(names), device
+        plan.entries = tuple(zip(held, map(id, dsts)))
         plan.batch = PreparedBatch(batch, [p.ptr for p in held], [p.nbytes for p in held])
         return plan
 
-    def issue(self, backend, buffers, sources, facts, label):
-        pinned, device, glue = backend._pinned, self.device, backend.glue
-        address, shape_of = glue.address, glue.shape
-        for (field, held, _, ident), key, f in zip(self.entries, sources, facts):
-            dst = buffers[field]
-            if (key != field or f[0] != device or f[3] != held.dtype or f[2] != held.shape
-                    or pinned.get(ident) is not held or held.buf() is not dst or held.memory() is None
-                    or address(dst) != held.ptr or shape_of(dst) != held.shape):
-                return None
+    def issue(self, backend, dsts, facts, label):
+        """``dsts`` and ``facts``: one per entry (the callers check the count)."""
+        pinned, device, glue, entries = backend._pinned, self.device, backend.glue, self.entries
+        address, shape_of, resized = glue.address, glue.shape, False
+        for (held, ident), dst, f in zip(entries, dsts, facts):
+            if (f[2] != held.shape or f[0] != device or f[3] != held.dtype or pinned.get(ident) is not held
+                    or held.buf() is not dst or held.memory() is None or address(dst) != held.ptr
+                    or shape_of(dst) != held.shape):
+                if f[0] != device or pinned.get(ident) is not held or held.buf() is not dst:
+                    return None
+                backend._fit(dst, f[2], f[3])  # ``_issue``'s answer: the new shape given, or it raises
+                resized = True
         with backend._lock:  # as ``_issue``: sequence order is stream order
             stream = glue.stream(device)
             known = backend._streams
             known.setdefault(stream, device)
             seq, last, counting, srcs = backend._seq, backend._copy_seq, census._ACTIVE is not None, []
-            for (_, held, name, ident), f in zip(self.entries, facts):
+            for (held, ident), name, f in zip(entries, self.names, facts):
                 if counting:
                     census.record("async_d2h", name)
                 seq += 1
                 last[ident] = (seq, name, held.buf)
                 srcs.append(f[1])
-                memory = held.memory()  # ``memory.fence(stream, seq, device)``, inline
-                memory.fence_stream, memory.fence_seq, memory.fence_device = stream, seq, device
+                if held.nbytes:  # ``memory.fence(stream, seq, device)``, inline
+                    memory = held.memory()
+                    memory.fence_stream, memory.fence_seq, memory.fence_device = stream, seq, device
             backend._seq = seq
+            if resized:  # (zero bytes: the C loop skips that copy, as ``_issue`` does)
+                self.batch.resize([held.nbytes for held, _ in entries])
             handle = backend._event(stream, device) if len(known) == 1 else None
             self.batch.issue(srcs, stream, handle)
             return backend.record(label) if handle is None else backend._listed(label, (handle,))

@@ -88,7 +88,12 @@ class D2HBatch:
             code = self._fn(*self._functions, count, *self._arrays, stream, event, self._failed_at)
             failed = self._failed.value
         if code:
-            self._fail("cudaEventRecord" if failed == count else "cudaMemcpyAsync", code)
+            _batch_failed(self._fail, failed, count, code)
+
+
+def _batch_failed(fail, failed: int, count: int, code: int) -> None:
+    """Raise for a batch whose call number ``failed`` returned ``code``: ``count`` is its record."""
+    fail("cudaEventRecord" if failed == count else "cudaMemcpyAsync", code)
 
 
 class _Prepared(ctypes.Structure):
@@ -98,10 +103,10 @@ class _Prepared(ctypes.Structure):
 
 
 class PreparedBatch:
-    """A batch whose destinations and sizes stay the same from call to call (a ring slot's buffers,
-    ``RuntimeBackend.fill``): prepared once (``fdac_d2h_batch_prepared``), each ``issue`` sets only
-    the sources and passes three arguments. Its arrays are its own: its owner serialises the calls
-    (the copy backend's lock)."""
+    """A batch whose destinations stay the same from call to call (a ring slot's buffers, a step's
+    pinned outputs: ``runtime/cuda.py``'s ``_CopyPlan``): prepared once (``fdac_d2h_batch_prepared``),
+    each ``issue`` sets only the sources and passes three arguments; ``resize`` sets new sizes. Its
+    arrays are its own: its owner serialises the calls (the copy backend's lock)."""
 
     def __init__(self, batch: D2HBatch, dst: list, nbytes: list) -> None:
         count = self.count = len(dst)
@@ -118,7 +123,11 @@ class PreparedBatch:
         self._src[:] = src
         code = self._fn(self._at, stream, event)
         if code:
-            self._fail("cudaEventRecord" if self._args.failed == self.count else "cudaMemcpyAsync", code)
+            _batch_failed(self._fail, self._args.failed, self.count, code)
+
+    def resize(self, nbytes: list) -> None:
+        """The bytes each copy moves from now on (zero: that copy is skipped)."""
+        self._nbytes[:] = nbytes
 
 
 def loaded_cudart_paths() -> list[str]:

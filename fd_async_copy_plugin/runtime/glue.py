@@ -103,9 +103,29 @@ class PaddleGlue(FactsInOneCall):
         return self._from_dlpack(array)
 
     def set_shape(self, t, shape: tuple[int, ...]) -> None:
-        """Reshape a host wrap within its allocation (metadata only; Paddle checks the bound)."""
-        if self.shape(t) != tuple(shape):
-            t.set_(t, list(shape))
+        """Reshape a host wrap within its allocation (metadata only; the backend checked the bound).
+
+        Sets the dims of its DenseTensor (``_set_dims``: 1.4 us on CPU Paddle 3.3) rather than
+        ``t.set_(t, shape)``, which costs 15 us and, from an empty shape, leaves the tensor without
+        its storage: ``set_(t, [0, 3])`` then ``set_(t, [2, 3])`` gives an uninitialised tensor
+        (CPU Paddle 3.3) - every later step of that buffer would fail. (Paddle reshapes its fused
+        buffers the same way: ``paddle/optimizer/fusion_utils.py``.) ``set_`` only where a Paddle
+        has no ``_set_dims``, refused from an empty shape.
+        """
+        shape = list(shape)
+        if list(t.shape) == shape:
+            return
+        dense = t.get_tensor()
+        set_dims = getattr(dense, "_set_dims", None)
+        if set_dims is not None:
+            set_dims(shape)
+            return
+        if 0 in t.shape:  # pragma: no cover - Paddle 3.0-3.3 have ``_set_dims``
+            from .backend import AsyncCopyError
+
+            raise AsyncCopyError("this Paddle cannot give an empty host wrap a shape again without "
+                                 "losing its memory (no DenseTensor._set_dims)")
+        t.set_(t, shape)  # pragma: no cover
 
     def from_numpy(self, array: np.ndarray):
         return self.paddle.to_tensor(array, place=self.paddle.CPUPlace())

@@ -208,6 +208,21 @@ def test_every_copy_gives_the_buffer_its_shape_and_a_read_follows_the_tensors_sh
 
 
 @BACKENDS
+def test_a_buffer_given_no_rows_keeps_its_memory_for_the_next_step(make):
+    """A step with zero rows (an empty logprobs batch) and the next with rows: on CPU Paddle 3.3
+    ``t.set_(t, [0, 3])`` then ``t.set_(t, [2, 3])`` leaves the tensor without its storage, so the
+    glue sets the dims instead; the tensor still points at its pinned memory and reads its data."""
+    backend = make()
+    buf = backend.new_pinned([6], "int64", "b")
+    address = buf.data_ptr()
+    for rows in (0, 2, 0, 1):
+        src = paddle.arange(rows * 3, dtype="int64").reshape([rows, 3]) + rows
+        backend.wait(backend.copy_d2h_many([(buf, src, "w")], "s"), "r")
+        assert list(buf.shape) == [rows, 3] and buf.data_ptr() == address
+        assert buf.numpy().tolist() == src.numpy().tolist() == backend.read(buf, "r").tolist()
+
+
+@BACKENDS
 def test_a_batch_with_a_bad_copy_issues_none_of_its_copies(make):
     backend = make()  # (the simulator used to issue the copies before the bad one)
     good, bad = backend.new_pinned([4], "int64", "good"), backend.new_pinned([4], "float32", "bad")

@@ -1,9 +1,10 @@
-"""A ring slot's prepared fill (``_FillPlan``, issue 24's sixth cut): a slot filled the same way as
-last time replays its plan - the same checks and bookkeeping as ``_issue`` and one
-``fdac_d2h_batch_prepared`` call - and any step that differs (a dtype, a shape, the labels, the
-order, a buffer moved or reshaped behind the backend's back, another device) gets ``_issue``'s
-answer instead, with nothing issued by the plan. Runs the real C loop and the real ``CudaRuntime``
-against ``fake_cudart.c`` (see test_copy_batch.py)."""
+"""Prepared copies (``_CopyPlan``, issue 24): a ring slot filled into the same buffers as before, and
+a step's ``copy_d2h_many`` into the same pinned buffers, replay a plan - the same checks and
+bookkeeping as ``_issue`` and one ``fdac_d2h_batch_prepared`` call. A new shape (the decode batch
+grew or shrank) is given to the buffers by ``_fit`` and the plan's sizes follow; a step that
+differs otherwise (the labels, the order, another device, a buffer moved or no longer registered, a
+dtype) gets ``_issue``'s answer instead, with nothing issued by the plan. Runs the real C loop and
+the real ``CudaRuntime`` against ``fake_cudart.c`` (see test_copy_batch.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 
 from fd_async_copy_plugin.runtime import PinnedRing
 from fd_async_copy_plugin.runtime.backend import AsyncCopyError
-from fd_async_copy_plugin.runtime.cuda import RuntimeBackend, _FillPlan
+from fd_async_copy_plugin.runtime.cuda import RuntimeBackend, _CopyPlan
 from fd_async_copy_plugin.runtime.cudart import CudaError, PreparedBatch
 
 from test_copy_batch import FIELDS, LABELS, _sources, fake, libs  # noqa: F401 (fixtures)
@@ -72,7 +73,7 @@ def test_a_slot_filled_again_the_same_way_replays_its_plan(fake, libs, monkeypat
         start = len(fake.log())
         slot, event = ring.fill("w", src, LABELS, "s")
         _check_step(fake, backend, ring, src, start, event, slot)
-        assert isinstance(slot.plan, _FillPlan)
+        assert isinstance(slot.plan, _CopyPlan)
         del slot
     assert (spied.general, spied.planned) == (2, 4)  # each slot's first fill prepared its plan
     fences = [backend.memory_of(buf).fence_seq for s in ring.slots for buf in s.buffers.values()]
@@ -93,20 +94,13 @@ def _variations():
     def dtype(src, backend, slot):
         src["ranks"] = src["ranks"].astype("int32")
 
-    def shape(src, backend, slot):
-        src["ids"], src["lp"] = src["ids"][:1], src["lp"][:1]
-
-    def reshaped(src, backend, slot):
-        backend.glue.set_shape(slot.buffers["lp"], (3, 2))  # behind the backend's back
-
     def forgotten(src, backend, slot):
         backend.free_pinned(slot.buffers["lp"], "gone")  # no longer a pinned buffer of the backend
 
     def other_labels(src, backend, slot):
         return "labels"
 
-    return {"dtype": (dtype, ValueError), "shape": (shape, None),
-            "buffer reshaped": (reshaped, None), "buffer forgotten": (forgotten, ValueError), "other labels": (other_labels, None)}
+    return {"dtype": (dtype, ValueError), "buffer forgotten": (forgotten, ValueError), "other labels": (other_labels, None)}
 
 
 @pytest.mark.parametrize("variation", list(_variations()))
@@ -119,7 +113,6 @@ def test_a_step_that_differs_gets_the_general_path_and_its_answer(fake, libs, mo
     src = _sources(step=2)
     answer = change(src, backend, slot)
     labels = dict(LABELS) if answer == "labels" else LABELS
-    src = answer if isinstance(answer, dict) else src
     del slot
     start, seq = len(fake.log()), backend._seq
     if raises is not None:
@@ -135,6 +128,56 @@ def test_a_step_that_differs_gets_the_general_path_and_its_answer(fake, libs, mo
     backend.wait(event, "reader")
     for field, t in src.items():
         assert backend.read(slot.buffers[field], "reader").tolist() == t.numpy().tolist()
+
+
+def test_a_decode_batch_that_grows_and_shrinks_replays_the_plan_with_its_sizes(fake, libs, monkeypatch):
+    """Rows join and leave the batch every few steps: each new shape is given to the buffers (within
+    their capacity) and the plan copies this step's bytes - never the last step's size."""
+    backend, ring = _ring(fake, libs, slots=1)
+    slot, event = ring.fill("w", _sources(rows=2, cols=3), LABELS, "s")
+    backend.wait(event, "reader")
+    del slot
+    spied = Spied(monkeypatch)
+    for step, rows in enumerate((1, 2, 2, 1, 1, 2), start=2):
+        src = _sources(rows=rows, cols=3, step=step)
+        start = len(fake.log())
+        slot, event = ring.fill("w", src, LABELS, "s")
+        _check_step(fake, backend, ring, src, start, event, slot)  # sizes: this step's bytes
+        assert all(tuple(slot.buffers[f].shape) == tuple(t.shape) for f, t in src.items())
+        del slot
+    assert (spied.general, spied.planned) == (0, 6)
+
+
+def test_a_buffer_reshaped_behind_the_backends_back_gets_the_sources_shape_again(fake, libs, monkeypatch):
+    backend, ring = _ring(fake, libs, slots=1)
+    slot, event = ring.fill("w", _sources(), LABELS, "s")
+    backend.wait(event, "reader")
+    backend.glue.set_shape(slot.buffers["lp"], (3, 2))  # a framework op on the buffer
+    del slot
+    spied, src, start = Spied(monkeypatch), _sources(step=2), len(fake.log())
+    slot, event = ring.fill("w", src, LABELS, "s")
+    assert spied.planned == 1 and tuple(slot.buffers["lp"].shape) == (2, 3)
+    _check_step(fake, backend, ring, src, start, event, slot)
+
+
+def test_an_empty_step_copies_nothing_and_fences_nothing(fake, libs, monkeypatch):
+    """Zero rows (no sequence asked for logprobs this step): the C loop skips the empty copies and
+    their memory gets no fence (as ``_issue``), the others are copied and the event recorded."""
+    backend, ring = _ring(fake, libs, slots=1)
+    slot, event = ring.fill("w", _sources(), LABELS, "s")
+    backend.wait(event, "reader")
+    fences = {f: backend.memory_of(slot.buffers[f]).fence_seq for f in FIELDS}
+    del slot
+    spied, src, start = Spied(monkeypatch), _sources(rows=0, cols=3, step=2), len(fake.log())
+    slot, event = ring.fill("w", src, LABELS, "s")
+    assert spied.planned == 1 and [e[0] for e in fake.log()[start:]] == ["record"]
+    assert {f: backend.memory_of(slot.buffers[f]).fence_seq for f in FIELDS} == fences
+    backend.wait(event, "reader")
+    assert backend.read(slot.buffers["ids"], "reader").shape == (0, 3)
+    del slot
+    src, start = _sources(step=3), len(fake.log())
+    slot, event = ring.fill("w", src, LABELS, "s")
+    _check_step(fake, backend, ring, src, start, event, slot)
 
 
 def test_sources_in_another_order_go_to_their_own_buffers(fake, libs, monkeypatch):
@@ -155,6 +198,20 @@ def test_sources_in_another_order_go_to_their_own_buffers(fake, libs, monkeypatc
     assert (spied.general, spied.planned) == (1, 0)
     for field, t in src.items():
         assert backend.read(slot.buffers[field], "reader").tolist() == t.numpy().tolist()
+
+
+def test_a_step_filling_fewer_fields_is_not_replayed(fake, libs, monkeypatch):
+    """The same labels, two of the three fields: the plan holds three copies and must decline."""
+    backend, ring = _ring(fake, libs, slots=1)
+    slot, event = ring.fill("w", _sources(), LABELS, "s")
+    backend.wait(event, "reader")
+    del slot
+    spied, src, start = Spied(monkeypatch), _sources(step=2), len(fake.log())
+    del src["ranks"]
+    slot, event = ring.fill("w", src, LABELS, "s")
+    assert (spied.general, spied.planned) == (1, 0) and [e[0] for e in fake.log()[start:]] == ["copy"] * 2 + ["record"]
+    backend.wait(event, "reader")
+    assert [backend.read(slot.buffers[f], "reader").tolist() for f in src] == [t.numpy().tolist() for t in src.values()]
 
 
 def test_a_buffer_no_longer_at_its_memory_is_refused_with_nothing_issued(fake, libs, monkeypatch):
@@ -236,3 +293,78 @@ def test_a_failing_replayed_copy_raises_naming_the_call_and_never_reuses_a_seque
     with pytest.raises(CudaError, match="cudaEventRecord failed"):
         ring.fill("w", _sources(step=3), LABELS, "s")
     fake.var("fake_fail_record").value = 0
+
+
+# -- a step's copies (``copy_d2h_many``): one plan per set of destinations -------------------------
+def _step_buffers(backend, tag=""):
+    return [backend.new_pinned([2, 3], "int64", f"ids{tag}"), backend.new_pinned([2, 3], "float32", f"lp{tag}"),
+            backend.new_pinned([2], "int64", f"ranks{tag}")]
+
+
+def _step(backend, bufs, step, names=None, label="post_process"):
+    src = list(_sources(step=step).values())
+    event = backend.copy_d2h_many(list(zip(bufs, src, names or [LABELS[f] for f in FIELDS])), label)
+    return src, event
+
+
+def _check_many(fake, backend, bufs, src, start, event):
+    log = fake.log()[start:]
+    assert [e[0] for e in log] == ["copy"] * 3 + ["record"] and event.native == (log[-1][1],)
+    assert [e[1] for e in log[:3]] == [b.data_ptr() for b in bufs] and [e[2] for e in log[:3]] == [t.data_ptr() for t in src]
+    backend.wait(event, "reader")
+    assert [backend.read(b, "reader").tolist() for b in bufs] == [t.numpy().tolist() for t in src]
+
+
+def test_a_steps_copies_into_the_same_buffers_replay_their_plan(fake, libs, monkeypatch):
+    from fd_async_copy_plugin.runtime import census
+
+    fake.rt.use_batch(ctypes.CDLL(libs[1]))
+    backend = RuntimeBackend(fake.rt, glue=GpuLikeGlue(), probe=False)
+    bufs, spied = _step_buffers(backend), Spied(monkeypatch)
+    for step in range(1, 5):
+        start = len(fake.log())
+        with census.collecting() as counted:
+            src, event = _step(backend, bufs, step)
+        _check_many(fake, backend, bufs, src, start, event)
+        assert counted.setup.events == [("async_d2h", LABELS[f]) for f in FIELDS]
+    assert (spied.general, spied.planned) == (1, 3)
+
+
+def test_alternating_destinations_keep_a_plan_each(fake, libs, monkeypatch):
+    """overlap's two step flags taken in turn: each set of destinations replays its own plan."""
+    fake.rt.use_batch(ctypes.CDLL(libs[1]))
+    backend = RuntimeBackend(fake.rt, glue=GpuLikeGlue(), probe=False)
+    sets, spied = (_step_buffers(backend, "a"), _step_buffers(backend, "b")), Spied(monkeypatch)
+    for step in range(1, 7):
+        bufs, start = sets[step % 2], len(fake.log())
+        src, event = _step(backend, bufs, step)
+        _check_many(fake, backend, bufs, src, start, event)
+    assert (spied.general, spied.planned) == (2, 4)
+
+
+def test_other_labels_or_a_freed_buffer_get_the_general_answer(fake, libs, monkeypatch):
+    fake.rt.use_batch(ctypes.CDLL(libs[1]))
+    backend = RuntimeBackend(fake.rt, glue=GpuLikeGlue(), probe=False)
+    bufs = _step_buffers(backend)
+    _step(backend, bufs, 1)
+    spied, start = Spied(monkeypatch), len(fake.log())
+    src, event = _step(backend, bufs, 2, names=["x.ids", "x.lp", "x.ranks"])  # the census must see these names
+    assert (spied.general, spied.planned) == (1, 0)
+    _check_many(fake, backend, bufs, src, start, event)
+    backend.free_pinned(bufs[1], "gone")
+    start, seq = len(fake.log()), backend._seq
+    with pytest.raises(ValueError, match="not a pinned buffer"):
+        _step(backend, bufs, 3, names=["x.ids", "x.lp", "x.ranks"])
+    assert fake.log()[start:] == [] and backend._seq == seq and spied.planned == 0
+
+
+def test_the_backend_keeps_a_bounded_number_of_plans(fake, libs):
+    from fd_async_copy_plugin.runtime import cuda
+
+    fake.rt.use_batch(ctypes.CDLL(libs[1]))
+    backend = RuntimeBackend(fake.rt, glue=GpuLikeGlue(), probe=False)
+    for step in range(cuda._PLANS + 5):  # new buffers every step (never in production: they are kept)
+        bufs = _step_buffers(backend, str(step))
+        _, event = _step(backend, bufs, 1)
+        backend.wait(event, "reader")
+        assert 0 < len(backend._plans) <= cuda._PLANS
