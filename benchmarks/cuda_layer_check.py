@@ -59,6 +59,7 @@ sys.path.insert(0, str(REPO))
 from fd_async_copy_plugin.ops.stop_flag_library import StopFlagLibrary  # noqa: E402
 from fd_async_copy_plugin.runtime import PinnedRing, collecting  # noqa: E402
 from fd_async_copy_plugin.runtime.backend import AsyncCopyError, host_view  # noqa: E402
+from fd_async_copy_plugin.runtime import cuda as cuda_module  # noqa: E402
 from fd_async_copy_plugin.runtime.cuda import CudaBackend  # noqa: E402
 from fd_async_copy_plugin.runtime.cudart import CudaRuntime  # noqa: E402
 from fd_async_copy_plugin.runtime.probe import probe_accessors  # noqa: E402
@@ -115,18 +116,32 @@ class CheckedBackend(CudaBackend):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._witness: dict[int, int] = {}
-        self.checked_reads = 0
+        self.checked_reads = self.witnessed = 0
 
-    def _issue(self, dsts, names, sources, label):
-        # Every copy (copy_d2h, copy_d2h_many, ring.fill; one C call or one ctypes call each) goes
-        # through here: a witness event per destination, recorded right after the copies.
-        event = super()._issue(dsts, names, sources, label)
-        for dst, source in zip(dsts, sources):
+    # Every way a copy is issued - copy_d2h, copy_d2h_many and ring.fill, through ``_issue`` or a
+    # prepared plan's one C call (``_CopyPlan``) - ends here: a witness event per destination,
+    # recorded on its source's stream right after the copies.
+    def copy_d2h(self, dst, src, label):
+        super().copy_d2h(dst, src, label)
+        self._witnessed([(dst, src)])
+
+    def copy_d2h_many(self, copies, label):
+        event = super().copy_d2h_many(copies, label)
+        self._witnessed([(dst, src) for dst, src, _ in copies])
+        return event
+
+    def fill(self, ring, writer, sources, labels, label, reserve=None):
+        slot, event = super().fill(ring, writer, sources, labels, label, reserve)
+        self._witnessed([(slot.buffers[f], src) for f, src in sources.items()])
+        return slot, event
+
+    def _witnessed(self, copies) -> None:
+        for dst, src in copies:
             witness = self._witness.get(id(dst))
             if witness is None:
                 witness = self._witness[id(dst)] = self.rt.event_create(False)
-            self.rt.event_record(witness, self.glue.stream(source[0]))
-        return event
+            self.rt.event_record(witness, self.glue.stream(self.glue.gpu_device(src)))
+            self.witnessed += 1
 
     def _check_readable(self, buf, reader):
         event = self._witness.get(id(buf))
@@ -234,7 +249,9 @@ def run_probe(backend, lib, ops) -> None:
 # --- 2. correctness ---------------------------------------------------------------------------
 
 
-def decode_run(backend, lib, rows, k, lag, steps, cycles, device) -> dict:
+def decode_run(backend, lib, rows, k, lag, steps, cycles, device, vary: bool = False) -> dict:
+    """``vary``: the batch changes size every other step (B, 7B/8, 6B/8, 5B/8: requests joining and
+    leaving), so the ring's slots are given new shapes - the prepared plans' resized replays."""
     columns = VOCAB + 1 if k == -1 else k + 1
     ring = PinnedRing(backend, "logprobs.decode", DTYPES,
                       {"ids": rows * 21, "logprobs": rows * 21, "ranks": rows}, slots=2)
@@ -252,11 +269,10 @@ def decode_run(backend, lib, rows, k, lag, steps, cycles, device) -> dict:
             if step == warmup:
                 allocs_before = CountingRuntime.allocs
             torch.cuda._sleep(cycles)  # the step's model work, queued ahead of its outputs
-            out = step_tensors(step, rows, columns, device)
-            state.launch(lib, out["ranks"], stream, step)
+            out = step_tensors(step, rows - (step // 2 % 4) * (rows // 8) if vary else rows, columns, device)
+            next_tokens = torch.arange(rows, device=device, dtype=torch.int64) + step
+            state.launch(lib, next_tokens, stream, step)
             expect_flag = step % 3 != 2
-            backend.copy_d2h(flag, state.not_need_stop, "not_need_stop")
-            backend.copy_d2h(tokens, state.input_ids, "sampled_token_ids")
             if over_cap(rows, columns):
                 blocking_steps += 1
                 payload = {f: backend.blocking_d2h(t, f) for f, t in out.items()}
@@ -269,12 +285,14 @@ def decode_run(backend, lib, rows, k, lag, steps, cycles, device) -> dict:
                     if entry[1] is not None and any(slot.buffers[f] is entry[1][f] for f in DTYPES):
                         reused += 1
                 payload = {f: slot.buffers[f] for f in DTYPES}
-            backend.record("post_process")
+            # the stop flag's after_update: the flag and the tokens, and the step's event, in one call
+            backend.copy_d2h_many([(flag, state.not_need_stop, "not_need_stop"),
+                                   (tokens, state.input_ids, "sampled_token_ids")], "post_process")
             # the flag is consumed in the same step (FD's loop condition), after its event
             got_flag = bool(backend.to_host(flag, "not_need_stop")[0])
             got_tokens = backend.to_host(tokens, "sampled_tokens").numpy().reshape(-1)
             mismatches += got_flag != expect_flag
-            mismatches += not np.array_equal(got_tokens, out["ranks"].cpu().numpy())
+            mismatches += not np.array_equal(got_tokens, next_tokens.cpu().numpy())
             held.append((step, payload if slot is not None else None, out, payload))
             while len(held) > lag:
                 _, _, ref, data = held.popleft()
@@ -309,7 +327,30 @@ def prompt_chunks(backend, k, chunks, device) -> int:
     return mismatches
 
 
+REPLAYS = [0]  # prepared plans replayed during the correctness runs (``_CopyPlan.issue`` answers)
+
+
 def run_correctness(backend, lib, cycles, quick: bool, device) -> None:
+    """The checks below, with the prepared plans' replays counted: on the batched runtime the
+    default path must have run (not only ``_issue``)."""
+    plan_issue = cuda_module._CopyPlan.issue
+
+    def counted(plan, *args):
+        event = plan_issue(plan, *args)
+        REPLAYS[0] += event is not None
+        return event
+
+    cuda_module._CopyPlan.issue, before = counted, REPLAYS[0]
+    try:
+        _run_correctness(backend, lib, cycles, quick, device)
+    finally:
+        cuda_module._CopyPlan.issue = plan_issue
+    if backend.rt.batch is not None:
+        check(REPLAYS[0] > before, f"{REPLAYS[0] - before} copy calls replayed a prepared plan (the default path); "
+                                   f"{backend.witnessed} witness events recorded")
+
+
+def _run_correctness(backend, lib, cycles, quick: bool, device) -> None:
     say("correctness (real asynchronous copies; every host read checked against a CUDA event):")
     batch_sizes = [1, 64, 1024] if quick else [1, 7, 64, 256, 1024]
     ks = [0, 20] if quick else [0, 1, 20, -1]
@@ -330,6 +371,15 @@ def run_correctness(backend, lib, cycles, quick: bool, device) -> None:
                     f"{r['reused']}, ring {r['ring']} slots ({r['grow']} grown in warm-up), pinned allocs/step "
                     f"after warm-up {r['pinned_per_step']:.2f} (cudaHostAlloc calls {r['runtime_allocs_after_warmup']})"
                     + (f", {r['blocking_steps']} steps over the pinned cap copied blocking" if r["blocking_steps"] else ""))
+    for k in [k for k in ks if k != -1]:
+        for rows in [64] if quick else [64, 1024]:
+            for lag in lags:
+                r = decode_run(backend, lib, rows, k, lag, steps, cycles, device, vary=True)
+                total["runs"] += 1
+                total["mismatches"] += r["mismatches"]
+                total["reused"] += r["reused"]
+                say(f"    B={rows - 3 * (rows // 8)}..{rows} changing K={k:3d} lag={lag:2d}: mismatches {r['mismatches']}, "
+                    f"held slot reused {r['reused']}, ring {r['ring']} slots")
     check(total["mismatches"] == 0, f"{total['runs']} decode runs: every byte equals the blocking reference")
     check(total["reused"] == 0, "the ring never handed out a slot a lagging consumer held (lag 0/1/10)")
     check(total["pinned_after_warmup"] == 0 and total["runtime_allocs"] == 0,
@@ -353,6 +403,32 @@ def run_correctness(backend, lib, cycles, quick: bool, device) -> None:
     check(caught, f"a planted host read before the event is caught (the data was {'stale' if stale else 'already there'})")
     torch.cuda.synchronize()
     del buf
+    if backend.rt.batch is not None:  # the same on a replayed plan: a ring slot's fill and a step's copies
+        ring = PinnedRing(backend, "early.plan", DTYPES, {"ids": 128 * 21, "logprobs": 128 * 21, "ranks": 128}, slots=1)
+        step_buf = backend.new_pinned([1 << 16], "int64", "early.step")
+        caught = []
+        for attempt in range(2):  # the first call prepares each plan, the second replays it
+            torch.cuda._sleep(cycles * 3)
+            out = step_tensors(7 + attempt, 128, 21, device)
+            src = torch.full((1 << 16,), 9 + attempt, dtype=torch.int64, device=device)
+            before = REPLAYS[0]
+            slot, event = ring.fill("early", out, LABELS, "early")
+            step_event = backend.copy_d2h_many([(step_buf, src, "early.step")], "early.step")
+            replayed = REPLAYS[0] - before
+            for buf in (slot.buffers["ids"], step_buf) if attempt else ():
+                try:
+                    backend.read(buf, "too-early")
+                    caught.append(False)
+                except HostReadBeforeEvent:
+                    caught.append(True)
+            backend.wait(event, "after")
+            backend.wait(step_event, "after")
+            del slot
+        check(replayed == 2 and caught == [True, True],
+              f"a planted host read right after a replayed plan is caught (ring fill, step copies: {caught}; "
+              f"{replayed} of 2 calls replayed)")
+        torch.cuda.synchronize()
+        del ring, step_buf
 
     # release while a copy is in flight, then allocate again: the new memory must stay intact
     n = 1 << 20

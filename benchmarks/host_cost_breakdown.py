@@ -53,6 +53,7 @@ import logging
 import statistics
 import sys
 import time
+from math import prod
 from pathlib import Path
 
 import numpy as np
@@ -66,7 +67,7 @@ import _report  # noqa: E402 - benchmarks/_report.py
 from fd_async_copy_plugin.runtime import PinnedRing, collecting  # noqa: E402
 from fd_async_copy_plugin.runtime import backend as backend_module  # noqa: E402
 from fd_async_copy_plugin.runtime import census as census_module  # noqa: E402
-from fd_async_copy_plugin.runtime.cuda import _FillPlan  # noqa: E402
+from fd_async_copy_plugin.runtime.cuda import _CopyPlan  # noqa: E402
 from fd_async_copy_plugin.runtime.cudart import PreparedBatch  # noqa: E402
 
 DTYPES = {"ids": "int64", "logprobs": "float32", "ranks": "int64"}
@@ -115,9 +116,8 @@ class NumpyGlue:
         return HostTensor(array)
 
     def set_shape(self, t, shape):
-        if tuple(t.view.shape) != tuple(shape):
-            n = int(np.prod(shape)) if shape else 1
-            t.view = t.base.reshape(-1)[:n].reshape(shape)
+        if t.view.shape != tuple(shape):
+            t.view = t.base.reshape(-1)[:prod(shape)].reshape(shape)
 
     def from_numpy(self, array):
         return HostTensor(array)
@@ -500,7 +500,21 @@ def us(x_ns: float) -> str:
     return f"{x_ns / 1e3:8.1f}"
 
 
-def report_case(say, title, plain, profiled, calls, wrap_ns, steps_total):
+def per_round_ratios(plain, name, steps: int, against=("FD 2.4: blocking copies", "FD 2.5: per-step pinned + event")) -> str:
+    """``name``'s producer + consumer over each reference's, round by round (each round's medians;
+    the variants of a round ran back to back): the median ratio and the range over the rounds."""
+    def rounds(r):
+        pc = [a + b for a, b in zip(r["producer"], r["consumer"])]
+        return [statistics.median(pc[i:i + steps]) for i in range(0, len(pc), steps)]
+
+    mine, parts = rounds(plain[name]), []
+    for ref in against:
+        ratios = sorted(a / b for a, b in zip(mine, rounds(plain[ref])))
+        parts.append(f"{statistics.median(ratios):.2f}x {ref.split(':')[0]} ({ratios[0]:.2f}-{ratios[-1]:.2f})")
+    return f"{name.split(' (')[0]}, producer + consumer per round, median (range) over {len(mine)} rounds: " + ", ".join(parts)
+
+
+def report_case(say, title, plain, profiled, calls, wrap_ns, steps_total, round_steps=None):
     say(f"  {title}: per decode step, median over the measured steps (p90); wall = loop time per step")
     say(f"    {'variant':52s} {'producer':>9s} {'(p90)':>9s} {'consumer':>9s} {'(p90)':>9s} {'prod+cons':>9s} "
         f"{'wall':>9s}   [instrumented: producer, consumer]")
@@ -512,6 +526,9 @@ def report_case(say, title, plain, profiled, calls, wrap_ns, steps_total):
         i = profiled[name]
         say(f"    {name:52s} {us(p)} {us(p90)} {us(c)} {us(c90)} {us(pc)} {us(r['wall'])}   "
             f"[{us(statistics.median(i['producer'])).strip()}, {us(statistics.median(i['consumer'])).strip()}]")
+    default = "plugin: ring.fill + fdac_d2h_batch (default)"
+    if default in plain:  # round by round: the host's speed drifts between rounds, not within one
+        say("    " + per_round_ratios(plain, default, round_steps or steps_total))
     for name, r in plain.items():
         if r.get("segments"):
             say(f"    {name} - its steps in segments (plain runs; median, p90; a perf_counter_ns read between "
@@ -607,6 +624,109 @@ def run_step_copies(say, backend, batched, make_out, steps: int, rounds: int, sy
         say(f"    {name:52s} {us(statistics.median(values))} {us(values[int(0.9 * (len(values) - 1))])}")
 
 
+def run_changing_batch(say, batched, make_out, rows: int, k: int, every: int, steps: int, rounds: int, sync) -> None:
+    """Serving: requests join and leave, so the decode batch changes size every few steps. Rows cycle
+    through ``rows``, ``rows``-1, ... ``rows``-15, a new size every ``every`` steps (GPU idle): the
+    default plugin path (each new shape given to the slot's buffers, its plan's sizes updated), the
+    same without prepared plans (``_CopyPlan.prepare`` answers None: ``_issue`` every step), FD 2.4's
+    blocking copies and FD 2.5's per-step pinned path on the same tensors; producer + consumer."""
+    from fd_async_copy_plugin.runtime import cuda as cuda_module
+
+    rt, glue = batched.rt, batched.glue
+    stream, columns = glue.stream(0), k + 1
+    outs = [make_out(rows - i, columns) for i in range(16)]
+    nbytes = [{f: int(np.prod(glue.shape(t))) * np.dtype(DTYPES[f]).itemsize for f, t in out.items()} for out in outs]
+    pageable = {f: np.empty(nbytes[0][f], dtype=np.uint8) for f in DTYPES}
+    labels = {f: f"bench.{f}" for f in DTYPES}
+
+    def plugin(planned):
+        ring = PinnedRing(batched, f"bench.vary.{planned}", DTYPES, {f: n // np.dtype(DTYPES[f]).itemsize
+                                                                    for f, n in nbytes[0].items()}, slots=2)
+        prepare = cuda_module._CopyPlan.prepare
+
+        def step(i, state):
+            t0 = ns()
+            slot, event = ring.fill("bench", outs[i], labels, "bench")
+            previous, state["prev"] = state.get("prev"), ([slot.buffers[f] for f in DTYPES], event)
+            del slot
+            t1 = ns()
+            if previous is not None:
+                batched.wait(previous[1], "consumer")
+                for buf in previous[0]:
+                    batched.read(buf, "consumer")
+            return t0, t1, ns()
+
+        def run(i, state):
+            if planned:
+                return step(i, state)
+            cuda_module._CopyPlan.prepare = classmethod(lambda cls, *a: None)
+            try:
+                return step(i, state)
+            finally:
+                cuda_module._CopyPlan.prepare = prepare
+        return run
+
+    def blocking(i, state):
+        t0 = ns()
+        for f in DTYPES:
+            rt.memcpy_d2h_async(pageable[f].ctypes.data, glue.address(outs[i][f]), nbytes[i][f], stream)
+            rt.stream_synchronize(stream)
+        t1 = ns()
+        return t0, t1, ns()
+
+    def per_step(i, state):
+        t0 = ns()
+        for ptr in state.pop("free", []):
+            rt.host_free(ptr)
+        ptrs = [rt.host_alloc(nbytes[i][f]) for f in DTYPES]
+        for ptr, f in zip(ptrs, DTYPES):
+            rt.memcpy_d2h_async(ptr, glue.address(outs[i][f]), nbytes[i][f], stream)
+        event = rt.event_create(False)
+        rt.event_record(event, stream)
+        previous, state["prev"] = state.get("prev"), (ptrs, event, i)
+        t1 = ns()
+        if previous is not None:
+            ptrs, event, j = previous
+            rt.event_synchronize(event)
+            rt.event_destroy(event)
+            for ptr, f in zip(ptrs, DTYPES):
+                ctypes.string_at(ptr, nbytes[j][f])
+            state["free"] = ptrs
+        return t0, t1, ns()
+
+    variants = {"plugin: ring.fill + fdac_d2h_batch (default)": plugin(True),
+                "plugin, without prepared plans (_issue every step)": plugin(False),
+                "FD 2.4: blocking copies": blocking, "FD 2.5: per-step pinned + event": per_step}
+    plain = {name: {"producer": [], "consumer": []} for name in variants}
+    for _ in range(rounds):
+        for name, run in variants.items():
+            state: dict = {}
+            for step in range(20 + steps):
+                t0, t1, t2 = run((step // every) % len(outs), state)
+                if step >= 20:
+                    plain[name]["producer"].append(t1 - t0)
+                    plain[name]["consumer"].append(t2 - t1)
+            sync()
+            for ptr in state.pop("free", []):
+                rt.host_free(ptr)
+            if "prev" in state and name.startswith("FD 2.5"):
+                ptrs, event, _ = state.pop("prev")
+                rt.event_synchronize(event)
+                rt.event_destroy(event)
+                for ptr in ptrs:
+                    rt.host_free(ptr)
+    say(f"  B={rows - 15}..{rows} K={k}, a new batch size every {every} step(s) (requests joining and leaving), GPU "
+        f"idle: per decode step, median (p90), {rounds} interleaved rounds x {steps} steps")
+    say(f"    {'variant':52s} {'producer':>9s} {'(p90)':>9s} {'consumer':>9s} {'(p90)':>9s} {'prod+cons':>9s}")
+    for name, r in plain.items():
+        p, c = sorted(r["producer"]), sorted(r["consumer"])
+        pc = statistics.median([a + b for a, b in zip(r["producer"], r["consumer"])])
+        say(f"    {name:52s} {us(statistics.median(p))} {us(p[int(0.9 * (len(p) - 1))])} "
+            f"{us(statistics.median(c))} {us(c[int(0.9 * (len(c) - 1))])} {us(pc)}")
+    say("    " + per_round_ratios(plain, "plugin: ring.fill + fdac_d2h_batch (default)", steps))
+    say("    " + per_round_ratios(plain, "plugin, without prepared plans (_issue every step)", steps))
+
+
 def build_batch_library() -> tuple[str | None, str]:
     """custom_ops/copy_batch.cc compiled alone (what the custom-ops module holds), or why not."""
     import shutil
@@ -633,6 +753,8 @@ def main(argv=None) -> int:
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (steps pooled)")
     parser.add_argument("--busy-ms", type=float, default=2.0, help="GPU work queued per step when busy")
+    parser.add_argument("--changing", type=int, default=2, metavar="N",
+                        help="also a decode batch that changes size every N steps (0: not run; needs the batch)")
     parser.add_argument("--batch-lib", help="a built custom_ops/copy_batch.cc (default: compiled here with g++)")
     parser.add_argument("--output", help="also write the report here")
     parser.add_argument("--json", help="also write every step's times and the parts' totals here (JSON)")
@@ -717,7 +839,7 @@ def main(argv=None) -> int:
                 instrument(prof, batched, [], glue=False)
                 # a ring slot's prepared fill: its C call and its Python (class-wide: plans come and go)
                 prof.wrap(PreparedBatch, "issue", "ctypes fdac_d2h_batch_prepared (the CUDA calls: one C call)")
-                prof.wrap(_FillPlan, "issue", "backend: copy_d2h")
+                prof.wrap(_CopyPlan, "issue", "backend: copy_d2h")
 
         try:
             for busy, busy_fn in cases:
@@ -751,7 +873,7 @@ def main(argv=None) -> int:
                          + (f"busy (~{args.busy_ms:.1f} ms queued per step)" if busy else "idle"))
                 if args.device == "cpu":
                     title = f"B={rows} K={args.k} ({nb} bytes/step), host backend"
-                report_case(say, title, plain, profiled, calls, wrap_ns, args.steps * args.rounds)
+                report_case(say, title, plain, profiled, calls, wrap_ns, args.steps * args.rounds, args.steps)
                 raw_data.append({"title": title, "plain": plain, "instrumented": profiled, "parts": {
                     name: [[ph, part, t, calls[name]["calls"][(ph, part)]] for (ph, part), t in c["time"].items()]
                     for name, c in calls.items()}})
@@ -759,6 +881,9 @@ def main(argv=None) -> int:
             prof.restore()
         sync()
     run_step_copies(say, backend, batched, make_out, args.steps, args.rounds, sync)
+    if batched is not None and args.changing:
+        for rows in sizes:
+            run_changing_batch(say, batched, make_out, rows, args.k, args.changing, args.steps, args.rounds, sync)
     say("The figures are host times of this script's loop; the breakdown's 'exclusive' time of a part excludes "
         "the wrapped parts it calls; 'call-site Python' is the step code around the calls (FD's own in production).")
     say("RESULT: MEASURED")
