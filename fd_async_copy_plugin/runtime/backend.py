@@ -163,7 +163,8 @@ class _Pinned:
     identity), the address, the dtype name, a flat view of the whole allocation that does not keep
     it alive (used only while the tensor lives, so while the memory does); and the shape the backend
     last gave the tensor (checked against the capacity once, when it changed), its bytes, and
-    ``view``, the allocation's view in that shape (used by ``read`` only while the tensor has it)."""
+    ``view``, the allocation's view in that shape once a read made it (``shaped``; used by ``read``
+    only while the tensor has it)."""
 
     __slots__ = ("buf", "memory", "ptr", "dtype", "flat", "shape", "nbytes", "view")
 
@@ -173,7 +174,14 @@ class _Pinned:
 
     def reshape(self, shape: tuple) -> None:
         count = prod(shape) if shape else 1
-        self.shape, self.nbytes, self.view = shape, count * self.flat.itemsize, self.flat[:count].reshape(shape)
+        self.shape, self.nbytes, self.view = shape, count * self.flat.itemsize, None  # (``view`` made by a read)
+
+    def shaped(self) -> np.ndarray:
+        """The allocation's view in the last shape given (made once per shape, when first read)."""
+        view = self.view
+        if view is None:
+            view = self.view = self.flat[:self.nbytes // self.flat.itemsize].reshape(self.shape)
+        return view
 
 
 class CopyEvent:
@@ -490,6 +498,8 @@ class CopyBackend:
         if (facts is not None and facts.buf() is buf and glue.address(buf) == facts.ptr
                 and glue.shape(buf) == facts.shape):
             view = facts.view  # the allocation's own view, in the tensor's shape
+            if view is None:
+                view = facts.shaped()
         else:
             view = host_view(buf, glue)
         return (view if start is None and end is None else view[start:end]).copy()
