@@ -315,7 +315,7 @@ class _CopyPlan:
             return None
         plan = cls()
         plan.labels, plan.names, plan.device = None, list(names), device
-        plan.entries = tuple(zip(held, map(id, dsts)))
+        plan.entries = tuple(zip(held, names, map(id, dsts)))
         plan.batch = PreparedBatch(batch, [p.ptr for p in held], [p.nbytes for p in held])
         return plan
 
@@ -323,7 +323,7 @@ class _CopyPlan:
         """``dsts`` and ``facts``: one per entry (the callers check the count)."""
         pinned, device, glue, entries = backend._pinned, self.device, backend.glue, self.entries
         address, shape_of, resized = glue.address, glue.shape, False
-        for (held, ident), dst, f in zip(entries, dsts, facts):
+        for (held, _, ident), dst, f in zip(entries, dsts, facts):
             if (f[2] != held.shape or f[0] != device or f[3] != held.dtype or pinned.get(ident) is not held
                     or held.buf() is not dst or held.memory() is None or address(dst) != held.ptr
                     or shape_of(dst) != held.shape):
@@ -336,7 +336,7 @@ class _CopyPlan:
             known = backend._streams
             known.setdefault(stream, device)
             seq, last, counting, srcs = backend._seq, backend._copy_seq, census._ACTIVE is not None, []
-            for (held, ident), name, f in zip(entries, self.names, facts):
+            for (held, name, ident), f in zip(entries, facts):
                 if counting:
                     census.record("async_d2h", name)
                 seq += 1
@@ -347,7 +347,7 @@ class _CopyPlan:
                     memory.fence_stream, memory.fence_seq, memory.fence_device = stream, seq, device
             backend._seq = seq
             if resized:  # (zero bytes: the C loop skips that copy, as ``_issue`` does)
-                self.batch.resize([held.nbytes for held, _ in entries])
+                self.batch.resize([entry[0].nbytes for entry in entries])
             handle = backend._event(stream, device) if len(known) == 1 else None
             self.batch.issue(srcs, stream, handle)
             return backend.record(label) if handle is None else backend._listed(label, (handle,))
