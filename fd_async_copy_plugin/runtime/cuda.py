@@ -300,7 +300,7 @@ class _CopyPlan:
     call differs in its buffers, their order or the device: the caller takes ``_issue``. The ring
     drops a slot's plan when one of its buffers changes (``PinnedRing._new_buffer``)."""
 
-    __slots__ = ("labels", "names", "entries", "device", "batch")
+    __slots__ = ("labels", "names", "entries", "sizes", "device", "batch")
 
     @classmethod
     def prepare(cls, backend, dsts, names, facts, label):
@@ -315,18 +315,19 @@ class _CopyPlan:
             return None
         plan = cls()
         plan.labels, plan.names, plan.device = None, list(names), device
-        plan.entries = tuple(zip(held, names, map(id, dsts)))
-        plan.batch = PreparedBatch(batch, [p.ptr for p in held], [p.nbytes for p in held])
+        plan.entries, plan.sizes = tuple(zip(held, names, map(id, dsts))), [p.nbytes for p in held]
+        plan.batch = PreparedBatch(batch, [p.ptr for p in held], plan.sizes)
         return plan
 
     def issue(self, backend, dsts, facts, label):
         """``dsts`` and ``facts``: one per entry (the callers check the count)."""
         pinned, device, glue, entries = backend._pinned, self.device, backend.glue, self.entries
         address, shape_of, resized = glue.address, glue.shape, False
-        for (held, _, ident), dst, f in zip(entries, dsts, facts):
-            if (f[2] != held.shape or f[0] != device or f[3] != held.dtype or pinned.get(ident) is not held
-                    or held.buf() is not dst or held.memory() is None or address(dst) != held.ptr
-                    or shape_of(dst) != held.shape):
+        for (held, _, ident), size, dst, f in zip(entries, self.sizes, dsts, facts):
+            # (``size``: what the batch copies; another call may have given the buffer a new shape)
+            if (f[2] != held.shape or size != held.nbytes or f[0] != device or f[3] != held.dtype
+                    or pinned.get(ident) is not held or held.buf() is not dst or held.memory() is None
+                    or address(dst) != held.ptr or shape_of(dst) != held.shape):
                 if f[0] != device or pinned.get(ident) is not held or held.buf() is not dst:
                     return None
                 backend._fit(dst, f[2], f[3])  # ``_issue``'s answer: the new shape given, or it raises
@@ -347,7 +348,8 @@ class _CopyPlan:
                     memory.fence_stream, memory.fence_seq, memory.fence_device = stream, seq, device
             backend._seq = seq
             if resized:  # (zero bytes: the C loop skips that copy, as ``_issue`` does)
-                self.batch.resize([entry[0].nbytes for entry in entries])
+                self.sizes = [entry[0].nbytes for entry in entries]
+                self.batch.resize(self.sizes)
             handle = backend._event(stream, device) if len(known) == 1 else None
             self.batch.issue(srcs, stream, handle)
             return backend.record(label) if handle is None else backend._listed(label, (handle,))

@@ -368,3 +368,19 @@ def test_the_backend_keeps_a_bounded_number_of_plans(fake, libs):
         _, event = _step(backend, bufs, 1)
         backend.wait(event, "reader")
         assert 0 < len(backend._plans) <= cuda._PLANS
+
+
+def test_a_buffer_reshaped_by_another_call_is_copied_at_its_new_size(fake, libs, monkeypatch):
+    """Buffer ``a`` in two sets of destinations: a call of the other set gives it a new shape, so
+    the first set's plan must copy ``a``'s new size although the source's shape matches the buffer's."""
+    fake.rt.use_batch(ctypes.CDLL(libs[1]))
+    backend = RuntimeBackend(fake.rt, glue=GpuLikeGlue(), probe=False)
+    a, b = backend.new_pinned([8], "int64", "a"), backend.new_pinned([2], "int64", "b")
+    two = paddle.arange(2, dtype="int64")
+    for n in (3, 3):  # prepares the plan of {a, b}, then replays it
+        backend.wait(backend.copy_d2h_many([(a, paddle.arange(n, dtype="int64"), "a"), (b, two, "b")], "s"), "r")
+    backend.wait(backend.copy_d2h_many([(a, paddle.arange(7, dtype="int64"), "a")], "s"), "r")  # a: 7 elements
+    spied, src, start = Spied(monkeypatch), paddle.arange(7, dtype="int64") * 5, len(fake.log())
+    backend.wait(backend.copy_d2h_many([(a, src, "a"), (b, two, "b")], "s"), "r")
+    assert spied.planned == 1 and [e[3] for e in fake.log()[start:] if e[0] == "copy"] == [7 * 8, 2 * 8]
+    assert backend.read(a, "r").tolist() == src.numpy().tolist()
