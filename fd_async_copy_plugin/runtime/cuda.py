@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 from functools import partial
+from math import prod
 
 from . import census
 from .backend import AsyncCopyError, CopyBackend, CopyEvent
@@ -120,44 +121,48 @@ class RuntimeBackend(CopyBackend):
         self._issue((dst,), (label,), self._sources((src,)), None)
 
     def copy_d2h_many(self, copies, label):
+        if label is not None:
+            # A step's copies into the same pinned buffers as before (the stop flag's, step_syncs'
+            # snapshot, overlap's flags) replay the plan prepared for those buffers and labels.
+            key = (label, *[(id(dst), name) for dst, _, name in copies])
+            plan = self._plans.get(key)
+            if plan is not None:
+                event = plan.replay(self, [dst for dst, _, _ in copies], [src for _, src, _ in copies], label)
+                if event is not None:
+                    return event
         dsts, names = [dst for dst, _, _ in copies], [name for _, _, name in copies]
         facts = self._sources([src for _, src, _ in copies])
-        if label is None:  # (no event: nothing to prepare)
-            return self._issue(dsts, names, facts, label)
-        # A step's copies into the same pinned buffers as before (the stop flag's, step_syncs'
-        # snapshot, overlap's flags) replay the plan prepared for those buffers.
-        plans, key = self._plans, (label, *map(id, dsts))
-        plan = plans.get(key)
-        if plan is not None and plan.names == names:
-            event = plan.issue(self, dsts, facts, label)
-            if event is not None:
-                return event
         event = self._issue(dsts, names, facts, label)
-        if len(plans) >= _PLANS:  # (buffers come and go: plans of gone ones never replay)
-            plans.clear()
-        plans[key] = _CopyPlan.prepare(self, dsts, names, facts, label)
+        if label is not None:  # (no event: nothing to prepare)
+            if len(self._plans) >= _PLANS:  # (buffers come and go: plans of gone ones never replay)
+                self._plans.clear()
+            self._plans[key] = _CopyPlan.prepare(self, dsts, names, facts, label)
         return event
 
     def fill(self, ring, writer, sources, labels, label, reserve=None):
-        # The ring's lock held (``PinnedRing.fill``): each source's facts read once, for the slot's
-        # choice and for its copy. A slot filled with the same labels as before takes its plan.
+        # The ring's lock held (``PinnedRing.fill``). The common step: the ring's next slot is free
+        # and its plan replays these sources (each source's facts read once, there).
+        slot = ring._free_next()
+        event = None if slot is None else self._replay_fill(slot, sources, labels, label)
+        if event is not None:
+            return ring._take(slot), event
+        # Otherwise the ring chooses (and grows) a slot for these shapes; its plan may still replay.
         facts = self._sources(list(sources.values()))
-        shapes = {}
-        for field, f in zip(sources, facts):
-            shapes[field] = f[2]
-        slot = ring._acquire(writer, shapes, reserve)
-        buffers, plan = slot.buffers, slot.plan
-        if plan is not None and plan.labels is labels and len(facts) == len(plan.entries) and label is not None:
-            event = plan.issue(self, map(buffers.__getitem__, sources), facts, label)
-            if event is not None:
-                return slot, event
-        dsts = [buffers[field] for field in sources]
-        names = [labels[field] for field in sources]
-        event = self._issue(dsts, names, facts, label)
-        slot.plan = plan = _CopyPlan.prepare(self, dsts, names, facts, label)
-        if plan is not None:
-            plan.labels = labels
+        slot = ring._acquire(writer, {field: f[2] for field, f in zip(sources, facts)}, reserve)
+        event = self._replay_fill(slot, sources, labels, label)
+        if event is None:
+            dsts, names = [slot.buffers[field] for field in sources], [labels[field] for field in sources]
+            event = self._issue(dsts, names, facts, label)
+            slot.plan = _CopyPlan.prepare(self, dsts, names, facts, label, labels)
         return slot, event
+
+    def _replay_fill(self, slot, sources: dict, labels: dict, label):
+        """The event of ``slot``'s plan replayed for ``sources``, or None (no plan, or it declined)."""
+        plan = slot.plan
+        if plan is None or plan.labels is not labels or label is None or len(sources) != len(plan.entries):
+            return None
+        buffers = slot.buffers
+        return plan.replay(self, [buffers[field] for field in sources], sources.values(), label)
 
     def _sources(self, sources: list) -> list[tuple]:
         """Each source's checked facts: (device, address, shape, dtype, ...) (see ``_plan_other``)."""
@@ -293,19 +298,24 @@ class _CopyPlan:
     """Copies into the same pinned buffers as a previous call, prepared once (issue 24): each
     buffer's allocation facts and its copy's label, and the batch's destinations and sizes
     (``PreparedBatch``). A ring slot keeps one (``RuntimeBackend.fill``), the backend one per set of
-    destinations of ``copy_d2h_many`` (a step's outputs). ``issue`` is ``_issue`` for exactly those
-    buffers: the same checks (the sources' device; each buffer registered, at its memory, given the
-    source's shape and dtype by ``_fit`` where they changed, such as a decode batch that grew or
-    shrank), the same bookkeeping and one C call. It returns None, having issued nothing, when the
-    call differs in its buffers, their order or the device: the caller takes ``_issue``. The ring
-    drops a slot's plan when one of its buffers changes (``PinnedRing._new_buffer``)."""
+    destinations and labels of ``copy_d2h_many`` (a step's outputs).
 
-    __slots__ = ("labels", "names", "entries", "sizes", "device", "batch")
+    ``replay`` is ``_issue`` for exactly those buffers: it reads each source's facts and makes
+    ``_sources``' and ``_fit``'s checks itself (the sources on the plan's probed GPU and contiguous;
+    each buffer registered, alive, at its memory, of the source's dtype), gives a buffer the
+    source's shape through ``_fit`` where it changed and fits the allocation (a decode batch that
+    grew or shrank), then does the same bookkeeping and one C call. It returns None, having issued
+    nothing, when the call differs otherwise (its buffers, their order, the device, a shape too
+    large): the caller goes on to the general path (the ring grows the slot, ``_issue`` refits or
+    raises). The ring drops a slot's plan when one of its buffers changes
+    (``PinnedRing._new_buffer``)."""
+
+    __slots__ = ("labels", "entries", "sizes", "device", "batch")
 
     @classmethod
-    def prepare(cls, backend, dsts, names, facts, label):
+    def prepare(cls, backend, dsts, names, facts, label, labels=None):
         """The plan of the copies just issued, or None where they cannot be replayed: no batch, no
-        event, sources not all on one GPU, an empty copy."""
+        event, sources not all on one GPU, an empty copy. ``labels``: a ring's fields' (its fill)."""
         batch, pinned = backend.rt.batch, backend._pinned
         if batch is None or label is None or not 0 < len(dsts) <= batch.MAX:
             return None
@@ -314,42 +324,51 @@ class _CopyPlan:
         if device is None or any(f[0] != device for f in facts) or any(p is None or not p.nbytes for p in held):
             return None
         plan = cls()
-        plan.labels, plan.names, plan.device = None, list(names), device
+        plan.labels, plan.device = labels, device
         plan.entries, plan.sizes = tuple(zip(held, names, map(id, dsts))), [p.nbytes for p in held]
         plan.batch = PreparedBatch(batch, [p.ptr for p in held], plan.sizes)
         return plan
 
-    def issue(self, backend, dsts, facts, label):
-        """``dsts`` and ``facts``: one per entry (the callers check the count)."""
-        pinned, device, glue, entries = backend._pinned, self.device, backend.glue, self.entries
-        address, shape_of, resized = glue.address, glue.shape, False
-        for (held, _, ident), size, dst, f in zip(entries, self.sizes, dsts, facts):
+    def replay(self, backend, dsts: list, sources, label):
+        """The copies of ``sources`` (one per entry; the callers check the count) into ``dsts``."""
+        device, pinned, facts_of, glue = self.device, backend._pinned, backend._facts_of, backend.glue
+        if device not in backend._probed_ok:
+            return None
+        address, shape_of, srcs, memories, resized = glue.address, glue.shape, [], [], False
+        for (held, _, ident), size, dst, src in zip(self.entries, self.sizes, dsts, sources):
+            f, memory = facts_of(src), held.memory()
+            if (f[0] != device or not f[4] or f[3] != held.dtype or pinned.get(ident) is not held
+                    or held.buf() is not dst or memory is None or address(dst) != held.ptr):
+                return None
+            shape = f[2]
             # (``size``: what the batch copies; another call may have given the buffer a new shape)
-            if (f[2] != held.shape or size != held.nbytes or f[0] != device or f[3] != held.dtype
-                    or pinned.get(ident) is not held or held.buf() is not dst or held.memory() is None
-                    or address(dst) != held.ptr or shape_of(dst) != held.shape):
-                if f[0] != device or pinned.get(ident) is not held or held.buf() is not dst:
+            if shape != held.shape or size != held.nbytes or shape_of(dst) != shape:
+                # The decode batch grew or shrank, or a framework op reshaped the buffer: ``_fit``
+                # gives it the source's shape; one that does not fit goes to the general path (the
+                # ring grows the slot).
+                if (prod(shape) if shape else 1) * held.flat.itemsize > memory.nbytes:
                     return None
-                backend._fit(dst, f[2], f[3])  # ``_issue``'s answer: the new shape given, or it raises
+                backend._fit(dst, shape, f[3])
                 resized = True
+            srcs.append(f[1])
+            memories.append(memory)
+        if resized:  # (zero bytes: the C loop skips that copy, as ``_issue`` does)
+            self.sizes = [entry[0].nbytes for entry in self.entries]
+            self.batch.resize(self.sizes)
         with backend._lock:  # as ``_issue``: sequence order is stream order
-            stream = glue.stream(device)
+            stream = backend.glue.stream(device)
             known = backend._streams
-            known.setdefault(stream, device)
-            seq, last, counting, srcs = backend._seq, backend._copy_seq, census._ACTIVE is not None, []
-            for (held, name, ident), f in zip(entries, facts):
+            if stream not in known:
+                known[stream] = device
+            seq, last, counting = backend._seq, backend._copy_seq, census._ACTIVE is not None
+            for (held, name, ident), memory in zip(self.entries, memories):
                 if counting:
                     census.record("async_d2h", name)
                 seq += 1
                 last[ident] = (seq, name, held.buf)
-                srcs.append(f[1])
                 if held.nbytes:  # ``memory.fence(stream, seq, device)``, inline
-                    memory = held.memory()
                     memory.fence_stream, memory.fence_seq, memory.fence_device = stream, seq, device
             backend._seq = seq
-            if resized:  # (zero bytes: the C loop skips that copy, as ``_issue`` does)
-                self.sizes = [entry[0].nbytes for entry in entries]
-                self.batch.resize(self.sizes)
             handle = backend._event(stream, device) if len(known) == 1 else None
             self.batch.issue(srcs, stream, handle)
             return backend.record(label) if handle is None else backend._listed(label, (handle,))

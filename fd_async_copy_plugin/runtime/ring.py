@@ -233,24 +233,32 @@ class PinnedRing:
             if n > slot.capacity[f]
         )
 
+    def _free_next(self) -> PinnedSlot | None:
+        """The slot of the common step, for a caller that checks the rest itself (a backend's prepared
+        fill): the next one in ring order, when the ring holds its initial slots only and nothing
+        outside it references that slot's buffers (``is_free``, inline); else None. Hands nothing
+        out: ``_take`` does."""
+        slots = self.slots
+        if len(slots) != self.base_slots or self._internal_refs is not None:
+            return None
+        slot = slots[self._next]
+        buffers = slot.buffers
+        for name, base in slot.baseline.items():
+            if getrefcount(buffers[name]) > base:
+                return None
+        return slot
+
+    def _take(self, slot: PinnedSlot) -> PinnedSlot:
+        """Hand out ``_free_next``'s slot: one acquire, the shapes it serves already in its buffers."""
+        self._acquires += 1
+        return self._hand_out(slot)
+
     def _acquire(self, writer: str, shapes: dict[str, list[int]], reserve) -> PinnedSlot:
+        slot = self._free_next()
+        if slot is not None and shapes == slot.served:  # the common step: what it held last time fits
+            return self._take(slot)
         self._acquires += 1
         slots = self.slots
-        if len(slots) == self.base_slots and self._internal_refs is None:
-            # The common step, inline: the next slot in ring order serves these shapes again and
-            # nothing outside the ring references its buffers (``is_free``, ``_hand_out``).
-            slot = slots[self._next]
-            if shapes == slot.served:
-                buffers = slot.buffers
-                for name, base in slot.baseline.items():
-                    if getrefcount(buffers[name]) > base:
-                        break
-                else:
-                    self._next = (slot.index + 1) % len(slots)
-                    slot.generation += 1
-                    slot.last_acquired = self._acquires
-                    slot.idle_since = None
-                    return slot
         if len(slots) > self.base_slots:
             self.release_idle()
         slot = self._choose(writer)
