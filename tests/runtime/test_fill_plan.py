@@ -384,3 +384,21 @@ def test_a_buffer_reshaped_by_another_call_is_copied_at_its_new_size(fake, libs,
     backend.wait(backend.copy_d2h_many([(a, src, "a"), (b, two, "b")], "s"), "r")
     assert spied.planned == 1 and [e[3] for e in fake.log()[start:] if e[0] == "copy"] == [7 * 8, 2 * 8]
     assert backend.read(a, "r").tolist() == src.numpy().tolist()
+
+
+def test_a_referenced_next_slot_is_never_replayed_into(fake, libs, monkeypatch):
+    """The common step takes the ring's next slot only when nothing references its buffers: a
+    consumer still holding one (a lagging save) sends the fill to the ring's choice, which serves it
+    from the other slot, replaying that slot's plan - the held data stays as it was."""
+    backend, ring = _ring(fake, libs, slots=2)
+    for step in (1, 2):  # both slots filled once: each has its plan, slot 0 is next
+        slot, event = ring.fill("w", _sources(step=step), LABELS, "s")
+        backend.wait(event, "reader")
+        del slot
+    held = ring.slots[0].buffers["ids"]
+    before = backend.read(held, "reader").tolist()
+    spied, start = Spied(monkeypatch), len(fake.log())
+    slot, event = ring.fill("w", _sources(step=3), LABELS, "s")
+    assert slot is ring.slots[1] and held.data_ptr() not in [e[1] for e in fake.log()[start:]]
+    backend.wait(event, "reader")
+    assert backend.read(held, "reader").tolist() == before and (spied.general, spied.planned) == (0, 1)
