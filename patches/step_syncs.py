@@ -266,11 +266,11 @@ class StepShadow:
             return
         self.snap_pending = False
         for name in SNAPSHOT:
-            values = self.backend.to_host(self.snap[name], f"{reader}.{name}").numpy()
-            self.arrays[name] = np.array(values).reshape(self.arrays[name].shape)
+            values = self.backend.host_array(self.snap[name], f"{reader}.{name}")  # (owned)
+            self.arrays[name] = values.reshape(self.arrays[name].shape)
             self._known[name] = True
         if self.snap_expect is not None and self.snap_count is not None:
-            device_count = int(self.backend.to_host(self.snap_count, f"{reader}.token_num").numpy().reshape(-1)[0])
+            device_count = int(self.backend.host_array(self.snap_count, f"{reader}.token_num").reshape(-1)[0])
             used, bound = self.snap_expect
             wrong = device_count > used if bound else device_count != used
             if wrong and not self.s1_off:

@@ -110,7 +110,7 @@ class StopFlagState:
         """Make the legacy flag current: wait for the flag copy's event, then write it through."""
         if not self.flag_pending:
             return
-        value = bool(self.backend.to_host(self.pinned, reader).numpy()[0])
+        value = bool(self.backend.host_array(self.pinned, reader)[0])
         self.ops.set_stop(self.legacy, value)
         self.flag_pending = False
 

@@ -507,13 +507,25 @@ class CopyBackend:
     def to_host(self, t, reader: str, start: int | None = None, end: int | None = None):
         """``t`` as a tensor the host may read now, without running a Paddle op on pinned memory.
 
-        For a pinned buffer of this backend: wait for the event covering its last copy (recording
-        one if none was - a missing record is a bug the simulator reports) and return an owned
-        pageable CPU tensor of rows ``[start:end]``. Anything else is returned unchanged (sliced if
-        rows are asked for).
+        For a pinned buffer of this backend: ``host_array``'s rows as an owned pageable CPU tensor.
+        Anything else is returned unchanged (sliced if rows are asked for).
         """
         if not self.is_pinned(t):
             return t if start is None and end is None else t[start:end]
+        return self.glue.from_numpy(self._host_array(t, reader, start, end))
+
+    def host_array(self, t, reader: str, start: int | None = None, end: int | None = None) -> np.ndarray:
+        """Rows ``[start:end]`` of the pinned buffer ``t`` as an owned numpy array, after its copy.
+
+        Waits for the event covering ``t``'s last copy (recording one if none was - a missing record
+        is a bug the simulator reports), then ``read``s. For a consumer that wants numbers rather
+        than a tensor (a flag, a shadow's arrays): no framework tensor is made (on Paddle that costs
+        more than the read itself, and ``.numpy()`` of it copies again)."""
+        if not self.is_pinned(t):
+            raise ValueError(f"host_array({reader}): not a pinned buffer of this backend (new_pinned)")
+        return self._host_array(t, reader, start, end)
+
+    def _host_array(self, t, reader: str, start: int | None, end: int | None) -> np.ndarray:
         last = self._last_copy(t)
         if last is not None and last[0] > self._completed:
             event = self.covering_event(t)
@@ -521,7 +533,7 @@ class CopyBackend:
                 event = self._missing_record(t, reader, last[1])
             if event is not None:  # None: another thread's wait covered the copy meanwhile
                 self.wait(event, reader)
-        return self.glue.from_numpy(self.read(t, reader, start, end))
+        return self.read(t, reader, start, end)
 
     def _missing_record(self, t, reader: str, writer: str) -> CopyEvent:
         return self.record(f"implicit-for-{reader}")

@@ -47,6 +47,7 @@ class PaddleGlue(FactsInOneCall):
         except ImportError:  # pragma: no cover - Paddle 3.3 has it
             from_dlpack = paddle.from_dlpack
         self._from_dlpack = from_dlpack
+        self._cpu = paddle.CPUPlace()
         # id(Paddle dtype) -> (the dtype, its name): ``str()`` of a dtype costs ~2 us and hashing one
         # ~1 us; Paddle's dtypes are singletons, so the identity check makes the id safe.
         self._dtypes: dict = {}
@@ -128,7 +129,11 @@ class PaddleGlue(FactsInOneCall):
         t.set_(t, shape)  # pragma: no cover
 
     def from_numpy(self, array: np.ndarray):
-        return self.paddle.to_tensor(array, place=self.paddle.CPUPlace())
+        """An owned CPU tensor holding a copy of ``array``: what ``paddle.to_tensor(array,
+        place=CPUPlace())`` makes (same dtype, shape, place, ``stop_gradient``), through the tensor
+        constructor it ends in, without its argument handling (7 instead of 10 us on CPU Paddle 3.3;
+        ``tests/runtime/test_glue_from_numpy.py``)."""
+        return self.paddle.Tensor(array, self._cpu)
 
     def blocking_d2h(self, t):
         """FastDeploy 2.4's ``.cpu()`` (the host waits)."""
