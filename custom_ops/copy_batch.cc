@@ -1,38 +1,92 @@
 // One decode step's device-to-host copies and their event record in one call (issue 24).
 //
 // From Python each CUDA runtime call through ctypes costs its own argument conversion and GIL
-// round trip; a step issues three copies and a record. This loop makes them one ctypes call.
+// round trip; a step issues three copies and a record. This makes them one ctypes call.
 // It includes no CUDA header and links no CUDA runtime: it calls the functions it is given, i.e.
-// the process's own cudaMemcpyAsync and cudaEventRecord (the libcudart Paddle loaded, as the
-// Python layer in runtime/cudart.py does), so the same context, device and error state apply.
-// Built into the custom-ops module (the plugin loads it from there with ctypes); the CPU tests
-// compile it alone and pass it recording callbacks.
+// the process's own cudaMemcpyAsync, cudaEventRecord and (CUDA 12.8 and later) cudaMemcpyBatchAsync
+// (the libcudart Paddle loaded, as the Python layer in runtime/cudart.py does), so the same
+// context, device and error state apply. Built into the custom-ops module (the plugin loads it from
+// there with ctypes); the CPU tests compile it alone and run it over a C stand-in for libcudart.
 #include <cstddef>
 
 extern "C" {
 
 typedef int (*fdac_memcpy_async_fn)(void* dst, const void* src, size_t nbytes, int kind, void* stream);
 typedef int (*fdac_event_record_fn)(void* event, void* stream);
+// cudaMemcpyBatchAsync: CUDA 13's, and CUDA 12.8-12.9's (a failIdx before the stream).
+typedef int (*fdac_memcpy_batch13_fn)(void* const* dsts, const void* const* srcs, const size_t* sizes,
+                                      size_t count, void* attrs, size_t* attrs_idxs, size_t num_attrs,
+                                      void* stream);
+typedef int (*fdac_memcpy_batch12_fn)(void* const* dsts, const void* const* srcs, const size_t* sizes,
+                                      size_t count, void* attrs, size_t* attrs_idxs, size_t num_attrs,
+                                      size_t* fail_idx, void* stream);
 
-// Issues cudaMemcpyAsync(dst[i], src[i], nbytes[i], cudaMemcpyDeviceToHost, stream) for each i in
-// order (a zero-byte copy is skipped), then cudaEventRecord(event, stream) unless event is null.
-// Returns 0, or the first failing call's error code with *failed set to its index (count: the
-// record). Nothing after a failing call is issued.
-int fdac_d2h_batch(void* memcpy_async, void* event_record, int count, void* const* dst,
-                   const void* const* src, const size_t* nbytes, void* stream, void* event,
-                   int* failed) {
-  const int kDeviceToHost = 2;  // cudaMemcpyDeviceToHost (driver_types.h)
-  fdac_memcpy_async_fn copy = reinterpret_cast<fdac_memcpy_async_fn>(memcpy_async);
-  for (int i = 0; i < count; ++i) {
+// The CUDA runtime functions a batch calls. memcpy_batch is null unless the runtime has
+// cudaMemcpyBatchAsync and the plugin's check of it passed (runtime/probe.py); batch_abi is then 13
+// or 12 (which signature: the runtime's major version).
+struct fdac_cuda_api {
+  void* memcpy_async;
+  void* event_record;
+  void* memcpy_batch;
+  int batch_abi;
+};
+
+// struct cudaMemcpyAttributes (driver_types.h, CUDA 12.8-13): every member four bytes.
+struct fdac_memcpy_attributes {
+  int src_access_order;  // cudaMemcpySrcAccessOrderStream: read the sources in stream order
+  int src_hint_type, src_hint_id, dst_hint_type, dst_hint_id;  // hints for managed memory: none
+  unsigned flags;
+};
+
+enum { kMaxCopies = 16, kDeviceToHost = 2, kSrcAccessOrderStream = 1 };
+
+// The index written to *failed when cudaMemcpyBatchAsync fails (count: the record; 0..count-1: a
+// copy of the one-by-one loop).
+static int batch_call_index(int count) { return count + 1; }
+
+// Issues the copies (dst[i] <- src[i], nbytes[i] bytes, device to host, a zero-byte copy skipped)
+// on stream, then records event there unless it is null. Two or more copies go as one
+// cudaMemcpyBatchAsync where the api has it and the stream is a created one (the batch call refuses
+// the legacy default stream); else one cudaMemcpyAsync each, in order. Returns 0, or the first
+// failing call's error code with *failed set to its index. Nothing after a failing call is issued.
+int fdac_d2h_batch(const fdac_cuda_api* api, int count, void* const* dst, const void* const* src,
+                   const size_t* nbytes, void* stream, void* event, int* failed) {
+  void* dsts[kMaxCopies];
+  const void* srcs[kMaxCopies];
+  size_t sizes[kMaxCopies];
+  size_t copies = 0;
+  for (int i = 0; i < count && i < kMaxCopies; ++i) {
     if (nbytes[i] == 0) continue;
-    int code = copy(dst[i], src[i], nbytes[i], kDeviceToHost, stream);
+    dsts[copies] = dst[i];
+    srcs[copies] = src[i];
+    sizes[copies++] = nbytes[i];
+  }
+  const bool legacy_stream = stream == nullptr || stream == reinterpret_cast<void*>(1);
+  if (api->memcpy_batch != nullptr && copies >= 2 && count <= kMaxCopies && !legacy_stream) {
+    fdac_memcpy_attributes attrs = {kSrcAccessOrderStream, 0, 0, 0, 0, 0u};
+    size_t first = 0, fail_idx = 0;
+    int code = api->batch_abi == 12
+        ? reinterpret_cast<fdac_memcpy_batch12_fn>(api->memcpy_batch)(dsts, srcs, sizes, copies, &attrs, &first,
+                                                                      1, &fail_idx, stream)
+        : reinterpret_cast<fdac_memcpy_batch13_fn>(api->memcpy_batch)(dsts, srcs, sizes, copies, &attrs, &first,
+                                                                      1, stream);
     if (code != 0) {
-      *failed = i;
+      *failed = batch_call_index(count);
       return code;
+    }
+  } else {
+    fdac_memcpy_async_fn copy = reinterpret_cast<fdac_memcpy_async_fn>(api->memcpy_async);
+    for (int i = 0; i < count; ++i) {
+      if (nbytes[i] == 0) continue;
+      int code = copy(dst[i], src[i], nbytes[i], kDeviceToHost, stream);
+      if (code != 0) {
+        *failed = i;
+        return code;
+      }
     }
   }
   if (event != nullptr) {
-    int code = reinterpret_cast<fdac_event_record_fn>(event_record)(event, stream);
+    int code = reinterpret_cast<fdac_event_record_fn>(api->event_record)(event, stream);
     if (code != 0) {
       *failed = count;
       return code;
@@ -44,11 +98,10 @@ int fdac_d2h_batch(void* memcpy_async, void* event_record, int count, void* cons
 
 // A batch whose destinations and sizes stay the same from call to call (a ring slot's buffers),
 // prepared once by the caller: each call passes only this, the stream and the event, so the
-// Python side converts three arguments instead of nine. Same calls and result as fdac_d2h_batch;
+// Python side converts three arguments instead of eight. Same calls and result as fdac_d2h_batch;
 // the index of a failing call lands in failed.
 struct fdac_d2h_prepared {
-  void* memcpy_async;
-  void* event_record;
+  const fdac_cuda_api* api;
   int count;
   void* const* dst;
   const void* const* src;
@@ -57,8 +110,8 @@ struct fdac_d2h_prepared {
 };
 
 int fdac_d2h_batch_prepared(fdac_d2h_prepared* batch, void* stream, void* event) {
-  return fdac_d2h_batch(batch->memcpy_async, batch->event_record, batch->count, batch->dst, batch->src,
-                        batch->nbytes, stream, event, &batch->failed);
+  return fdac_d2h_batch(batch->api, batch->count, batch->dst, batch->src, batch->nbytes, stream, event,
+                        &batch->failed);
 }
 
 }  // extern "C"

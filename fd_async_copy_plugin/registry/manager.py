@@ -260,8 +260,10 @@ class PatchManager:
             "ops": ops_report(),
             # the cuda backend's startup probe per device (runtime/probe.py); {} before first use
             "accessor_probe": {str(d): r for d, r in getattr(self.backend, "probes", {}).items()},
-            # the cuda backend: a step's copies in one C call (fdac_d2h_batch) or one ctypes call each, and why
+            # the cuda backend: a step's copies in one C call (fdac_d2h_batch) or one ctypes call each, and why;
+            # whether that call issues the copies in one cudaMemcpyBatchAsync (CUDA >= 12.8), and why
             "copy_batch": getattr(self.backend, "batch_origin", None),
+            "copy_batch_api": getattr(getattr(getattr(self.backend, "rt", None), "batch", None), "batch_api_state", None),
             # FD_ASYNC_COPY_SYNC_CHECK: host waits per decode step by site ({"mode": "off"} when off)
             "sync_check": _sync_check_status(),
         }

@@ -58,19 +58,27 @@ class _PointerAttributes(ctypes.Structure):
     ]
 
 
+class _Api(ctypes.Structure):
+    # ``struct fdac_cuda_api`` (custom_ops/copy_batch.cc)
+    _fields_ = [("memcpy_async", ctypes.c_void_p), ("event_record", ctypes.c_void_p),
+                ("memcpy_batch", ctypes.c_void_p), ("batch_abi", ctypes.c_int)]
+
+
 class D2HBatch:
     """``fdac_d2h_batch`` (custom_ops/copy_batch.cc): a step's D2H copies and its event record in one
     ctypes call instead of one each, through the process's own ``cudaMemcpyAsync`` and
-    ``cudaEventRecord`` (``memcpy_async``, ``event_record``: their addresses). Its argument arrays
+    ``cudaEventRecord`` (``memcpy_async``, ``event_record``: their addresses) - and, once
+    ``use_batch_api`` turned it on, the copies in one ``cudaMemcpyBatchAsync``. Its argument arrays
     are reused, under its own lock (backends sharing the process's runtime may issue at once)."""
 
     MAX = 16  # copies per call
 
     def __init__(self, lib, memcpy_async: int, event_record: int, fail) -> None:
         fn = lib.fdac_d2h_batch
-        fn.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int] + [ctypes.c_void_p] * 6
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_int] + [ctypes.c_void_p] * 6
         fn.restype = ctypes.c_int
-        self._fn, self._fail, self._functions = fn, fail, (memcpy_async, event_record)
+        self._api = _Api(memcpy_async, event_record, None, 0)
+        self._fn, self._fail, self._api_at = fn, fail, ctypes.addressof(self._api)
         self._prepared = lib.fdac_d2h_batch_prepared
         self._prepared.argtypes, self._prepared.restype = [ctypes.c_void_p] * 3, ctypes.c_int
         self._dst, self._src = (ctypes.c_void_p * self.MAX)(), (ctypes.c_void_p * self.MAX)()
@@ -78,6 +86,22 @@ class D2HBatch:
         self._arrays = tuple(ctypes.addressof(a) for a in (self._dst, self._src, self._nbytes))
         self._failed_at = ctypes.addressof(self._failed)
         self._lock = threading.Lock()
+        #: ``cudaMemcpyBatchAsync`` of the runtime: (address, ABI) until ``use_batch_api`` decided
+        self.batch_api: tuple[int, int] | None = None
+        self.batch_api_state = "not offered (a runtime without cudaMemcpyBatchAsync: CUDA < 12.8)"
+
+    def offer_batch_api(self, address: int, abi: int) -> None:
+        """The runtime has ``cudaMemcpyBatchAsync`` (``abi``: 13, or 12 for CUDA 12.8-12.9's signature):
+        unused until a check of it on a GPU passes (``use_batch_api``; the accessor probe checks)."""
+        self.batch_api, self.batch_api_state = (address, abi), f"offered (CUDA {abi}), not checked yet"
+
+    def use_batch_api(self, ok: bool, why: str) -> None:
+        """Turn the offered ``cudaMemcpyBatchAsync`` on (``ok``) or off for good, saying ``why``."""
+        on = ok and self.batch_api is not None
+        self._api.memcpy_batch, self._api.batch_abi = (self.batch_api if on else (None, 0))
+        self.batch_api_state = f"{'on' if on else 'off'}: {why}"
+        if not ok:
+            self.batch_api = None
 
     def issue(self, dst: list, src: list, nbytes: list, stream: int, event: int | None) -> None:
         """Copies ``nbytes[i]`` bytes from device address ``src[i]`` to host address ``dst[i]`` (up to
@@ -85,21 +109,22 @@ class D2HBatch:
         count = len(dst)
         with self._lock:
             self._dst[:count], self._src[:count], self._nbytes[:count] = dst, src, nbytes
-            code = self._fn(*self._functions, count, *self._arrays, stream, event, self._failed_at)
+            code = self._fn(self._api_at, count, *self._arrays, stream, event, self._failed_at)
             failed = self._failed.value
         if code:
             _batch_failed(self._fail, failed, count, code)
 
 
 def _batch_failed(fail, failed: int, count: int, code: int) -> None:
-    """Raise for a batch whose call number ``failed`` returned ``code``: ``count`` is its record."""
-    fail("cudaEventRecord" if failed == count else "cudaMemcpyAsync", code)
+    """Raise for a batch whose call number ``failed`` returned ``code``: ``count`` is its record,
+    ``count + 1`` its ``cudaMemcpyBatchAsync``."""
+    fail({count: "cudaEventRecord", count + 1: "cudaMemcpyBatchAsync"}.get(failed, "cudaMemcpyAsync"), code)
 
 
 class _Prepared(ctypes.Structure):
     # ``struct fdac_d2h_prepared`` (custom_ops/copy_batch.cc)
-    _fields_ = [("memcpy_async", ctypes.c_void_p), ("event_record", ctypes.c_void_p), ("count", ctypes.c_int),
-                ("dst", ctypes.c_void_p), ("src", ctypes.c_void_p), ("nbytes", ctypes.c_void_p), ("failed", ctypes.c_int)]
+    _fields_ = [("api", ctypes.c_void_p), ("count", ctypes.c_int), ("dst", ctypes.c_void_p), ("src", ctypes.c_void_p),
+                ("nbytes", ctypes.c_void_p), ("failed", ctypes.c_int)]
 
 
 class PreparedBatch:
@@ -114,8 +139,9 @@ class PreparedBatch:
             raise ValueError(f"a prepared batch holds 1 to {batch.MAX} copies, not {count}")
         self._dst, self._src = (ctypes.c_void_p * count)(*dst), (ctypes.c_void_p * count)()
         self._nbytes = (ctypes.c_size_t * count)(*nbytes)
-        self._args = _Prepared(*batch._functions, count, *(ctypes.addressof(a) for a in (self._dst, self._src, self._nbytes)),
+        self._args = _Prepared(batch._api_at, count, *(ctypes.addressof(a) for a in (self._dst, self._src, self._nbytes)),
                                -1)
+        self._batch = batch  # (keeps the api struct its calls read alive)
         self._fn, self._fail, self._at = batch._prepared, batch._fail, ctypes.addressof(self._args)
 
     def issue(self, src: list, stream: int, event: int | None) -> None:
@@ -215,9 +241,14 @@ class CudaRuntime:
     batch: D2HBatch | None = None  # the custom ops' fdac_d2h_batch, once ``use_batch`` found it
 
     def use_batch(self, lib: ctypes.CDLL) -> None:
-        """Issue batches of copies through ``lib``'s ``fdac_d2h_batch`` (the custom-ops module)."""
+        """Issue batches of copies through ``lib``'s ``fdac_d2h_batch`` (the custom-ops module), offering
+        it this runtime's ``cudaMemcpyBatchAsync`` where there is one (CUDA 12.8 and later)."""
         address = [ctypes.cast(self._f[name], ctypes.c_void_p).value for name in ("cudaMemcpyAsync", "cudaEventRecord")]
         self.batch = D2HBatch(lib, *address, self._fail)
+        version = self.versions()["runtime"]
+        if version >= 12080 and hasattr(self.lib, "cudaMemcpyBatchAsync"):
+            self.batch.offer_batch_api(ctypes.cast(self.lib.cudaMemcpyBatchAsync, ctypes.c_void_p).value,
+                                       13 if version >= 13000 else 12)
 
     def _call(self, name: str, *args) -> int:
         code = self._f[name](*args)

@@ -15,7 +15,11 @@ use, with a few microsecond-sized copies (about 1-3 ms in all, mostly queued GPU
 - ``kernel_order`` (when the stop-flag kernels are given): our kernel, launched on that handle after
   a Paddle op, reads that op's result, and its output copied by the layer is what the kernel wrote;
 - ``pinned_wrap``: pinned memory from the layer, wrapped as a host tensor, is the same memory
-  (address), reads back through Paddle (``.numpy()``) and keeps its address when reshaped.
+  (address), reads back through Paddle (``.numpy()``) and keeps its address when reshaped;
+- ``batch_api`` (where the runtime offers ``cudaMemcpyBatchAsync``, CUDA 12.8 and later): three parts
+  of a device tensor copied in one batch call on the reported stream land where a copy each puts
+  them. This check decides the batch call, never the probe: it passes either way, and the batch
+  call is used from then on only if the copies agreed (else a copy each, as before, saying why).
 
 Any failed check makes the result ``ok: False`` with the reason; the backend then raises
 ``AccessorProbeError`` and the features stand down with that reason in ``status()`` (strict mode
@@ -101,6 +105,8 @@ def probe_accessors(device: int, glue=None, rt=None, ops=None, kernels=None) -> 
     ]
     if kernels is not None:
         checks.append(("kernel_order", _check_kernel_order))
+    if getattr(getattr(rt, "batch", None), "batch_api", None) is not None:
+        checks.append(("batch_api", _check_batch_api))
     start = time.perf_counter()
     results = []
     for name, check in checks:
@@ -274,3 +280,30 @@ def _check_pinned_wrap(device, glue, rt, ops, kernels):
         return kept, f"wrap at the pinned address, reads back through the framework; reshaped in place: {kept}"
     finally:
         pinned.__exit__()
+
+
+def _check_batch_api(device, glue, rt, ops, kernels):
+    batch, parts = rt.batch, (0, 40, 200, _N)  # three copies of unequal sizes: elements [0, 40), [40, 200), ...
+    t = ops.tensor(_PATTERN, device)
+    ops.synchronize(device)
+    address, stream, sizes = glue.address(t), glue.stream(device), [8 * (b - a) for a, b in zip(parts, parts[1:])]
+    batch.use_batch_api(True, "being checked")
+    event = rt.event_create(True)
+    try:
+        with _Pinned(rt, _PATTERN.nbytes) as pinned:
+            pinned.fill(0xAB)
+            # the parts land in reverse order in the buffer: a batch that ignored a copy's address would show
+            dsts = [pinned.ptr + _PATTERN.nbytes - 8 * b for b in parts[1:]]
+            batch.issue(dsts, [address + 8 * a for a in parts[:-1]], sizes, stream, event)
+            rt.event_synchronize(event)
+            got = pinned.values()
+        expected = np.concatenate([_PATTERN[a:b] for a, b in zip(parts[-2::-1], parts[:0:-1])])
+        same = bool(np.array_equal(got, expected))
+        why = "three copies in one call on the reported stream landed where a copy each puts them" if same else \
+            f"three copies in one call gave {got[:4].tolist()}..., expected {expected[:4].tolist()}..."
+    except Exception as exc:  # a runtime that refuses the call: copies one call each, as before
+        same, why = False, f"the call failed ({type(exc).__name__}: {exc})"
+    finally:
+        rt.event_destroy(event)
+    batch.use_batch_api(same, f"{why} (gpu:{device})")
+    return True, f"cudaMemcpyBatchAsync {batch.batch_api_state}"

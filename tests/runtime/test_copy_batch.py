@@ -56,7 +56,8 @@ class Fake:
         size = self.var("fake_log_size").value
         entries = (ctypes.c_uint64 * 5 * 256).in_dll(self.lib, "fake_log")  # {int kind; 4 x uintptr_t}
         raw = np.frombuffer(entries, dtype=np.uint64)[: size * 5].reshape(size, 5)
-        return [("copy" if (k & 0xFFFFFFFF) == 1 else "record", int(a), int(b), int(c), int(s)) for k, a, b, c, s in raw]
+        kinds = {1: "copy", 2: "record", 3: "batch"}
+        return [(kinds[int(k) & 0xFFFFFFFF], int(a), int(b), int(c), int(s)) for k, a, b, c, s in raw]
 
 
 @pytest.fixture
