@@ -327,24 +327,26 @@ def prompt_chunks(backend, k, chunks, device) -> int:
     return mismatches
 
 
-REPLAYS = [0]  # prepared plans replayed during the correctness runs (``_CopyPlan.issue`` answers)
+REPLAYS = [0]  # prepared plans replayed during the correctness runs (``_CopyPlan.replay`` answers)
 
 
 def run_correctness(backend, lib, cycles, quick: bool, device) -> None:
     """The checks below, with the prepared plans' replays counted: on the batched runtime the
     default path must have run (not only ``_issue``)."""
-    plan_issue = cuda_module._CopyPlan.issue
+    name = "replay" if hasattr(cuda_module._CopyPlan, "replay") else "issue"  # (``issue`` in an older tree)
+    plan_replay = getattr(cuda_module._CopyPlan, name)
 
     def counted(plan, *args):
-        event = plan_issue(plan, *args)
+        event = plan_replay(plan, *args)
         REPLAYS[0] += event is not None
         return event
 
-    cuda_module._CopyPlan.issue, before = counted, REPLAYS[0]
+    before = REPLAYS[0]
+    setattr(cuda_module._CopyPlan, name, counted)
     try:
         _run_correctness(backend, lib, cycles, quick, device)
     finally:
-        cuda_module._CopyPlan.issue = plan_issue
+        setattr(cuda_module._CopyPlan, name, plan_replay)
     if backend.rt.batch is not None:
         check(REPLAYS[0] > before, f"{REPLAYS[0] - before} copy calls replayed a prepared plan (the default path); "
                                    f"{backend.witnessed} witness events recorded")
@@ -526,16 +528,20 @@ def run_two_threads(backend, lib, cycles, device) -> None:
 # --- 4. host time per step ----------------------------------------------------------------------
 
 
-def run_timing(backend, cycles, device, rows=128, k=20, steps=200) -> dict:
+def run_timing(backend, cycles, device, rows=128, k=20, steps=200, looped=None) -> dict:
+    """``looped``: a backend like ``backend`` whose C call issues a cudaMemcpyAsync each (CUDA < 12.8),
+    timed as one more plugin row ("plugin, a copy each")."""
     rt = backend.rt
     stream = backend.glue.stream(0)
     columns = k + 1
     out = step_tensors(1, rows, columns, device)
     nbytes = {f: t.numel() * t.element_size() for f, t in out.items()}
     ring = PinnedRing(backend, "bench", DTYPES, {f: t.numel() for f, t in out.items()}, slots=2)
+    loop_ring = None if looped is None else PinnedRing(looped, "bench", DTYPES, {f: t.numel() for f, t in out.items()},
+                                                       slots=2)
     pageable = {f: np.empty(nbytes[f], dtype=np.uint8) for f in DTYPES}
 
-    def plugin(step, state):  # the logprobs producer's call: a free slot, the three copies, their event
+    def plugin(step, state, ring=ring):  # the logprobs producer's call: a free slot, the three copies, their event
         with ring.lock:
             slot, event = ring.fill("bench", out, LABELS, "bench")
             buffers = [slot.buffers[f] for f in DTYPES]
@@ -543,7 +549,7 @@ def run_timing(backend, cycles, device, rows=128, k=20, steps=200) -> dict:
         previous, state["prev"] = state.get("prev"), (buffers, event)
         return previous
 
-    def plugin_consume(previous):
+    def plugin_consume(previous, backend=backend):
         if previous is not None:
             buffers, event = previous
             backend.wait(event, "consumer")
@@ -578,8 +584,11 @@ def run_timing(backend, cycles, device, rows=128, k=20, steps=200) -> dict:
 
     results = {}
     for busy in (False, True):
-        for name, produce in (("plugin: ring + event", plugin), ("FD 2.4: blocking copies", blocking),
-                              ("FD 2.5: per-step pinned + event", per_step_pinned)):
+        named = [("plugin: ring + event", plugin), ("FD 2.4: blocking copies", blocking),
+                 ("FD 2.5: per-step pinned + event", per_step_pinned)]
+        if looped is not None:
+            named.insert(1, ("plugin, a copy each (CUDA<12.8)", lambda step, state: plugin(step, state, loop_ring)))
+        for name, produce in named:
             state: dict = {}
             allocs0 = CountingRuntime.allocs
             host, consumer, wall = [], [], time.perf_counter()
@@ -594,9 +603,10 @@ def run_timing(backend, cycles, device, rows=128, k=20, steps=200) -> dict:
                 if step >= 10:
                     host.append(t1 - t0)
                 if name.startswith("plugin"):
-                    plugin_consume(previous)
+                    plugin_consume(previous, looped if "copy each" in name else backend)
                 elif name.startswith("FD 2.5"):
                     per_step_consume(previous, state)
+                previous = None  # the consumer is done with the last step's buffers (kept, they made the ring grow)
                 if step >= 10:  # the consumer: the wait on the previous step's event and the host reads
                     consumer.append(time.perf_counter() - t1)
             torch.cuda.synchronize()
@@ -615,6 +625,7 @@ def run_timing(backend, cycles, device, rows=128, k=20, steps=200) -> dict:
                 "consumer": statistics.median(x * 1e6 for x in consumer),
                 "both": statistics.median((p + c) * 1e6 for p, c in zip(host, consumer)),
                 "wall": wall * 1e6, "allocs_per_step": (CountingRuntime.allocs - allocs0) / steps,
+                "slots": len((loop_ring if "copy each" in name else ring).slots) if name.startswith("plugin") else None,
             }
         state = None
     ring = None
@@ -637,6 +648,14 @@ def report_timing(results, rows, k, busy_ms) -> None:
             f"per-step pinned / plugin = {pinned['median'] / plugin['median']:.1f}x; producer + consumer: "
             f"blocking / plugin = {blocking['both'] / plugin['both']:.2f}x, per-step pinned / plugin = "
             f"{pinned['both'] / plugin['both']:.2f}x")
+        loop = results.get((busy, "plugin, a copy each (CUDA<12.8)"))
+        if loop is not None:
+            say(f"    ratios, a copy each (CUDA<12.8): blocking / plugin = {blocking['median'] / loop['median']:.1f}x; "
+                f"producer + consumer: blocking / plugin = {blocking['both'] / loop['both']:.2f}x, per-step pinned / "
+                f"plugin = {pinned['both'] / loop['both']:.2f}x")
+        check(all(r["slots"] == 2 for (b, name), r in results.items() if b == busy and r["slots"] is not None),
+              f"B={rows} K={k}, GPU {'busy' if busy else 'idle'}: the plugin's ring kept its 2 slots (a consumer one step "
+              f"behind, as FD's save under overlap: the common step, never the ring's growth)")
         if busy:
             check(plugin["median"] * 10 <= blocking["median"],
                   f"B={rows} K={k}, GPU busy: plugin host time/step <= 1/10 of blocking")
@@ -676,19 +695,31 @@ def main(argv=None) -> int:
         batch_rt = CountingRuntime()
         batch_rt.use_batch(ctypes.CDLL(batch_lib))
         batched = CheckedBackend(glue=TorchGlue(), rt=batch_rt, probe_ops=ops)
-        batched.probes = dict(backend.probes)
-        say("the same with each step's copies and event issued by fdac_d2h_batch (one C call):")
+        batched.ensure_probed(0)  # (the probe's batch_api check: cudaMemcpyBatchAsync on where it works)
+        api = getattr(batch_rt.batch, "batch_api_state", None)  # (None: a tree before the batch call)
+        say(f"the same with each step's copies and event issued by fdac_d2h_batch (one C call; "
+            f"cudaMemcpyBatchAsync {api or 'not in this tree'}):")
+        if api is not None:
+            check(not api.startswith("off"), f"cudaMemcpyBatchAsync offered by CUDA >= 12.8 passes the probe's check: {api}")
         run_correctness(batched, lib, cycles, True, device)
     if not args.quick:
         run_two_threads(backend, lib, cycles, device)
         # No witness events; the default path: the runtime with fdac_d2h_batch when it was built.
         timing_backend = CudaBackend(glue=TorchGlue(), rt=rt if batch_lib is None else batch_rt, probe_ops=ops)
-        timing_backend.probes = dict(backend.probes)
+        timing_backend.probes = dict(batched.probes if batch_lib is not None else backend.probes)
+        looped = None
+        if batch_lib is not None and getattr(batch_rt.batch, "batch_api_state", "").startswith("on"):  # as CUDA < 12.8
+            loop_rt = CountingRuntime()
+            loop_rt.use_batch(ctypes.CDLL(batch_lib))
+            loop_rt.batch.use_batch_api(False, "this script's comparison row")
+            looped = CudaBackend(glue=TorchGlue(), rt=loop_rt, probe_ops=ops)
+            looped.probes = dict(backend.probes)
         say(f"host time per decode step (same runtime calls for all three; the plugin: ring.fill, "
-            f"{'one ctypes call per copy' if batch_lib is None else 'one C call per step (fdac_d2h_batch)'}):")
+            f"{'one ctypes call per copy' if batch_lib is None else 'one C call per step (fdac_d2h_batch)'}"
+            f"{', its copies in one cudaMemcpyBatchAsync' if looped is not None else ''}):")
         for rows, k in ((128, 20), (1024, 20)):
             say(f"  B={rows}, K={k} ({rows * (k + 1) * 12 + rows * 8} bytes per step)")
-            report_timing(run_timing(timing_backend, cycles, device, rows, k), rows, k, cycles / per_ms)
+            report_timing(run_timing(timing_backend, cycles, device, rows, k, looped=looped), rows, k, cycles / per_ms)
     say(f"RESULT: {'PASS' if not FAILURES else 'FAIL'}" + (f" ({len(FAILURES)} failed: {FAILURES})" if FAILURES else ""))
     if args.output:
         Path(args.output).write_text(OUT.getvalue())

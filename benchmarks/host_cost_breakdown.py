@@ -261,8 +261,10 @@ def group_of(part: str) -> str:
 # --- the step variants --------------------------------------------------------------------------
 
 
-def make_variants(backend, out, is_cuda: bool, batched=None):
-    """``batched``: a backend like ``backend`` whose runtime issues a step through fdac_d2h_batch."""
+def make_variants(backend, out, is_cuda: bool, batched=None, looped=None):
+    """``batched``: a backend like ``backend`` whose runtime issues a step through fdac_d2h_batch (and
+    its ``cudaMemcpyBatchAsync`` where the probe turned that on); ``looped``: the same with the batch
+    call off (a ``cudaMemcpyAsync`` each from C: what a CUDA runtime before 12.8 gets), or None."""
     rt, glue = backend.rt, backend.glue
     stream = glue.stream(0) if is_cuda else 0
     nbytes = {f: int(np.prod(glue.shape(t))) * np.dtype(DTYPES[f]).itemsize for f, t in out.items()}
@@ -272,6 +274,8 @@ def make_variants(backend, out, is_cuda: bool, batched=None):
              for name in ("plain", "census", "per-copy", "fill")}
     if batched is not None:
         rings["fill+batch"] = PinnedRing(batched, "bench.fill+batch", DTYPES, capacity, slots=2)
+    if looped is not None:
+        rings["fill+loop"] = PinnedRing(looped, "bench.fill+loop", DTYPES, capacity, slots=2)
     labels = {f: f"bench.{f}" for f in DTYPES}
 
     def fill_producer(ring):
@@ -431,6 +435,15 @@ def make_variants(backend, out, is_cuda: bool, batched=None):
 
             floor["floor: fdac_d2h_batch (3 copies + record, one C call)"] = (batch_produce, floor_consume,
                                                                             floor_cleanup)
+        if looped is not None:  # the same C call with the batch call off: a cudaMemcpyAsync each
+            loop_issue = looped.rt.batch.issue
+
+            def loop_produce(state):
+                i = state["i"] = state.get("i", 0) ^ 1
+                loop_issue(*copies, stream, floor_events[i])
+                return None if "started" not in state else ev[i ^ 1]
+
+            floor["floor: fdac_d2h_batch, a cudaMemcpyAsync each"] = (loop_produce, floor_consume, floor_cleanup)
 
     variants = {
         "plugin: ring + copy_d2h_many": (plugin_producer(rings["plain"]), plugin_consume, None),
@@ -440,6 +453,9 @@ def make_variants(backend, out, is_cuda: bool, batched=None):
         "plugin: ring.fill (one ctypes call per copy)": (fill_producer(rings["fill"]), plugin_consume, None),
         **({"plugin: ring.fill + fdac_d2h_batch (default)": (fill_producer(rings["fill+batch"]), consumer_of(batched),
                                                              None)} if batched is not None else {}),
+        **({"plugin: the same, a cudaMemcpyAsync each (CUDA < 12.8)": (fill_producer(rings["fill+loop"]),
+                                                                       consumer_of(looped), None)}
+           if looped is not None else {}),
         "FD 2.4: blocking copies": (blocking, no_consume, None),
         "FD 2.5: per-step pinned + event": (per_step_pinned, per_step_consume, per_step_cleanup),
         **floor,
@@ -475,6 +491,7 @@ def run_variant(name, fns, steps, warmup, busy, prof: Profiler | None, sync):
             if prof is not None:
                 prof.phase = "consumer"
             consume(previous, state)
+            previous = None  # the consumer is done with the last step's buffers (kept, they made the ring grow)
             t2 = ns()
             if step >= warmup:
                 producer.append(t1 - t0)
@@ -581,7 +598,7 @@ def report_case(say, title, plain, profiled, calls, wrap_ns, steps_total, round_
                 say(line)
 
 
-def run_step_copies(say, backend, batched, make_out, steps: int, rounds: int, sync) -> None:
+def run_step_copies(say, backend, batched, make_out, steps: int, rounds: int, sync, looped=None) -> None:
     """FD 2.4's default decode step: the stop flag, the sampled tokens and step_syncs' 4-copy snapshot,
     then the step's event (6 small copies, 1-128 elements), issued one by one (the fourth cut's
     ``after_update``) or as one ``copy_d2h_many`` (the fifth's), with and without fdac_d2h_batch.
@@ -591,7 +608,8 @@ def run_step_copies(say, backend, batched, make_out, steps: int, rounds: int, sy
     variants = {}
     for name, b, batch in (("one by one: 6 x copy_d2h + record (fourth cut)", backend, False),
                            ("one copy_d2h_many, one ctypes call per copy", backend, True),
-                           ("one copy_d2h_many + fdac_d2h_batch (default)", batched, True)):
+                           ("one copy_d2h_many + fdac_d2h_batch (default)", batched, True),
+                           ("the same, a cudaMemcpyAsync each (CUDA < 12.8)", looped, True)):
         if b is None:
             continue
         glue = b.glue
@@ -785,15 +803,22 @@ def main(argv=None) -> int:
         rt = CudaRuntime()
         backend = CudaBackend(glue=TorchGlue(), rt=rt, probe_ops=TorchProbeOps(cycles))
         backend.ensure_probed(0)
-        batch_lib, why, batched = args.batch_lib, "", None
+        batch_lib, why, batched, looped = args.batch_lib, "", None, None
         if batch_lib is None:
             batch_lib, why = build_batch_library()
         if batch_lib is not None:  # what the plugin's CudaBackend uses: the process's runtime + the helper
             batch_rt = CudaRuntime()
             batch_rt.use_batch(ctypes.CDLL(batch_lib))
             batched = CudaBackend(glue=backend.glue, rt=batch_rt, probe_ops=TorchProbeOps(cycles))
-            batched.ensure_probed(0)
-        say(f"fdac_d2h_batch: {batch_lib or why}")
+            batched.ensure_probed(0)  # (its batch_api check turns cudaMemcpyBatchAsync on where it works)
+            if getattr(batch_rt.batch, "batch_api_state", "").startswith("on"):  # a row without it, for CUDA < 12.8
+                loop_rt = CudaRuntime()
+                loop_rt.use_batch(ctypes.CDLL(batch_lib))
+                loop_rt.batch.use_batch_api(False, "this script's comparison row")
+                looped = CudaBackend(glue=backend.glue, rt=loop_rt, probe_ops=TorchProbeOps(cycles))
+                looped.ensure_probed(0)
+        say(f"fdac_d2h_batch: {batch_lib or why}; cudaMemcpyBatchAsync: "
+            f"{getattr(batched.rt.batch, 'batch_api_state', 'not in this tree') if batched is not None else '-'}")
         say(f"framework (device tensors and the stream only): PyTorch {torch.__version__}, "
             f"{torch.cuda.get_device_name(0)}; Paddle imported: {'paddle' in sys.modules}")
         say(f"CUDA layer: {rt.versions()}; accessor probe: {'ok' if backend.probes[0]['ok'] else 'FAILED'}")
@@ -809,7 +834,7 @@ def main(argv=None) -> int:
     else:
         from fd_async_copy_plugin.runtime.host import HostBackend
 
-        backend, batched = HostBackend(glue=NumpyGlue()), None
+        backend, batched, looped = HostBackend(glue=NumpyGlue()), None, None
         say("device cpu: the host backend (HostRuntime: memmove copies, events always complete) with numpy "
             "arrays as the framework - a smoke path, not a CUDA measurement")
 
@@ -831,15 +856,17 @@ def main(argv=None) -> int:
     for rows in sizes:
         columns = args.k + 1
         out = make_out(rows, columns)
-        variants, rings = make_variants(backend, out, args.device == "cuda", batched)
+        variants, rings = make_variants(backend, out, args.device == "cuda", batched, looped)
 
         def instrumented():  # the wrappers, installed for the instrumented runs only (plain runs: none)
             instrument(prof, backend, rings)
-            if batched is not None:
-                instrument(prof, batched, [], glue=False)
+            for other in (batched, looped):
+                if other is not None:
+                    instrument(prof, other, [], glue=False)
                 # a ring slot's prepared fill: its C call and its Python (class-wide: plans come and go)
                 prof.wrap(PreparedBatch, "issue", "ctypes fdac_d2h_batch_prepared (the CUDA calls: one C call)")
-                prof.wrap(_CopyPlan, "issue", "backend: copy_d2h")
+                # (``issue`` before the eighth cut: this script also drives an older tree's package)
+                prof.wrap(_CopyPlan, "replay" if hasattr(_CopyPlan, "replay") else "issue", "backend: copy_d2h")
 
         try:
             for busy, busy_fn in cases:
@@ -874,13 +901,15 @@ def main(argv=None) -> int:
                 if args.device == "cpu":
                     title = f"B={rows} K={args.k} ({nb} bytes/step), host backend"
                 report_case(say, title, plain, profiled, calls, wrap_ns, args.steps * args.rounds, args.steps)
+                say("    ring slots after the runs (2: a consumer one step behind, the common step throughout): "
+                    + ", ".join(f"{ring.name} {len(ring.slots)}" for ring in rings))
                 raw_data.append({"title": title, "plain": plain, "instrumented": profiled, "parts": {
                     name: [[ph, part, t, calls[name]["calls"][(ph, part)]] for (ph, part), t in c["time"].items()]
                     for name, c in calls.items()}})
         finally:
             prof.restore()
         sync()
-    run_step_copies(say, backend, batched, make_out, args.steps, args.rounds, sync)
+    run_step_copies(say, backend, batched, make_out, args.steps, args.rounds, sync, looped)
     if batched is not None and args.changing:
         for rows in sizes:
             run_changing_batch(say, batched, make_out, rows, args.k, args.changing, args.steps, args.rounds, sync)

@@ -14,7 +14,13 @@ own process per round):
   shapes every step (the logprobs producer's call);
 - ``fill, changing``: the same with the batch size changing every step (rows 128, 127, ... 113);
 - ``step copies``: a decode step's own 6 copies + the event in one ``copy_d2h_many`` (FD 2.4's
-  stop flag, tokens and step_syncs' snapshot) into the same pinned buffers every step.
+  stop flag, tokens and step_syncs' snapshot) into the same pinned buffers every step;
+- ``consumer``: the steady fill's consumer one step later, as the GPU scripts time it: the wait on
+  its event and a ``read`` of each of the three buffers;
+- ``consumer, Paddle`` (where Paddle is installed; the pinned buffers are then Paddle host wraps):
+  what FD's guarded save gets - the three buffers through ``to_host`` (the wait, the rows, an owned
+  Paddle tensor each) - and the stop flag read as the tree's ``stop_flag`` reads it
+  (``host_array``, or ``to_host(...).numpy()`` before it): one step's logprob and flag reads.
 
     python3 benchmarks/host_cost_local.py [--tree DIR ...] [--rounds 5] [--steps 3000]
 
@@ -37,7 +43,7 @@ from math import prod
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-CASES = ("fill, steady", "fill, changing", "step copies")
+CASES = ("fill, steady", "fill, changing", "step copies", "consumer", "consumer, Paddle")
 
 
 def build(out: Path) -> tuple[str, str]:
@@ -125,21 +131,31 @@ def worker(tree: str, fake: str, batch: str, steps: int) -> dict:
         return {"ids": Device((rows, 21), "int64"), "logprobs": Device((rows, 21), "float32"),
                 "ranks": Device((rows,), "int64")}
 
-    def fills(batches):
-        ring = PinnedRing(backend, "local", dtypes, {"ids": 128 * 21, "logprobs": 128 * 21, "ranks": 128}, slots=2)
-        times, previous = [], None
+    def fills(batches, on=backend, consumer=None):
+        """(producer, consumer) us per step: ``ring.fill`` now, and one step later the consumer of the
+        last fill (by default the GPU scripts': the wait, then a ``read`` of each buffer)."""
+        ring = PinnedRing(on, "local", dtypes, {"ids": 128 * 21, "logprobs": 128 * 21, "ranks": 128}, slots=2)
+        times, consumed, previous = [], [], None
+
+        def reads(event, held):  # (a function: no loop variable keeps a buffer referenced afterwards)
+            on.wait(event, "consumer")
+            for buf in held:
+                on.read(buf, "consumer")
+
         for step in range(steps + 200):
             t0 = time.perf_counter_ns()
             slot, event = ring.fill("local", batches[step % len(batches)], labels, "gather_logprobs")
             t1 = time.perf_counter_ns()
             held = [slot.buffers[f] for f in dtypes]
             del slot
-            if previous is not None:  # the consumer, one step later: wait, then drop the buffers
-                backend.wait(previous[0], "consumer")
+            if previous is not None:  # the consumer, one step later; then the buffers are dropped
+                (consumer or reads)(*previous)
+            t2 = time.perf_counter_ns()
             previous = (event, held)
             if step >= 200:
                 times.append(t1 - t0)
-        return statistics.median(times) / 1e3
+                consumed.append(t2 - t1)
+        return statistics.median(times) / 1e3, statistics.median(consumed) / 1e3
 
     def step_copies():
         sources = [Device((1,), "bool"), Device((128, 1), "int64"), Device((128,), "int32"), Device((1,), "int64"),
@@ -156,8 +172,58 @@ def worker(tree: str, fake: str, batch: str, steps: int) -> dict:
                 times.append(t1 - t0)
         return statistics.median(times) / 1e3
 
-    return {"fill, steady": fills([outs(128)]), "fill, changing": fills([outs(128 - i) for i in range(16)]),
-            "step copies": step_copies()}
+    steady, consumer = fills([outs(128)])
+    results = {"fill, steady": steady, "fill, changing": fills([outs(128 - i) for i in range(16)])[0],
+               "step copies": step_copies(), "consumer": consumer, "consumer, Paddle": None}
+    try:
+        import paddle  # noqa: F401
+    except ImportError:
+        return results
+    paddle_backend, paddle_reads = paddle_consumer(rt, Device)
+    results["consumer, Paddle"] = fills([outs(128)], paddle_backend, paddle_reads)[1]
+    return results
+
+
+def paddle_consumer(rt, Device):
+    """``consumer, Paddle``: a backend on the same runtime whose pinned buffers are Paddle host wraps,
+    and one step's reads by FD's guarded save: the three logprob buffers through ``to_host``, and the
+    stop flag as the tree's ``stop_flag`` reads it."""
+    from fd_async_copy_plugin.runtime.cuda import RuntimeBackend
+    from fd_async_copy_plugin.runtime.glue import PaddleGlue
+
+    class Wraps(PaddleGlue):  # Paddle's accessors for the pinned wraps, the stand-in's for the sources
+        def facts(self, t):
+            return (0, t.ptr, t.shape, t.dtype, True) if type(t) is Device else super().facts(t)
+
+        def address(self, t):
+            return t.ptr if type(t) is Device else super().address(t)
+
+        def shape(self, t):
+            return t.shape if type(t) is Device else super().shape(t)
+
+        def dtype(self, t):
+            return t.dtype if type(t) is Device else super().dtype(t)
+
+        def gpu_device(self, t):
+            return 0 if type(t) is Device else None
+
+        def stream(self, device):
+            return 7
+
+    backend = RuntimeBackend(rt, glue=Wraps(), probe=False)
+    flag, flag_src = backend.new_pinned([1], "bool", "flag"), Device((1,), "bool")
+    host_array = getattr(backend, "host_array", None)  # (before the eighth cut: to_host(...).numpy())
+
+    def reads(event, held):
+        backend.copy_d2h_many([(flag, flag_src, "not_need_stop")], "post_process")  # (not timed apart)
+        for buf in held:
+            backend.to_host(buf, "save_output_topk")
+        if host_array is not None:
+            bool(host_array(flag, "save_output")[0])
+        else:
+            bool(backend.to_host(flag, "save_output").numpy()[0])
+
+    return backend, reads
 
 
 def main(argv=None) -> int:
@@ -186,15 +252,15 @@ def main(argv=None) -> int:
     for tree in trees:
         cells = []
         for case in CASES:
-            values = sorted(results[tree][case])
-            cells.append(f"{statistics.median(values):7.2f} ({values[0]:.2f}-{values[-1]:.2f})")
+            values = sorted(v for v in results[tree][case] if v is not None)
+            cells.append(f"{statistics.median(values):7.2f} ({values[0]:.2f}-{values[-1]:.2f})" if values else "-")
         name = Path(tree).name if tree != str(REPO) else "this checkout"
         print(f"  {name:40s} " + " ".join(f"{c:>24s}" for c in cells))
     for tree in trees[1:]:
         ratios = []
         for case in CASES:
-            per_round = sorted(a / b for a, b in zip(results[str(REPO)][case], results[tree][case]))
-            ratios.append(f"{statistics.median(per_round):.2f}x")
+            per_round = sorted(a / b for a, b in zip(results[str(REPO)][case], results[tree][case]) if a and b)
+            ratios.append(f"{statistics.median(per_round):.2f}x" if per_round else "-")
         print(f"  this checkout / {Path(tree).name}, per round (median): " + ", ".join(
             f"{c} {r}" for c, r in zip(CASES, ratios)))
     return 0
