@@ -25,8 +25,8 @@ own process per round):
     python3 benchmarks/host_cost_local.py [--tree DIR ...] [--rounds 5] [--steps 3000]
 
 ``--tree`` adds another checkout (e.g. an earlier commit's ``git archive``) to run side by side with
-this one: only its ``fd_async_copy_plugin`` package is used; the glue and the C sources are this
-repository's. Needs gcc and g++.
+this one: its ``fd_async_copy_plugin`` package and its ``custom_ops/copy_batch.cc`` (the C signature
+its Python binds) are used; the glue and the fake runtime are this repository's. Needs gcc and g++.
 """
 
 from __future__ import annotations
@@ -46,16 +46,22 @@ REPO = Path(__file__).resolve().parents[1]
 CASES = ("fill, steady", "fill, changing", "step copies", "consumer", "consumer, Paddle")
 
 
-def build(out: Path) -> tuple[str, str]:
+def build(out: Path, trees: list[str]) -> tuple[str, dict]:
+    """The fake runtime, and each tree's ``fdac_d2h_batch`` from its own ``custom_ops/copy_batch.cc``
+    (its Python binds that file's signature; a tree without one gets this repository's)."""
     cc, cxx = shutil.which("gcc") or shutil.which("cc"), shutil.which("g++")
     if cc is None or cxx is None:
         raise SystemExit("host_cost_local.py needs gcc and g++")
-    fake, batch = out / "libfakecudart.so", out / "libcopybatch.so"
+    fake = out / "libfakecudart.so"
     subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", str(fake), str(REPO / "tests" / "runtime" / "fake_cudart.c")],
                    check=True)
-    subprocess.run([cxx, "-O2", "-shared", "-fPIC", "-o", str(batch), str(REPO / "custom_ops" / "copy_batch.cc")],
-                   check=True)
-    return str(fake), str(batch)
+    batches = {}
+    for i, tree in enumerate(trees):
+        source = Path(tree) / "custom_ops" / "copy_batch.cc"
+        batches[tree] = str(out / f"libcopybatch{i}.so")
+        subprocess.run([cxx, "-O2", "-shared", "-fPIC", "-o", batches[tree],
+                        str(source if source.is_file() else REPO / "custom_ops" / "copy_batch.cc")], check=True)
+    return str(fake), batches
 
 
 def worker(tree: str, fake: str, batch: str, steps: int) -> dict:
@@ -239,10 +245,10 @@ def main(argv=None) -> int:
     trees = [str(REPO)] + [str(Path(t).resolve()) for t in args.tree]
     results: dict = {t: {c: [] for c in CASES} for t in trees}
     with tempfile.TemporaryDirectory(prefix="fdac-local-") as tmp:
-        fake, batch = build(Path(tmp))
+        fake, batches = build(Path(tmp), trees)
         for _ in range(args.rounds):
             for tree in trees:  # each tree in a fresh process, interleaved round by round
-                command = [sys.executable, __file__, "--steps", str(args.steps), "--worker", tree, fake, batch]
+                command = [sys.executable, __file__, "--steps", str(args.steps), "--worker", tree, fake, batches[tree]]
                 done = subprocess.run(command, check=True, capture_output=True, text=True)
                 for case, value in json.loads(done.stdout).items():
                     results[tree][case].append(value)

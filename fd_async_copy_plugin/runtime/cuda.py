@@ -127,7 +127,7 @@ class RuntimeBackend(CopyBackend):
             key = (label, *[(id(dst), name) for dst, _, name in copies])
             plan = self._plans.get(key)
             if plan is not None:
-                event = plan.replay(self, [dst for dst, _, _ in copies], [src for _, src, _ in copies], label)
+                event = plan.replay(self, copies, label)
                 if event is not None:
                     return event
         dsts, names = [dst for dst, _, _ in copies], [name for _, _, name in copies]
@@ -162,7 +162,7 @@ class RuntimeBackend(CopyBackend):
         if plan is None or plan.labels is not labels or label is None or len(sources) != len(plan.entries):
             return None
         buffers = slot.buffers
-        return plan.replay(self, [buffers[field] for field in sources], sources.values(), label)
+        return plan.replay(self, [(buffers[field], src, None) for field, src in sources.items()], label)
 
     def _sources(self, sources: list) -> list[tuple]:
         """Each source's checked facts: (device, address, shape, dtype, ...) (see ``_plan_other``)."""
@@ -329,13 +329,13 @@ class _CopyPlan:
         plan.batch = PreparedBatch(batch, [p.ptr for p in held], plan.sizes)
         return plan
 
-    def replay(self, backend, dsts: list, sources, label):
-        """The copies of ``sources`` (one per entry; the callers check the count) into ``dsts``."""
+    def replay(self, backend, copies, label):
+        """``copies``: (destination, source, _) for each entry, in order (the callers check the count)."""
         device, pinned, facts_of, glue = self.device, backend._pinned, backend._facts_of, backend.glue
         if device not in backend._probed_ok:
             return None
         address, shape_of, srcs, memories, resized = glue.address, glue.shape, [], [], False
-        for (held, _, ident), size, dst, src in zip(self.entries, self.sizes, dsts, sources):
+        for (held, _, ident), size, (dst, src, _) in zip(self.entries, self.sizes, copies):
             f, memory = facts_of(src), held.memory()
             if (f[0] != device or not f[4] or f[3] != held.dtype or pinned.get(ident) is not held
                     or held.buf() is not dst or memory is None or address(dst) != held.ptr):
