@@ -352,10 +352,10 @@ class _CopyPlan:
                 resized = True
             srcs.append(f[1])
             memories.append(memory)
-        if resized:  # (zero bytes: the C loop skips that copy, as ``_issue`` does)
-            self.sizes = [entry[0].nbytes for entry in self.entries]
-            self.batch.resize(self.sizes)
         with backend._lock:  # as ``_issue``: sequence order is stream order
+            if resized:  # (under the lock, as the batch's sources: zero bytes, the C loop skips that copy)
+                self.sizes = [entry[0].nbytes for entry in self.entries]
+                self.batch.resize(self.sizes)
             stream = backend.glue.stream(device)
             known = backend._streams
             if stream not in known:

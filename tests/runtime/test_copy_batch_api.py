@@ -146,3 +146,14 @@ def test_the_accessor_probe_runs_the_check_only_where_the_call_is_offered(fakes,
     fake.rt.batch.use_batch_api(False, "turned off")  # decided off: not offered any more, not checked again
     result = probe_accessors(0, glue=GpuLikeGlue(), rt=fake.rt, ops=PaddleProbeOps(paddle.CPUPlace()))
     assert "batch_api" not in [c["check"] for c in result["checks"]]
+
+
+def test_a_check_that_cannot_run_leaves_the_call_off_and_passes_the_probe(fakes, libs, tmp_path):
+    class NoStream(GpuLikeGlue):
+        def stream(self, device):
+            raise RuntimeError("no stream here")
+
+    fake = _runtime(fakes, libs, tmp_path, 13)
+    ok, detail = _check_batch_api(0, NoStream(), fake.rt, PaddleProbeOps(paddle.CPUPlace()), None)
+    assert ok and detail.startswith("cudaMemcpyBatchAsync off: the call failed (RuntimeError: no stream here)")
+    assert fake.rt.batch.batch_api is None and fake.var("fake_batch_calls").value == 0
