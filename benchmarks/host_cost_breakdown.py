@@ -863,7 +863,8 @@ def main(argv=None) -> int:
             for other in (batched, looped):
                 if other is not None:
                     instrument(prof, other, [], glue=False)
-                # a ring slot's prepared fill: its C call and its Python (class-wide: plans come and go)
+            if batched is not None:  # (class-wide, once: plans come and go)
+                # a ring slot's prepared fill: its C call and its Python
                 prof.wrap(PreparedBatch, "issue", "ctypes fdac_d2h_batch_prepared (the CUDA calls: one C call)")
                 # (``issue`` before the eighth cut: this script also drives an older tree's package)
                 prof.wrap(_CopyPlan, "replay" if hasattr(_CopyPlan, "replay") else "issue", "backend: copy_d2h")
