@@ -51,30 +51,36 @@ static int batch_call_index(int count) { return count + 1; }
 // failing call's error code with *failed set to its index. Nothing after a failing call is issued.
 int fdac_d2h_batch(const fdac_cuda_api* api, int count, void* const* dst, const void* const* src,
                    const size_t* nbytes, void* stream, void* event, int* failed) {
-  void* dsts[kMaxCopies];
-  const void* srcs[kMaxCopies];
-  size_t sizes[kMaxCopies];
-  size_t copies = 0;
-  for (int i = 0; i < count && i < kMaxCopies; ++i) {
-    if (nbytes[i] == 0) continue;
-    dsts[copies] = dst[i];
-    srcs[copies] = src[i];
-    sizes[copies++] = nbytes[i];
-  }
+  // Only where the batch call may be used: its arrays hold the non-empty copies (compacted here).
   const bool legacy_stream = stream == nullptr || stream == reinterpret_cast<void*>(1);
-  if (api->memcpy_batch != nullptr && copies >= 2 && count <= kMaxCopies && !legacy_stream) {
-    fdac_memcpy_attributes attrs = {kSrcAccessOrderStream, 0, 0, 0, 0, 0u};
-    size_t first = 0, fail_idx = 0;
-    int code = api->batch_abi == 12
-        ? reinterpret_cast<fdac_memcpy_batch12_fn>(api->memcpy_batch)(dsts, srcs, sizes, copies, &attrs, &first,
-                                                                      1, &fail_idx, stream)
-        : reinterpret_cast<fdac_memcpy_batch13_fn>(api->memcpy_batch)(dsts, srcs, sizes, copies, &attrs, &first,
-                                                                      1, stream);
-    if (code != 0) {
-      *failed = batch_call_index(count);
-      return code;
+  bool batched = false;
+  if (api->memcpy_batch != nullptr && count <= kMaxCopies && !legacy_stream) {
+    void* dsts[kMaxCopies];
+    const void* srcs[kMaxCopies];
+    size_t sizes[kMaxCopies];
+    size_t copies = 0;
+    for (int i = 0; i < count; ++i) {
+      if (nbytes[i] == 0) continue;
+      dsts[copies] = dst[i];
+      srcs[copies] = src[i];
+      sizes[copies++] = nbytes[i];
     }
-  } else {
+    if (copies >= 2) {
+      fdac_memcpy_attributes attrs = {kSrcAccessOrderStream, 0, 0, 0, 0, 0u};
+      size_t first = 0, fail_idx = 0;
+      int code = api->batch_abi == 12
+          ? reinterpret_cast<fdac_memcpy_batch12_fn>(api->memcpy_batch)(dsts, srcs, sizes, copies, &attrs, &first,
+                                                                        1, &fail_idx, stream)
+          : reinterpret_cast<fdac_memcpy_batch13_fn>(api->memcpy_batch)(dsts, srcs, sizes, copies, &attrs, &first,
+                                                                        1, stream);
+      if (code != 0) {
+        *failed = batch_call_index(count);
+        return code;
+      }
+      batched = true;
+    }
+  }
+  if (!batched) {
     fdac_memcpy_async_fn copy = reinterpret_cast<fdac_memcpy_async_fn>(api->memcpy_async);
     for (int i = 0; i < count; ++i) {
       if (nbytes[i] == 0) continue;
