@@ -43,8 +43,8 @@ class SimulatedBackend(CopyBackend):
     def __init__(self, glue=None) -> None:
         super().__init__(glue=glue)  # buffers: host memory wrapped exactly like pinned memory
         self._labels: dict[int, str] = {}
-        # id(dst) -> (dst, data, seq, writer)
-        self._pending: dict[int, tuple[object, np.ndarray, int, str]] = {}
+        # id(dst) -> (dst, data, seq, writer, the bytes it lands in: ``dst``'s view when issued)
+        self._pending: dict[int, tuple[object, np.ndarray, int, str, np.ndarray]] = {}
 
     def new_pinned(self, shape, dtype, label):
         t = super().new_pinned(shape, dtype, label)
@@ -66,7 +66,7 @@ class SimulatedBackend(CopyBackend):
         return id(buf) in self._pending
 
     def pending_writers(self) -> list[str]:
-        return sorted(writer for _, _, _, writer in self._pending.values())
+        return sorted(entry[3] for entry in self._pending.values())
 
     def _alloc(self, shape, dtype):
         t = super()._alloc(shape, dtype)
@@ -77,8 +77,11 @@ class SimulatedBackend(CopyBackend):
     def _copy(self, dst, src, seq, label):
         data = self.glue.snapshot(src)
         self._fit(dst, self.glue.shape(src), self.glue.dtype(src))
-        host_view(dst, self.glue)[...] = poison_like(data)
-        self._pending[id(dst)] = (dst, data, seq, label)
+        view = host_view(dst, self.glue)
+        view[...] = poison_like(data)
+        # The copy lands in the bytes it was issued for, as on a GPU: a later fill may give ``dst``
+        # a new shape (``_fit``, outside the lock) before this copy landed.
+        self._pending[id(dst)] = (dst, data, seq, label, view)
 
     def _copy_h2d(self, dst_ptr, device, memory, offset, nbytes, seq, label):
         # Stream order: every later device op sees the data, so it lands at once (the replica's
@@ -97,9 +100,9 @@ class SimulatedBackend(CopyBackend):
             self._land_locked(upto)
 
     def _land_locked(self, upto: int) -> None:
-        for key, (dst, data, seq, _) in list(self._pending.items()):
+        for key, (_, data, seq, _, view) in list(self._pending.items()):
             if seq <= upto:
-                host_view(dst, self.glue)[...] = data
+                view[...] = data
                 del self._pending[key]
 
     def _wait_native(self, event: CopyEvent) -> None:

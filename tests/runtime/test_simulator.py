@@ -13,6 +13,7 @@ from fd_async_copy_plugin.runtime import (
     SimulatedBackend,
     collecting,
 )
+from fd_async_copy_plugin.runtime.backend import host_view
 from fd_async_copy_plugin.runtime.simulated import POISON_INT
 
 
@@ -121,3 +122,22 @@ def test_a_recycled_id_never_makes_an_unrelated_tensor_look_pinned():
     if not collided:
         pytest.skip("CPython did not reuse an id in 200 tries")
     assert not sim.is_pinned(None)
+
+
+def test_a_pending_copy_lands_in_the_bytes_it_was_issued_for_after_the_buffer_is_refit():
+    # A ring slot whose consumer dropped its result before waiting is free with a copy still in
+    # flight; the next fill gives its buffers the new step's shape (``_fit``, outside the backend
+    # lock) before issuing its own copies, while another thread's wait may land the old copy. On a
+    # GPU the old copy writes the bytes it was issued for; the simulator must do the same (it wrote
+    # through the buffer's current shape: a broadcast error, or for equal counts a reshaped write).
+    sim = SimulatedBackend()
+    buf = sim.new_pinned([16], "int64", "slot")
+    sim.copy_d2h(buf, paddle.to_tensor([[1, 2, 3], [4, 5, 6]], dtype="int64"), "old step")
+    old = sim.record("old step")
+    sim._fit(buf, (5,), "int64")  # the next fill's first half
+    sim.wait(old, "another thread's consumer")
+    assert sim._pending == {}
+    assert np.array_equal(host_view(buf)[:5], [1, 2, 3, 4, 5])
+    sim.copy_d2h(buf, paddle.to_tensor([9, 8, 7, 6, 5], dtype="int64"), "new step")
+    sim.wait(sim.record("new step"), "consumer")
+    assert sim.read(buf, "r").tolist() == [9, 8, 7, 6, 5]
