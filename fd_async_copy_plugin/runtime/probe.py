@@ -283,25 +283,27 @@ def _check_pinned_wrap(device, glue, rt, ops, kernels):
 
 
 def _check_batch_api(device, glue, rt, ops, kernels):
-    batch, parts, event = rt.batch, (0, 40, 200, _N), None  # three copies of unequal sizes: [0, 40), [40, 200), ...
+    batch, parts = rt.batch, (0, 40, 200, _N)  # three copies of unequal sizes: [0, 40), [40, 200), ...
     try:
         t = ops.tensor(_PATTERN, device)
         ops.synchronize(device)
         address, stream, sizes = glue.address(t), glue.stream(device), [8 * (b - a) for a, b in zip(parts, parts[1:])]
         batch.use_batch_api(True, "being checked")
         event = rt.event_create(True)
-        with _Pinned(rt, _PATTERN.nbytes) as pinned:
-            pinned.fill(0xAB)
-            # the parts land in reverse order in the buffer: a batch that ignored a copy's address would show
-            dsts = [pinned.ptr + _PATTERN.nbytes - 8 * b for b in parts[1:]]
-            batch.issue(dsts, [address + 8 * a for a in parts[:-1]], sizes, stream, event)
-            rt.event_synchronize(event)
-            got = pinned.values()
+        try:  # (the event is destroyed whatever the copies did, as ``_copy_and_wait``'s)
+            with _Pinned(rt, _PATTERN.nbytes) as pinned:
+                pinned.fill(0xAB)
+                # the parts land in reverse order in the buffer: a batch that ignored a copy's address would show
+                dsts = [pinned.ptr + _PATTERN.nbytes - 8 * b for b in parts[1:]]
+                batch.issue(dsts, [address + 8 * a for a in parts[:-1]], sizes, stream, event)
+                rt.event_synchronize(event)
+                got = pinned.values()
+        finally:
+            rt.event_destroy(event)
         expected = np.concatenate([_PATTERN[a:b] for a, b in zip(parts[-2::-1], parts[:0:-1])])
         same = bool(np.array_equal(got, expected))
         why = "three copies in one call on the reported stream landed where a copy each puts them" if same else \
             f"three copies in one call gave {got[:4].tolist()}..., expected {expected[:4].tolist()}..."
-        rt.event_destroy(event)
     except Exception as exc:  # a runtime that refuses the call (or a check that could not run): a copy each
         same, why = False, f"the call failed ({type(exc).__name__}: {exc})"
     batch.use_batch_api(same, f"{why} (gpu:{device})")

@@ -126,9 +126,14 @@ def test_the_probe_check_turns_the_batch_call_on_only_when_its_copies_land_right
     fake = _runtime(fakes, libs, tmp_path, 13)
     if fault is not None:
         fake.var(fault).value = 1
+    created, destroyed = [], []
+    create, destroy = fake.rt.event_create, fake.rt.event_destroy
+    fake.rt.event_create = lambda *a: created.append(create(*a)) or created[-1]
+    fake.rt.event_destroy = lambda event: destroyed.append(event) or destroy(event)
     ok, detail = _check_batch_api(0, GpuLikeGlue(), fake.rt, PaddleProbeOps(paddle.CPUPlace()), None)
     batch = fake.rt.batch
     assert ok and batch.batch_api_state.startswith(state) and detail == f"cudaMemcpyBatchAsync {batch.batch_api_state}"
+    assert len(created) == 1 and destroyed == created  # the check's event destroyed, also when the call failed
     assert fake.var("fake_batch_calls").value == 1
     src, dst, copies = _three((4, 3, 2))
     start = len(fake.log())
