@@ -356,7 +356,7 @@ class _CopyPlan:
             if resized:  # (under the lock, as the batch's sources: zero bytes, the C loop skips that copy)
                 self.sizes = [entry[0].nbytes for entry in self.entries]
                 self.batch.resize(self.sizes)
-            stream = backend.glue.stream(device)
+            stream = glue.stream(device)
             known = backend._streams
             if stream not in known:
                 known[stream] = device
