@@ -212,26 +212,59 @@ JUNCTION_MARK = "__fd_async_copy_junction__"
 
 class StepGate:
     """``enable()``/``disable()`` never land in the middle of a runner's step: a step section (a call
-    of a ``Patch.step`` target: inserts, ``execute_model``, the flag check) holds ``lock``, and a
-    change of the patches takes it too - waiting for the section in flight, at most ``timeout``
-    seconds (then it goes ahead, logged: never a hang). Re-entrant: a section's own thread may
-    change the patches, and sections nest."""
+    of a ``Patch.step`` target: inserts, ``execute_model``, the flag check) is held open in
+    ``section()``, and a change of the patches (``change()``) waits until no other thread is in one,
+    at most ``timeout`` seconds (then it goes ahead, logged: never a hang). Sections of different
+    threads run side by side: runners stepped by threads of one process (tensor-parallel ranks in
+    tests, each forward meeting the others in a collective) must never wait for each other here
+    (docs/tensor-parallel.md). Re-entrant: a section's own thread may change the patches, and
+    sections nest."""
 
     def __init__(self, timeout: float = 60.0) -> None:
         self.timeout = timeout
-        self.lock = threading.RLock()
+        self._cond = threading.Condition(threading.Lock())
+        self._open: dict[int, int] = {}  # thread id -> depth of its open sections
+        self._changer: int | None = None  # the thread changing the patches now
+        self._change_depth = 0
 
     @contextlib.contextmanager
-    def change(self):
-        held = self.lock.acquire(timeout=self.timeout)
-        if not held:
-            logging.getLogger("fd_async_copy").warning(
-                "fd_async_copy: a runner step did not end within %g s; the patches change during it", self.timeout)
+    def section(self):
+        me = threading.get_ident()
+        with self._cond:
+            while self._changer is not None and self._changer != me:
+                self._cond.wait()
+            self._open[me] = self._open.get(me, 0) + 1
         try:
             yield
         finally:
-            if held:
-                self.lock.release()
+            with self._cond:
+                depth = self._open.pop(me) - 1
+                if depth:
+                    self._open[me] = depth
+                self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def change(self):
+        me = threading.get_ident()
+        with self._cond:
+            held = self._cond.wait_for(
+                lambda: self._changer in (None, me) and not any(t != me for t in self._open), self.timeout)
+            if not held:
+                logging.getLogger("fd_async_copy").warning(
+                    "fd_async_copy: a runner step did not end within %g s; the patches change during it", self.timeout)
+            owns = self._changer in (None, me)  # else another thread's change still runs: go ahead beside it
+            if owns:
+                self._changer = me
+                self._change_depth += 1
+        try:
+            yield
+        finally:
+            if owns:
+                with self._cond:
+                    self._change_depth -= 1
+                    if not self._change_depth:
+                        self._changer = None
+                    self._cond.notify_all()
 
 
 STEP_GATE = StepGate()
@@ -274,7 +307,7 @@ class Junction:
         def installed(*args, **kwargs):
             if not junction.gated:
                 return junction.head(*args, **kwargs)
-            with STEP_GATE.lock:
+            with STEP_GATE.section():
                 return junction.head(*args, **kwargs)
 
         setattr(installed, JUNCTION_MARK, self)

@@ -10,14 +10,43 @@ models do (e.g. ``qwen2.py`` casts to float32).
 of packed rows M (1 + M % 3 partial sums over K), as a GPU GEMM's kernel choice (tiles, split-K)
 depends on its shape: a real row's bits then depend on how many rows share the step. Off, every
 row is computed on its own (the replica's default; FastDeploy's models are not).
+
+Tensor parallelism (``tp.run_decode_tp``): the forward's all-reduce is a collective every rank must
+make with inputs of one shape (``all_reduce``). The weights are not split (each rank computes the
+whole model), so the reduction itself is the identity; the call checks the ranks meet there with
+the same rows.
 """
 
 from __future__ import annotations
 
+import contextlib
+import threading
+
 import numpy as np
 import paddle
 
-from .placement import as_device, heavy
+from .placement import as_device, device_array, heavy
+
+_tp = threading.local()  # the rank thread's collective (tp.run_decode_tp), if any
+
+
+@contextlib.contextmanager
+def tensor_parallel(collective):
+    """On this thread the forward's all-reduce calls ``collective(kind, payload)``."""
+    _tp.collective = collective
+    try:
+        yield
+    finally:
+        _tp.collective = None
+
+
+def all_reduce(hidden: paddle.Tensor, ids: paddle.Tensor) -> paddle.Tensor:
+    """The forward's tensor-parallel all-reduce of ``hidden`` (identity: weights are not split); a
+    collective of the rank's thread, whose payload is the rows' shape and token ids."""
+    collective = getattr(_tp, "collective", None)
+    if collective is not None:
+        collective("all_reduce(forward)", (tuple(hidden.shape), device_array(ids).tobytes().hex()))
+    return hidden
 
 
 class TinyModel:
@@ -51,7 +80,7 @@ class TinyModel:
                 part = paddle.matmul(hidden[:, a:b], self.mix[a:b])
                 mixed = part if mixed is None else mixed + part
             hidden = paddle.tanh(hidden + mixed)
-        return as_device(hidden)
+        return as_device(all_reduce(hidden, ids))
 
     def compute_logits(self, hidden_states: paddle.Tensor) -> paddle.Tensor:
         heavy("compute_logits")
