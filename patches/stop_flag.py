@@ -367,8 +367,12 @@ def build_post_process(original, ctx):
             return original(*args, **kwargs)
         finally:
             # Dummy runs and pooling skip the save: the flag is still made current before any code
-            # outside post_process can read share_inputs["not_need_stop"].
+            # outside post_process can read share_inputs["not_need_stop"]. Only the calling runner's
+            # (its share_inputs): another runner's flag is its own business (docs/tensor-parallel.md).
+            share_inputs = kwargs.get("share_inputs", args[2] if len(args) > 2 else None)
             for state in registry.parts():
+                if share_inputs is not None and state.share_inputs is not share_inputs:
+                    continue
                 if not state.runner.save_deferred():
                     state.sync("post_process")
 
