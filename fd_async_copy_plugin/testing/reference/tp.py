@@ -256,17 +256,15 @@ for _name in {n for klass in SimulatedBackend.__mro__ for n, v in vars(klass).it
 
 class _RankLocal(dict):
     """A dict of per-process plugin state (the ``logprobs`` feature's rings by kind) made one per
-    rank thread: in FastDeploy each rank is a process with its own."""
+    rank (the rank whose backend is current): in FastDeploy each rank is a process with its own."""
 
-    def __init__(self) -> None:
+    def __init__(self, backends: RankBackends) -> None:
         super().__init__()
-        self._local = threading.local()
+        self.backends = backends
+        self._by_rank: dict = {}
 
     def _own(self) -> dict:
-        own = getattr(self._local, "own", None)
-        if own is None:
-            own = self._local.own = {}
-        return own
+        return self._by_rank.setdefault(id(self.backends.current()), {})
 
     def get(self, key, default=None):
         return self._own().get(key, default)
@@ -293,15 +291,15 @@ class _RankLocal(dict):
         return self._own().items()
 
 
-def _per_rank_process_state() -> None:
-    """The plugin's per-process state that a rank would own in its process, made per rank thread."""
+def _per_rank_process_state(backends: RankBackends) -> None:
+    """The plugin's per-process state that a rank would own in its process, made per rank."""
     import fd_async_copy_plugin
 
     manager = fd_async_copy_plugin._manager
     applied = manager.applied.get("logprobs") if manager is not None and manager.enabled else None
     copier = getattr(getattr(applied, "ctx", None), "state", None)
     if copier is not None and hasattr(copier, "rings") and not isinstance(copier.rings, _RankLocal):
-        copier.rings = _RankLocal()
+        copier.rings = _RankLocal(backends)
 
 
 @dataclass
@@ -428,11 +426,11 @@ def run_decode_tp(
     from ...runtime import census as census_module
 
     mod = _Modules(root)  # (imports the replica: a plugin enabled on it applies now)
-    _per_rank_process_state()
     modern = hasattr(mod.config, "PREEMPTED_TOKEN_ID")  # FD 2.5's loop (exist_tasks, the overlap branch)
     backends = _current_backends()
     if backends is None or len(backends.ranks) != tp:
         raise ValueError(f"run_decode_tp needs tp_backends({tp}) in effect (with the plugin: enable_tp)")
+    _per_rank_process_state(backends)
     for rank, sim in enumerate(backends.ranks):
         sim.speed = (speeds or [1] * tp)[rank]
         sim.late = rank == late_rank
