@@ -23,6 +23,7 @@ from .fidelity import (
 )
 from .behaviour import check_behaviour
 from .overlap import check_overlap
+from .tensor_parallel import check_tensor_parallel
 from .step_syncs import check_step_syncs
 from .census_dev import check_census_dev
 
@@ -63,6 +64,7 @@ def run(args) -> Report:
         fd_import_lists(fd, report)
         check_step_syncs(fd, report, profile)
         check_overlap(fd, report, profile)
+        check_tensor_parallel(fd, report, args.fd_src)  # rows (t): the rank rules, every profile
         check_census_dev(fd, report, profile)  # rows (dev): develop's census assumptions
         replica_root = choose_replica(args.replica, profile, report)
         if replica_root is not None:
