@@ -63,10 +63,25 @@ def diagnose(root: str = "fastdeploy", environ=None) -> dict:
     _add_not_requested(report, config.features, config.backend, root)
     report["ops"] = _ops_info(report["paddle"])
     report["sync_check"] = _sync_check_info(environ)
+    report["tensor_parallel"] = dict(TENSOR_PARALLEL)
     return report
 
 
 NOT_REQUESTED = "not requested"
+
+#: Under ``--tensor-parallel-size N`` every rank's worker runs its own runner, and the ranks must take
+#: the same decision every step (docs/tensor-parallel.md; checked by tests/tp/ at TP=2 and TP=4 with
+#: ranks' devices at different speeds). Per feature: what steers FastDeploy's loop, and why it is alike.
+TENSOR_PARALLEL = {
+    "stands_down": [],  # no feature stands down because of tensor parallelism
+    "summary": ("every rank decides alike: no feature stands down under TP. What steers FastDeploy's loop "
+                "(not_need_stop(), the token count, exist_prefill(), when the save runs) follows the step "
+                "state, which every rank holds alike; where a patch asks whether a copy has landed (FD 2.5's "
+                "overlap schedule) the answer only picks between its shadow and FastDeploy's own wait, which "
+                "give the same value. Only rank 0 sends output, as in FastDeploy. Under expert parallelism "
+                "step_syncs and overlap keep FastDeploy's path on every rank alike. See "
+                "docs/tensor-parallel.md"),
+}
 
 
 def _backend(name: str, config_error: str | None, environ) -> tuple[str, str]:
@@ -167,6 +182,10 @@ def format_report(report: dict) -> str:
     else:
         lines += _row("sync check", sync.get("mode", "off") if sync.get("mode", "off") == "off" else
                       f"{sync['mode']} (warm-up {sync['warmup']} steps; figures in status()['sync_check'])")
+    tp = report.get("tensor_parallel")
+    if tp:
+        stands = ", ".join(tp["stands_down"])
+        lines += _row("tensor parallel", (f"STANDS DOWN on every rank: {stands}; " if stands else "") + tp["summary"])
     lines.append("  features")
     previous = None
     for name, entry in report["features"].items():

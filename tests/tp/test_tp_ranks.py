@@ -17,6 +17,7 @@ import dataclasses
 import pytest
 
 import fd_async_copy_plugin
+from fd_async_copy_plugin.cli import doctor
 from fd_async_copy_plugin.patches.runner import part
 from fd_async_copy_plugin.testing.reference import ROOTS
 from fd_async_copy_plugin.testing.reference import tp as tpm
@@ -124,6 +125,9 @@ def check_variant(variant, workload, tp, **kw):
     expected = ("logprobs", "stop_flag", "step_syncs") if fd24 else ("logprobs", "step_syncs")
     for feature in expected + (("overlap",) if overlap_24 else ()):
         assert states[feature] == "applied", states
+    # what doctor says of TP: the features that stand down on some rank (none)
+    assert sorted(f for f, st in states.items() if st in ("partial", "passthrough")) == \
+        doctor.TENSOR_PARALLEL["stands_down"], states
     for rank, own in enumerate(parts):
         assert own["syncs"] is not None and (own["stop"] is not None) == fd24, (rank, own)
         served = own["syncs"].shadow.served if own["syncs"].shadow is not None else {}
@@ -165,3 +169,11 @@ def test_ranks_at_different_speeds(variant, setting):
         assert slow["in flight"] > 0 and slow["complete"] == 0, slow
     else:  # nothing asks the device: every decision follows the host's own waits (FD's or the plugin's)
         assert fast == slow == {"complete": 0, "in flight": 0}, (fast, slow)
+
+
+def test_doctor_says_what_holds_under_tp():
+    report = doctor.diagnose(root=FD24)
+    assert report["tensor_parallel"]["stands_down"] == []
+    text = doctor.format_report(report)
+    assert "tensor parallel   every rank decides alike: no feature stands down under TP" in text
+    assert all(len(line) <= doctor.WIDTH for line in text.splitlines())
