@@ -103,6 +103,11 @@ def run(args) -> int:
         row["host_waits_with_logprobs"] = host_waits(with_lp.census.steps)
         _progress(started, f"whole-step census: {name} done")
     census = {name: census[name] for name in (*CENSUS_ORDER, *[n for n in census if n not in CENSUS_ORDER])}
+    # Tensor parallel (issue 39): the census of each rank of a TP=2 run (the sim backend per rank)
+    from ..testing.reference.tp import census_per_rank
+
+    census_tp = census_per_rank(config, requests, tp=2, max_steps=steps + 8)
+    _progress(started, "TP=2 census per rank done")
     verdict_line, met = verdict(ratio, args.smoke)
     report = {
         "versions": versions(),
@@ -118,6 +123,7 @@ def run(args) -> int:
         "target_met": met,
         "verdict": verdict_line,
         "census_per_step": census,
+        "census_tp2_per_rank": census_tp,
         "paddle_gpu": cuda_available()[1],
     }
     gpu_ok, _ = cuda_available()
@@ -207,6 +213,10 @@ def format_report(report: dict, format_census) -> str:
     census_rows = {k: v for k, v in report["census_per_step"].items() if "blocking_d2h" in v}
     lines.append(format_census(census_rows))
     lines.append(CENSUS_LEGEND)
+    if report.get("census_tp2_per_rank"):
+        lines.append("")
+        lines.append("tensor parallel, TP=2 (one row per rank; only rank 0 sends output):")
+        lines.append(format_census(report["census_tp2_per_rank"]).split("\nrd>wait:")[0])
     lines.append("")
     from ..testing.harness import format_host_waits
 

@@ -9,18 +9,18 @@ rank took the same decisions. docs/tensor-parallel.md lists the rules and their 
 
 The worker loop per rank (``_rank_loop``), written from FD's ``event_loop_normal``:
 
-- FD 2.4 ``worker/worker_process.py:447-545``; FD 2.5 ``worker/worker_process.py:490-627``:
-  rank 0 alone asks the task queue (2.4 ``num_tasks() > 0`` :448-456; 2.5 ``exist_tasks()`` :491-499)
+- FD 2.4 ``worker/worker_process.py:420-551``; FD 2.5 ``worker/worker_process.py:467-642``:
+  rank 0 alone asks the task queue (2.4 ``num_tasks() > 0`` :448-456; 2.5 ``exist_tasks()`` :494-502)
   and raises ``exist_task_signal``; every rank meets at ``_tp_barrier_wait()`` (2.4 :458-460,
-  2.5 :502), which is ``paddle.distributed.barrier(tp_group)`` on CUDA (2.4 :304-308);
+  2.5 :505), which is ``paddle.distributed.barrier(tp_group)`` on CUDA (2.4 :304-308, 2.5 :322-326);
 - every rank that sees the signal reads the tasks (``EngineWorkerQueue.get_tasks``: each client
   reads the same list; the last one gets ``read_finish`` and clears the signal, 2.4
   ``inter_communicator/engine_worker_queue.py:501-518``) and inserts them
   (``gpu_worker.preprocess_new_task`` -> ``insert_tasks_v1`` / ``insert_prefill_inputs``, 2.4
-  ``worker/gpu_worker.py:204-212``, 2.5 :216-224);
-- ``if not not_need_stop(): barrier; sleep; continue`` (2.4 :540-545; 2.5 :580-588, where the
+  ``worker/gpu_worker.py:204-212``, 2.5 :216-224; 2.5's ``get_tasks`` at :563-570);
+- ``if not not_need_stop(): barrier; sleep; continue`` (2.4 :540-545; 2.5 :613-620, where the
   overlap schedule skips the branch but ``not_need_stop()`` is still called first), else
-  ``execute_model`` and ``exist_prefill`` (2.4 :550-551);
+  ``execute_model`` and ``exist_prefill`` (2.4 :550-551; 2.5 :637-642);
 - only rank 0 sends output: ``save_output``/``save_output_topk`` are called on every rank and return
   at once for ``rank_id > 0`` (2.4 ``custom_ops/gpu_ops/save_with_output_msg.cc:109``,
   ``save_output_msg_with_topk.cc:43``); the ZMQ payload is built only where ``save_each_rank or
@@ -254,6 +254,26 @@ for _name in {n for klass in SimulatedBackend.__mro__ for n, v in vars(klass).it
         setattr(RankBackends, _name, _forward(_name))
 
 
+class RankCensus:
+    """The active census of a TP run (``census.collecting(RankCensus(...))``): each record goes to the
+    census of the rank whose thread makes it; other threads (rank 0's output thread) count for rank 0,
+    the only rank that sends output."""
+
+    def __init__(self, backends: RankBackends, censuses: dict) -> None:
+        self.backends, self.censuses = backends, censuses
+
+    def _own(self):
+        backend = getattr(self.backends._local, "backend", None)
+        rank = self.backends.ranks.index(backend) if backend is not None else 0
+        return self.censuses[rank]
+
+    def begin_step(self):
+        return self._own().begin_step()
+
+    def record(self, kind: str, site: str) -> None:
+        self._own().record(kind, site)
+
+
 class _RankLocal(dict):
     """A dict of per-process plugin state (the ``logprobs`` feature's rings by kind) made one per
     rank (the rank whose backend is current): in FastDeploy each rank is a process with its own."""
@@ -348,7 +368,7 @@ def _rank_loop(rank, tp, runner, modern, config, collective, queue, signal, lock
     """FastDeploy's ``event_loop_normal`` for one rank (module doc), one iteration per release."""
     from ...runtime import census
 
-    local = census_of.get(rank)
+    counting = bool(census_of)
     try:
         with backends.rank(rank), tiny_model.tensor_parallel(lambda kind, payload: collective.call(rank, kind, payload)):
             max_occupied_batch_index = None
@@ -357,46 +377,45 @@ def _rank_loop(rank, tp, runner, modern, config, collective, queue, signal, lock
                 if lockstep.stop or collective.error is not None:
                     return
                 record = RankStep()
-                with (census.collecting(local) if local is not None else contextlib.nullcontext()):
-                    if local is not None:
-                        census.begin_step()
-                    try:
-                        if rank == 0 and queue.num_tasks() > 0:
-                            signal[0] = EXIST
+                if counting:
+                    census.begin_step()  # this rank's census (RankCensus)
+                try:
+                    if rank == 0 and queue.num_tasks() > 0:
+                        signal[0] = EXIST
+                    if tp > 1:
+                        collective.barrier(rank, "exist_task_signal")
+                    if signal[0] == EXIST:
+                        tasks, read_finish = queue.get_tasks(rank)
+                        if read_finish:
+                            signal[0] = EMPTY
+                        req_dicts = []
+                        for req_dict, bsz in tasks:
+                            max_occupied_batch_index = int(bsz)
+                            req_dicts.extend(req_dict)
+                        if req_dicts or not modern:
+                            if config.use_v1_scheduler:
+                                runner.insert_tasks_v1(req_dicts, max_occupied_batch_index)
+                            else:
+                                runner.insert_prefill_inputs(req_dicts, max_occupied_batch_index)
+                        record.inserted = tuple((t.request_id, str(t.task_type)) for t in req_dicts)
+                    if modern and config.overlap:
+                        # FD 2.5 evaluates not_need_stop() here and discards it (:613-616): an
+                        # unsynchronised read of the pinned flag (the simulator would flag it)
+                        idle = max_occupied_batch_index is None
+                    elif max_occupied_batch_index is not None:
+                        record.not_need_stop = bool(runner.not_need_stop())
+                        idle = not record.not_need_stop
+                    else:
+                        idle = True  # nothing inserted yet (the runner's flag is False then too)
+                    if idle:
                         if tp > 1:
-                            collective.barrier(rank, "exist_task_signal")
-                        if signal[0] == EXIST:
-                            tasks, read_finish = queue.get_tasks(rank)
-                            if read_finish:
-                                signal[0] = EMPTY
-                            req_dicts = []
-                            for req_dict, bsz in tasks:
-                                max_occupied_batch_index = int(bsz)
-                                req_dicts.extend(req_dict)
-                            if req_dicts or not modern:
-                                if config.use_v1_scheduler:
-                                    runner.insert_tasks_v1(req_dicts, max_occupied_batch_index)
-                                else:
-                                    runner.insert_prefill_inputs(req_dicts, max_occupied_batch_index)
-                            record.inserted = tuple((t.request_id, str(t.task_type)) for t in req_dicts)
-                        if modern and config.overlap:
-                            # FD 2.5 evaluates not_need_stop() here and discards it (:580-584): an
-                            # unsynchronised read of the pinned flag (the simulator would flag it)
-                            idle = max_occupied_batch_index is None
-                        elif max_occupied_batch_index is not None:
-                            record.not_need_stop = bool(runner.not_need_stop())
-                            idle = not record.not_need_stop
-                        else:
-                            idle = True  # nothing inserted yet (the runner's flag is False then too)
-                        if idle:
-                            if tp > 1:
-                                collective.barrier(rank, "idle (not_need_stop() is False)")
-                        else:
-                            runner.execute_model(None, max_occupied_batch_index)
-                            record.exist_prefill = bool(runner.exist_prefill())
-                            record.executed = True
-                    finally:
-                        steps.append(record)
+                            collective.barrier(rank, "idle (not_need_stop() is False)")
+                    else:
+                        runner.execute_model(None, max_occupied_batch_index)
+                        record.exist_prefill = bool(runner.exist_prefill())
+                        record.executed = True
+                finally:
+                    steps.append(record)
                 lockstep.end.wait()
     except threading.BrokenBarrierError:
         return
@@ -445,7 +464,8 @@ def run_decode_tp(
     errors: dict = {}
     censuses = {rank: census_module.SyncCensus() for rank in range(tp)} if census else {}
     runners = []
-    with _environment(config), paddle_device.routed():
+    counting = census_module.collecting(RankCensus(backends, censuses)) if census else contextlib.nullcontext()
+    with _environment(config), paddle_device.routed(), counting:
         try:
             for rank in range(tp):
                 fd_config = _fd_config(mod, config, port)
@@ -571,3 +591,29 @@ def rank_digest(values) -> str:
     """A short digest of token ids (the all-reduce's payload check)."""
     arr = np.ascontiguousarray(np.asarray(values))
     return f"{arr.shape}:{hash(arr.tobytes()) & 0xFFFFFFFF:08x}"
+
+
+#: the variants of ``census_per_rank``: name -> (replica, the plugin's features or None: unpatched)
+CENSUS_TP_VARIANTS = {"fd24-unpatched": ("fd24", None), "fd24-plugin": ("fd24", "all"),
+                      "fd24-overlap": ("fd24", "all,overlap")}
+
+
+def census_per_rank(config: DriverConfig, requests, tp: int = 2, max_steps: int = 256) -> dict:
+    """``bench``'s TP rows: per variant and rank, the census row (``harness.census_row``) of a TP run
+    (``sim`` per rank), named ``<variant> r<rank>``."""
+    from types import SimpleNamespace
+
+    from ..harness import census_row
+    from . import ROOTS
+
+    rows = {}
+    for name, (replica, features) in CENSUS_TP_VARIANTS.items():
+        root = ROOTS[replica]
+        plugin = enable_tp(tp, features.split(","), root) if features else tp_backends(tp)
+        with plugin:
+            run = run_decode_tp(root, config, tp, requests, max_steps=max_steps, census=True)
+        if run.asymmetries():
+            raise AssertionError(f"{name}: the ranks decided otherwise: {run.asymmetries()[:3]}")
+        for rank, counted in sorted(run.censuses.items()):
+            rows[f"{name} r{rank}"] = census_row(SimpleNamespace(census=counted, final_status=None))
+    return rows
