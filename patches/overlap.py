@@ -31,7 +31,8 @@ How:    ``execute_model`` keeps FastDeploy's own body; the plugin moves the save
         speculative decoding, pooling, the ZMQ output path (``FD_USE_GET_SAVE_OUTPUT_V1``), V0
         scheduler, expert parallelism, multimodal, a splitwise (prefill/decode) role, a non-CUDA
         platform. A runner without ``stop_flag`` and
-        ``step_syncs`` keeps FastDeploy's path (``passthrough``).
+        ``step_syncs`` keeps FastDeploy's path (``passthrough``); under tensor parallelism then every
+        rank does (``ranks_agree``: overlap changes the loop's steps, so all ranks or none).
 Mirrors: FastDeploy PR #6259 (overlap schedule), with #6668's seed fix (via ``step_syncs``).
 FD:     2.4 only, opt-in (``FD_ASYNC_COPY_FEATURES=all,overlap``); ``native`` on 2.5+
         (``--enable-overlap-schedule``).
@@ -160,6 +161,33 @@ def off_reason(runner, runner_module) -> str:
 # --- patches ---------------------------------------------------------------------------------------
 
 
+ANOTHER_RANK = ("tensor parallel: another rank's runner keeps FastDeploy's path, so no rank overlaps (overlap "
+                "changes the worker loop's steps: the ranks would part at a collective)")
+
+
+def ranks_agree(runner, why: str) -> str:
+    """Tensor parallel: overlap runs on every rank or on none. While a save is pending it answers
+    ``not_need_stop()`` True where FastDeploy's flag may say False, so a rank with overlap runs a flush
+    step (a forward, with its collectives) while a rank without waits at the idle barrier: a hang.
+    Whether a rank can overlap depends on its own device (the stop flag's probe) and set-up, so the
+    ranks agree once, at runner construction (every rank builds its runner there): one all-reduce
+    (MIN) of 0/1 over the tp group (FD 2.4 ``config.py:629-640``, ``worker_process.py:1015``).
+    Returns "" when every rank can, else why not."""
+    pc = getattr(runner, "parallel_config", None)
+    group = getattr(pc, "tp_group", None)
+    if int(getattr(pc, "tensor_parallel_size", 1) or 1) <= 1 or group is None:
+        return why
+    import paddle
+
+    try:
+        flag = paddle.to_tensor([0 if why else 1], dtype="int32", place=runner.share_inputs["stop_flags"].place)
+        paddle.distributed.all_reduce(flag, op=paddle.distributed.ReduceOp.MIN, group=group)
+        every = bool(int(flag.numpy().reshape(-1)[0]))  # (once per runner, at construction)
+    except Exception as exc:  # noqa: BLE001 - FastDeploy's own collectives would fail the same way
+        return why or f"tensor parallel: the ranks could not agree ({type(exc).__name__}: {exc})"
+    return why or ("" if every else ANOTHER_RANK)
+
+
 def build_init_share_inputs(original, ctx):
     registry: OverlapRunners = ctx.state
 
@@ -167,9 +195,10 @@ def build_init_share_inputs(original, ctx):
     def _init_share_inputs(self, max_num_seqs: int):
         original(self, max_num_seqs)
         stop, syncs = part(self, "stop"), part(self, "syncs")
-        if stop is None or syncs is None:
-            missing = " and ".join(n for n, s in (("stop_flag", stop), ("step_syncs", syncs)) if s is None)
-            registry.stand_down(self, f"needs {missing} on this runner")
+        missing = " and ".join(n for n, s in (("stop_flag", stop), ("step_syncs", syncs)) if s is None)
+        why = ranks_agree(self, f"needs {missing} on this runner" if missing else "")
+        if why:
+            registry.stand_down(self, why)
             return
         registry.add(self, OverlapState(runner_state(self), ctx.backend, ctx.settings.overlap_count))
 

@@ -11,6 +11,8 @@ import time
 
 import pytest
 
+import fd_async_copy_plugin
+
 from fd_async_copy_plugin.registry.patch import StepGate
 from fd_async_copy_plugin.testing.reference import ROOTS
 from fd_async_copy_plugin.testing.reference import tp as tpm
@@ -258,3 +260,42 @@ def test_a_runner_post_process_leaves_another_runner_flag_alone():
         for rank, runner in enumerate(runners):
             with backends.rank(rank):
                 runner.close() if hasattr(runner, "close") else None
+
+
+def test_overlap_runs_on_every_rank_or_none(monkeypatch):
+    """stop_flag stands down on rank 1 only (as its device's probe failing would make it): overlap,
+    which needs it, cannot run there - and then runs on no rank (the ranks agree at runner
+    construction, ``overlap.ranks_agree``). Before issue 39 rank 0 overlapped alone: when the batch
+    drained it ran a flush step while rank 1 waited at the idle barrier (``CollectiveMismatch``).
+    The outputs are then unpatched FD 2.4's, step for step."""
+    from fd_async_copy_plugin.patches import overlap, stop_flag
+
+    original = stop_flag.StopFlagRunners.add
+
+    def planted(self, runner, state):
+        if runner.parallel_config.tensor_parallel_rank == 1:
+            return self.stand_down(runner, "planted: the stop-flag probe failed on this GPU")
+        return original(self, runner, state)
+
+    monkeypatch.setattr(stop_flag.StopFlagRunners, "add", planted)
+    cfg, requests = _small()
+    with tpm.tp_backends(2):
+        base = tpm.run_decode_tp(FD24, cfg, 2, requests, timeout=5.0)
+    with tpm.enable_tp(2, ["all", "overlap"], FD24):
+        run = tpm.run_decode_tp(FD24, cfg, 2, requests, timeout=5.0)
+        status = fd_async_copy_plugin.status()["features"]
+    assert run.collective_kinds.get("reduce_min") == 1  # the agreement, once, every rank
+    base.result.assert_same(run.result)
+    assert not run.asymmetries()
+    assert status["overlap"]["state"] == "passthrough", status["overlap"]
+    reasons = sorted(r["reason"] for r in status["overlap"]["runners"])
+    assert reasons == sorted([overlap.ANOTHER_RANK, "needs stop_flag and step_syncs on this runner"]), reasons
+    assert status["stop_flag"]["state"] == "partial"  # (stop_flag itself decides nothing that steers the loop)
+
+
+def test_overlap_agreement_is_made_once_and_every_rank_overlaps():
+    cfg, requests = _small()
+    with tpm.enable_tp(2, ["all", "overlap"], FD24):
+        run = tpm.run_decode_tp(FD24, cfg, 2, requests, timeout=5.0)
+        status = fd_async_copy_plugin.status()["features"]
+    assert run.collective_kinds.get("reduce_min") == 1 and status["overlap"]["state"] == "applied"

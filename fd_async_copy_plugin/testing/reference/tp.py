@@ -41,6 +41,7 @@ then reads rank 0's output), so runs compare bit for bit with the single-rank dr
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import copy
 import sys
@@ -55,6 +56,7 @@ import numpy as np
 from ...runtime.simulated import SimulatedBackend
 from . import copy_backend as replica_backend
 from . import paddle_device, tiny_model
+from .placement import device_array, write_back
 from .driver import (
     DecodeResult,
     DriverConfig,
@@ -100,6 +102,7 @@ class Collective:
         self.error: Optional[BaseException] = None
         self.threads: dict = {}  # rank -> thread, for the stacks of a hang
         self.calls = 0
+        self.kinds: collections.Counter = collections.Counter()  # collectives made, by kind
 
     def abort(self, error: BaseException) -> None:
         with self._cond:
@@ -107,7 +110,9 @@ class Collective:
                 self.error = error
             self._cond.notify_all()
 
-    def call(self, rank: int, kind: str, payload=None) -> None:
+    def call(self, rank: int, kind: str, payload=None) -> dict:
+        """One collective; returns every rank's payload. Payloads must be equal (an all-reduce of one
+        shape), except for a ``reduce`` (a reduction of the ranks' values)."""
         with self._cond:
             if self.error is not None:
                 raise self.error
@@ -117,7 +122,8 @@ class Collective:
                 arrived, self._arrived = self._arrived, {}
                 kinds = {r: k for r, (k, _) in sorted(arrived.items())}
                 payloads = {r: p for r, (_, p) in sorted(arrived.items())}
-                if len(set(kinds.values())) > 1 or len({repr(p) for p in payloads.values()}) > 1:
+                differ = len({repr(p) for p in payloads.values()}) > 1 and not kind.startswith("reduce")
+                if len(set(kinds.values())) > 1 or differ:
                     what = ", ".join(f"rank {r}: {kinds[r]} {payloads[r]!r}" for r in kinds)
                     self.error = CollectiveMismatch(
                         f"collective #{self.calls}: the ranks are not at the same collective ({what}); "
@@ -125,13 +131,17 @@ class Collective:
                     self._cond.notify_all()
                     raise self.error
                 self.calls += 1
+                self.kinds[kind] += 1
+                self._last = payloads  # read by every waiting rank before the next one can complete
                 self._generation += 1
                 self._cond.notify_all()
-                return
+                return payloads
             done = self._cond.wait_for(lambda: self._generation != generation or self.error is not None,
                                        self.timeout)
             if self.error is not None:
                 raise self.error
+            if done:
+                return self._last
             if not done:
                 waiting = {r: k for r, (k, _) in sorted(self._arrived.items())}
                 self.error = RankHang(
@@ -143,6 +153,49 @@ class Collective:
     def barrier(self, rank: int, site: str) -> None:
         """``paddle.distributed.barrier(tp_group)`` (``_tp_barrier_wait``)."""
         self.call(rank, "barrier", site)
+
+
+class _TPGroup:
+    """A rank's ``parallel_config.tp_group`` (FD 2.4 ``config.py:629-640``): collectives on it are the
+    run's ``Collective`` (``routed_all_reduce``)."""
+
+    def __repr__(self) -> str:
+        return "<replica tp_group>"
+
+
+TP_GROUP = _TPGroup()
+_REDUCTIONS = {"SUM": np.sum, "MAX": np.max, "MIN": np.min, "PROD": np.prod}
+
+
+def _all_reduce(tensor, op=None, group=None, sync_op=True, **kwargs):
+    """``paddle.distributed.all_reduce`` on the replica's ``TP_GROUP`` from a rank thread: the ranks'
+    values reduced through the run's collective, written back in place."""
+    import paddle
+
+    collective = getattr(tiny_model._tp, "collective", None)
+    if collective is None or group is not TP_GROUP:
+        return _all_reduce.__wrapped__(tensor, op=op, group=group, sync_op=sync_op, **kwargs)
+    ops = paddle.distributed.ReduceOp
+    name = "SUM" if op is None else next(n for n in _REDUCTIONS if op == getattr(ops, n))
+    values = collective(f"reduce_{name.lower()}", device_array(tensor).tolist())
+    reduced = _REDUCTIONS[name](np.stack([np.asarray(v) for _, v in sorted(values.items())]), axis=0)
+    write_back(tensor, reduced.astype(device_array(tensor).dtype))
+    return None
+
+
+@contextlib.contextmanager
+def routed_all_reduce():
+    """``paddle.distributed.all_reduce`` routed to the rank's collective for the run (the plugin's own
+    collectives, e.g. overlap's agreement at runner construction, meet the other ranks there)."""
+    import paddle
+
+    real = paddle.distributed.all_reduce
+    _all_reduce.__wrapped__ = real
+    paddle.distributed.all_reduce = _all_reduce
+    try:
+        yield
+    finally:
+        paddle.distributed.all_reduce = real
 
 
 class TaskQueue:
@@ -338,6 +391,7 @@ class TPResult:
     ranks: dict = field(default_factory=dict)  # rank -> [RankStep per iteration]
     backends: list = field(default_factory=list)  # the RankSims
     collectives: int = 0  # collectives made (barriers + all-reduces)
+    collective_kinds: dict = field(default_factory=dict)  # by kind
     censuses: dict = field(default_factory=dict)  # rank -> SyncCensus (``census=True``)
     runners: list = field(default_factory=list)  # each rank's runner (closed), for the plugin's parts
 
@@ -363,14 +417,17 @@ class _Lockstep:
         self.stop = False
 
 
-def _rank_loop(rank, tp, runner, modern, config, collective, queue, signal, lockstep, steps, backends, errors,
-               census_of):
-    """FastDeploy's ``event_loop_normal`` for one rank (module doc), one iteration per release."""
+def _rank_loop(rank, tp, make_runner, ready, modern, config, collective, queue, signal, lockstep, steps, backends,
+               errors, census_of):
+    """The rank's worker: its runner built (every rank at once: a plugin may meet the others in a
+    collective there), then FastDeploy's ``event_loop_normal`` (module doc), one iteration per release."""
     from ...runtime import census
 
     counting = bool(census_of)
     try:
         with backends.rank(rank), tiny_model.tensor_parallel(lambda kind, payload: collective.call(rank, kind, payload)):
+            runner = make_runner(rank)
+            ready.wait()
             max_occupied_batch_index = None
             while True:
                 lockstep.start.wait()
@@ -422,8 +479,8 @@ def _rank_loop(rank, tp, runner, modern, config, collective, queue, signal, lock
     except BaseException as exc:  # noqa: BLE001 - reported by the engine with the rank's name
         errors[rank] = exc
         collective.abort(exc if isinstance(exc, AssertionError) else RuntimeError(f"rank {rank} failed: {exc!r}"))
-        lockstep.start.abort()
-        lockstep.end.abort()
+        for barrier in (ready, lockstep.start, lockstep.end):
+            barrier.abort()
 
 
 def run_decode_tp(
@@ -459,29 +516,31 @@ def run_decode_tp(
     arrivals[0] = list(requests) + arrivals[0]
     collective = Collective(tp, timeout)
     queue, signal = TaskQueue(tp), [EMPTY]
-    lockstep = _Lockstep(tp, 1.5 * timeout + 1.0)  # after the collective's own timeout: its report wins
+    barrier_timeout = 1.5 * timeout + 1.0  # after the collective's own timeout: its report wins
+    lockstep = _Lockstep(tp, barrier_timeout)
     steps: dict = {rank: [] for rank in range(tp)}
     errors: dict = {}
     censuses = {rank: census_module.SyncCensus() for rank in range(tp)} if census else {}
-    runners = []
     counting = census_module.collecting(RankCensus(backends, censuses)) if census else contextlib.nullcontext()
-    with _environment(config), paddle_device.routed(), counting:
+    with _environment(config), paddle_device.routed(), routed_all_reduce(), counting:
+        runners = [None] * tp
+        ready = threading.Barrier(tp + 1, timeout=barrier_timeout)
+
+        def make_runner(rank):
+            fd_config = _fd_config(mod, config, port)
+            fd_config.parallel_config.tensor_parallel_size = tp
+            fd_config.parallel_config.tensor_parallel_rank = rank
+            fd_config.parallel_config.tp_group = TP_GROUP
+            runner = mod.runner.GPUModelRunner(fd_config, device="gpu", device_id=rank, rank=rank, local_rank=rank)
+            runners[rank] = runner
+            runner.load_model()
+            return runner
+
         try:
-            for rank in range(tp):
-                fd_config = _fd_config(mod, config, port)
-                fd_config.parallel_config.tensor_parallel_size = tp
-                fd_config.parallel_config.tensor_parallel_rank = rank
-                with backends.rank(rank):
-                    runner = mod.runner.GPUModelRunner(fd_config, device="gpu", device_id=rank, rank=rank,
-                                                       local_rank=rank)
-                    runners.append(runner)
-                    runner.load_model()
-            sched = _Scheduler(mod, config, runners[0].fd_config)
-            reader = _OutputReader(runners[0], sched, config, port)
             threads = {
                 rank: threading.Thread(
                     target=_rank_loop, name=f"tp-rank{rank}", daemon=True,
-                    args=(rank, tp, runners[rank], modern, config, collective, queue, signal, lockstep,
+                    args=(rank, tp, make_runner, ready, modern, config, collective, queue, signal, lockstep,
                           steps[rank], backends, errors, censuses))
                 for rank in range(tp)
             }
@@ -490,7 +549,11 @@ def run_decode_tp(
                 thread.start()
             n = executed = 0
             truncated = False
+            sched = reader = None
             try:
+                ready.wait()  # every rank built its runner
+                sched = _Scheduler(mod, config, runners[0].fd_config)
+                reader = _OutputReader(runners[0], sched, config, port)
                 while True:
                     if not sched.unfinished() and not any(s >= n for s in arrivals) and not reader.backlog:
                         break
@@ -515,6 +578,8 @@ def run_decode_tp(
                             {t.request_id for t in tasks if t.task_type == mod.request.RequestType.PREFILL})
                     reader.read(n)
                     n += 1
+            except threading.BrokenBarrierError:
+                pass  # a rank failed while building its runner (reported below)
             finally:
                 lockstep.stop = True
                 with contextlib.suppress(threading.BrokenBarrierError):
@@ -535,10 +600,11 @@ def run_decode_tp(
                 outputs={rid: t.output for rid, t in sched.tracked.items()},
                 messages=reader.messages, zmq_payloads=reader.payloads, sampling_masks=reader.masks,
                 steps=n, executed_steps=executed, truncated=truncated, preemptions=sched.preemptions)
-            return TPResult(result, steps, list(backends.ranks), collective.calls, censuses, list(runners))
+            return TPResult(result, steps, list(backends.ranks), collective.calls, dict(collective.kinds), censuses,
+                            list(runners))
         finally:
             for rank, runner in enumerate(runners):
-                close = getattr(runner, "close", None)
+                close = getattr(runner, "close", None) if runner is not None else None
                 if close is not None:
                     with backends.rank(rank):
                         close()
