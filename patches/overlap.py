@@ -174,14 +174,13 @@ def ranks_agree(runner, why: str) -> str:
     (MIN) of 0/1 over the tp group (FD 2.4 ``config.py:629-640``, ``worker_process.py:1015``).
     Returns "" when every rank can, else why not."""
     pc = getattr(runner, "parallel_config", None)
-    group = getattr(pc, "tp_group", None)
-    if int(getattr(pc, "tensor_parallel_size", 1) or 1) <= 1 or group is None:
+    if int(getattr(pc, "tensor_parallel_size", 1) or 1) <= 1 or getattr(pc, "tp_group", None) is None:
         return why
     import paddle
 
     try:
         flag = paddle.to_tensor([0 if why else 1], dtype="int32", place=runner.share_inputs["stop_flags"].place)
-        paddle.distributed.all_reduce(flag, op=paddle.distributed.ReduceOp.MIN, group=group)
+        paddle.distributed.all_reduce(flag, op=paddle.distributed.ReduceOp.MIN, group=pc.tp_group)
         every = bool(int(flag.numpy().reshape(-1)[0]))  # (once per runner, at construction)
     except Exception as exc:  # noqa: BLE001 - FastDeploy's own collectives would fail the same way
         return why or f"tensor parallel: the ranks could not agree ({type(exc).__name__}: {exc})"

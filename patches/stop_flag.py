@@ -368,12 +368,11 @@ def build_post_process(original, ctx):
         finally:
             # Dummy runs and pooling skip the save: the flag is still made current before any code
             # outside post_process can read share_inputs["not_need_stop"]. Only the calling runner's
-            # (its share_inputs): another runner's flag is its own business (docs/tensor-parallel.md).
-            share_inputs = kwargs.get("share_inputs", args[2] if len(args) > 2 else None)
+            # (FD passes its share_inputs by keyword): another runner's flag is its own business
+            # (runners on several threads, docs/tensor-parallel.md).
             for state in registry.parts():
-                if share_inputs is not None and state.share_inputs is not share_inputs:
-                    continue
-                if not state.runner.save_deferred():
+                if state.share_inputs is kwargs.get("share_inputs", state.share_inputs) and \
+                        not state.runner.save_deferred():
                     state.sync("post_process")
 
     return post_process

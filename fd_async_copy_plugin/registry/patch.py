@@ -28,6 +28,7 @@ pointed back at the original on revert wherever it still holds the replacement.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import importlib
@@ -222,48 +223,40 @@ class StepGate:
 
     def __init__(self, timeout: float = 60.0) -> None:
         self.timeout = timeout
-        self._cond = threading.Condition(threading.Lock())
-        self._open: dict[int, int] = {}  # thread id -> depth of its open sections
+        self._cond = threading.Condition()
+        self._open: collections.Counter = collections.Counter()  # thread id -> its open sections
         self._changer: int | None = None  # the thread changing the patches now
-        self._change_depth = 0
 
     @contextlib.contextmanager
     def section(self):
         me = threading.get_ident()
         with self._cond:
-            while self._changer is not None and self._changer != me:
-                self._cond.wait()
-            self._open[me] = self._open.get(me, 0) + 1
+            self._cond.wait_for(lambda: self._changer in (None, me))
+            self._open[me] += 1
         try:
             yield
         finally:
             with self._cond:
-                depth = self._open.pop(me) - 1
-                if depth:
-                    self._open[me] = depth
+                self._open[me] -= 1
                 self._cond.notify_all()
 
     @contextlib.contextmanager
     def change(self):
         me = threading.get_ident()
         with self._cond:
-            held = self._cond.wait_for(
-                lambda: self._changer in (None, me) and not any(t != me for t in self._open), self.timeout)
-            if not held:
+            if not self._cond.wait_for(lambda: self._changer in (None, me) and not any(
+                    n for t, n in self._open.items() if t != me), self.timeout):
                 logging.getLogger("fd_async_copy").warning(
                     "fd_async_copy: a runner step did not end within %g s; the patches change during it", self.timeout)
-            owns = self._changer in (None, me)  # else another thread's change still runs: go ahead beside it
+            outer, owns = self._changer, self._changer in (None, me)  # (else beside a stuck change)
             if owns:
                 self._changer = me
-                self._change_depth += 1
         try:
             yield
         finally:
             if owns:
                 with self._cond:
-                    self._change_depth -= 1
-                    if not self._change_depth:
-                        self._changer = None
+                    self._changer = outer
                     self._cond.notify_all()
 
 

@@ -69,10 +69,13 @@ SCAFFOLDING = ("testing", "cli", "serving_ab", "runtime.simulated", "ops.build",
 #: common step: ~90 code lines), likewise measured. Raised from 5250 / 8000 for the eighth
 #: (``cudaMemcpyBatchAsync`` in the C call, offered by the runtime and turned on by the probe's check,
 #: and ``CopyBackend.host_array``: ~45 code lines), measured on the H200 (README, "Host time on the
-#: output copies").
-MAX_RUNTIME_CODE_LINES = 5300
+#: output copies"). Raised from 5300 for tensor parallelism (issue 39: the step gate shares step
+#: sections across threads, overlap's all-ranks-or-none agreement, a runner's post_process syncing its
+#: own flag: ~37 code lines, ~60 lines with their docs; 8100 physical lines before): a configuration
+#: served (the seeds' TP=2 command), not a cut.
+MAX_RUNTIME_CODE_LINES = 5340
 #: and a ceiling on the physical lines, docs included
-MAX_RUNTIME_LINES = 8100
+MAX_RUNTIME_LINES = 8160
 
 
 def loaded_by_register(prelude: str = "") -> tuple[set[str], dict]:
