@@ -152,17 +152,19 @@ def test_ranks_decide_alike(variant, workload, tp):
     check_variant(variant, workload, tp)
 
 
+@pytest.mark.parametrize("tp", [2, 4])
+@pytest.mark.parametrize("workload", sorted(WORKLOADS))
 @pytest.mark.parametrize("setting", ["speeds-1x-3x", "rank1-late"])
 @pytest.mark.parametrize("variant", VARIANTS, ids=[v[0] for v in VARIANTS])
-def test_ranks_at_different_speeds(variant, setting):
-    """Rank 0's device at 1x (an event's copies are complete when the host asks), rank 1's at 3x, or
-    rank 1's copies landing only when waited for, late. Under FD 2.5's overlap schedule ``step_syncs``
+def test_ranks_at_different_speeds(variant, setting, workload, tp):
+    """Rank 0's device at 1x (an event's copies are complete when the host asks), rank 1's at 3x (at
+    TP=4: 1x, 3x, 1x, 3x), or rank 1's copies landing only when waited for, late. Under FD 2.5's overlap schedule ``step_syncs``
     asks the device whether the last step's snapshot landed (``TokenShadow.settle``): the ranks then
     take different host paths (one answers from its shadow, the other waits as FD does) - and the
     same decisions. Elsewhere no plugin decision asks the device (asserted: no query was made)."""
-    kw = dict(speeds=[1, 3]) if setting == "speeds-1x-3x" else dict(late_rank=1)
-    run = check_variant(variant, "msgq", 2, **kw)
-    fast, slow = (b.queries for b in run.backends)
+    kw = dict(speeds=[1, 3] * (tp // 2)) if setting == "speeds-1x-3x" else dict(late_rank=1)
+    run = check_variant(variant, workload, tp, **kw)
+    fast, slow = (b.queries for b in run.backends[:2])
     if variant[4]:  # FD 2.5's overlap schedule: step_syncs asks whether the last step's snapshot landed
         if setting == "speeds-1x-3x":
             assert fast["complete"] > 0 and fast["in flight"] == 0, fast
