@@ -94,7 +94,7 @@ def unpatched_tp(root, cfg, requests, arrivals, tp):
 
 
 def plugin_tp(root, cfg, requests, arrivals, tp, features, count=None, **kw):
-    with tpm.enable_tp(tp, list(features) if features else None, root, overlap_count=count) as status:
+    with tpm.enable_tp(tp, list(features) if features else None, root, overlap_count=count):
         run = tpm.run_decode_tp(root, cfg, tp, requests, arrivals, timeout=TIMEOUT, **kw)
         states = {n: s["state"] for n, s in fd_async_copy_plugin.status()["features"].items()}
         # each rank's parts, before disable() takes them off

@@ -70,7 +70,7 @@ from .driver import (
 from .message_queue import get_queue
 from .zmq_sink import drop_sink
 
-EXIST, EMPTY = 1, 0  # ExistTaskStatus (2.4 inter_communicator/__init__ ... worker_process.py:456, :518)
+EXIST, EMPTY = 1, 0  # ExistTaskStatus (2.4 inter_communicator/ipc_signal_const.py:46-49)
 
 
 class CollectiveMismatch(AssertionError):
@@ -614,9 +614,6 @@ def run_decode_tp(
             get_queue(port).drain()
 
 
-_installed: list = []
-
-
 def _current_backends() -> Optional[RankBackends]:
     current = replica_backend.current()
     return current if isinstance(current, RankBackends) else None
@@ -651,12 +648,6 @@ def enable_tp(tp: int, features, root: str, **kwargs):
         yield status
     finally:
         fd_async_copy_plugin.disable()
-
-
-def rank_digest(values) -> str:
-    """A short digest of token ids (the all-reduce's payload check)."""
-    arr = np.ascontiguousarray(np.asarray(values))
-    return f"{arr.shape}:{hash(arr.tobytes()) & 0xFFFFFFFF:08x}"
 
 
 #: the variants of ``census_per_rank``: name -> (replica, the plugin's features or None: unpatched)
