@@ -39,12 +39,22 @@ def git_describe() -> str | None:
     return done.stdout.strip() or None if done.returncode == 0 else None
 
 
+def build_commit() -> str | None:
+    """The commit an installed build was made from (written by setup.py at build time), or None
+    (a checkout run in place, or a build made without git)."""
+    try:
+        from .. import _build_info
+    except ImportError:
+        return None
+    return getattr(_build_info, "COMMIT", None)
+
+
 def versions() -> dict:
     """The versions a report records: plugin (and git describe), Python, Paddle, FastDeploy."""
     import platform
 
     report = {"fd_async_copy_plugin": package_version(), "git_describe": git_describe(),
-              "python": platform.python_version()}
+              "build_commit": build_commit(), "python": platform.python_version()}
     try:
         import paddle
 
@@ -55,5 +65,12 @@ def versions() -> dict:
 
 
 def version_line() -> str:
+    """The version and the build: ``git describe`` in a checkout, else the commit the installed
+    package was built from, else says that the build is unknown."""
     describe = git_describe()
-    return f"fd-async-copy {package_version()}" + (f" (git {describe})" if describe else "")
+    if describe:
+        return f"fd-async-copy {package_version()} (git {describe})"
+    commit = build_commit()
+    if commit:
+        return f"fd-async-copy {package_version()} (built from git {commit})"
+    return f"fd-async-copy {package_version()} (build commit unknown: built without git)"
