@@ -186,6 +186,12 @@ def test_the_history_check_finds_a_planted_mention():
     assert not HISTORY.search("The overlap row is cut off in the stored copy.")
 
 
+def test_the_readme_says_how_long_the_tests_take():
+    setup = README.split("## Set-up on a fresh machine")[1].split("\n## ")[0]
+    after = setup.split("python -m pytest -q")[1]
+    assert re.search(r"The test run takes about \d+-\d+ minutes on two CPU cores", after), after[:300]
+
+
 def test_readme_lines_fit_100_columns():
     long = [line for line in README.splitlines() if len(line) > 100]
     assert long == [], long
