@@ -12,7 +12,6 @@ and is the package `fd_async_copy_plugin.patches` through the link `fd_async_cop
 them (see fd_async_copy_plugin/ops/build.py).
 """
 
-import subprocess
 from pathlib import Path
 
 from setuptools import find_packages, setup
@@ -29,18 +28,15 @@ PACKAGES = find_packages(include=["fd_async_copy_plugin", "fd_async_copy_plugin.
 assert "fd_async_copy_plugin.patches" in PACKAGES, "the link fd_async_copy_plugin/patches -> ../patches is missing"
 
 
-
 def git_describe(repo: Path = HERE) -> str | None:
-    """``git describe --always --dirty --tags`` of the checkout being built, or None (an sdist, no
-    git, not a checkout of this project): the build goes on without it."""
-    if not (repo / ".git").exists():
-        return None
-    try:
-        done = subprocess.run(["git", "-C", str(repo), "describe", "--always", "--dirty", "--tags"],
-                              capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return done.stdout.strip() or None if done.returncode == 0 else None
+    """``git describe`` of the checkout being built, or None (an sdist, no git): the build goes on
+    without it. The package's own function, loaded from its file (the package is not imported)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_fdac_version", HERE / "fd_async_copy_plugin" / "cli" / "version.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.git_describe(repo)
 
 
 def write_build_info(build_lib: Path, repo: Path = HERE) -> Path:

@@ -25,10 +25,11 @@ def package_version() -> str:
         return "unknown (not installed)"
 
 
-def git_describe() -> str | None:
-    """``git describe --always --dirty --tags`` of the checkout the package runs from, else None
-    (an installed wheel, no git, or a checkout of another project above site-packages)."""
-    repo = Path(__file__).resolve().parents[2]
+def git_describe(repo: Path | None = None) -> str | None:
+    """``git describe --always --dirty --tags`` of the checkout the package runs from (or ``repo``,
+    as setup.py asks at build time), else None (an installed wheel, no git, or a checkout of another
+    project above site-packages)."""
+    repo = Path(__file__).resolve().parents[2] if repo is None else Path(repo)
     if not (repo / ".git").exists() or not (repo / "pyproject.toml").is_file():
         return None
     try:
