@@ -55,7 +55,7 @@ FIGURES = [
     ("README.md", "| FD 2.5, its own overlap + plugin |", STEP_MODEL, _row("tpot11", "fd25+plugin-overlap"), "{}"),
     ("README.md", "| FD 2.5, its own overlap + plugin |", STEP_MODEL, _row("hostheavy", "fd25+plugin-overlap"), "{}"),
     ("README.md", "cuda_layer_check: ", "cuda_layer_check.txt", r"^RESULT: (\w+)", "{}"),
-    ("README.md", "gpu_kernel_check: ", "gpu_kernel_check.txt", r"^RESULT: (\w+)", "{}"),
+    ("README.md", "selftest_kernel_compare: ", "selftest_kernel_compare.txt", r"^RESULT: (\w+)", "{}"),
     ("docs/bit-identity.md", "| `exact` (default) |", STEP_MODEL, _target("tpot11", "exact"), "{}x"),
     ("docs/bit-identity.md", "| `exact` (default) |", STEP_MODEL, _target("hostheavy", "exact"), "{}x"),
     ("docs/bit-identity.md", "| `bound` |", STEP_MODEL, _target("tpot11", "bound"), "{}x"),
