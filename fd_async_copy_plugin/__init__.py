@@ -75,8 +75,10 @@ def enable(features=None, backend: str = "auto", strict: bool = False, root: str
            ring_max_bytes=None, overlap_count: str | None = None) -> dict:
     """Apply the requested features to the FastDeploy found at ``root``; return ``status()``.
 
-    ``features``: None or "all" for every feature, else an iterable (or comma string) of
-    ``logprobs``, ``stop_flag``, ``sampled_tokens`` (an option of ``stop_flag``), ``sync_scope``.
+    ``features``: None or "all" for every feature but the opt-in ``overlap`` ("all,overlap" adds
+    it), else an iterable (or comma string) of ``logprobs``, ``sync_scope``, ``stop_flag``,
+    ``sampled_tokens`` (an option of ``stop_flag``), ``step_syncs``, ``flag_race`` and ``overlap``
+    (docs/features.md).
     ``backend``: ``auto``, ``cuda``, ``host`` (or ``sim``, the race-detecting simulator used by
     tests). Invalid arguments raise ``ConfigError`` before anything is touched. Features whose
     FastDeploy modules are not imported yet are applied when they are (state ``pending`` until

@@ -39,12 +39,14 @@ def build_parser() -> argparse.ArgumentParser:
     selftest.add_argument("--json", action="store_true", help="machine-readable output")
 
     bench = sub.add_parser("bench", help="side-by-side host time per decode step and sync census, plugin off vs on")
-    bench.add_argument("--batch", type=_positive, default=128, help="requests decoded together (default 128)")
-    bench.add_argument("--top-k", type=_positive, default=20, help="logprobs per token (default 20)")
-    bench.add_argument("--vocab", type=_positive, default=1024, help="vocabulary size (default 1024)")
-    bench.add_argument("--steps", type=_positive, default=60, help="decode steps per run (default 60)")
-    bench.add_argument("--repeats", type=_positive, default=5, help="alternating off/on rounds (default 5)")
-    bench.add_argument("--smoke", action="store_true", help="tiny sizes, for CI")
+    # None: the default of the mode (--smoke or not); a size given explicitly is used as given
+    bench.add_argument("--batch", type=_positive, help="requests decoded together (default 128; --smoke 16)")
+    bench.add_argument("--top-k", type=_positive, help="logprobs per token, at most --vocab (default 20)")
+    bench.add_argument("--vocab", type=_positive, help="vocabulary size, at least 4 (default 1024; --smoke 512)")
+    bench.add_argument("--steps", type=_positive,
+                       help="decode steps per run, more than the 3 warm-up steps (default 60; --smoke 12)")
+    bench.add_argument("--repeats", type=_positive, help="alternating off/on rounds (default 5; --smoke 2)")
+    bench.add_argument("--smoke", action="store_true", help="tiny default sizes, for CI (sizes given explicitly are kept)")
     bench.add_argument("--json", action="store_true", help="machine-readable output")
     bench.add_argument("--trace", metavar="FILE", help="also write a Chrome trace-event JSON of decode steps, one track per variant (Perfetto)")
     bench.add_argument("--trace-steps", type=_positive, default=8, help="decode steps per variant in --trace (default 8)")
@@ -113,6 +115,15 @@ def main(argv: list[str] | None = None) -> int:
         # the command's own usage, not the top-level one
         subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
         subparsers.choices[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
+    if args.command == "bench":
+        # Sizes first (no Paddle needed): a run that would time nothing or end in a Paddle error is
+        # refused before any work, with the option to change.
+        from .bench import resolve_sizes
+
+        problem = resolve_sizes(args)
+        if problem:
+            print(f"fd-async-copy bench: error: {problem}", file=sys.stderr)
+            return 2
     if args.command in ("selftest", "bench"):
         # Both decode on the replica, which runs on Paddle: without it, one line naming the Paddle
         # to install (as doctor and build-ops say it), not a traceback; with --json, a JSON object.
@@ -128,6 +139,14 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         # These enable and disable the plugin many times; its per-feature log lines would bury the report.
         logging.getLogger("fd_async_copy").setLevel(logging.WARNING)
+    if args.command == "selftest" and args.backend == "cuda":
+        from ..runtime.cuda import cuda_available
+
+        usable, why = cuda_available()
+        if not usable:
+            print(f"fd-async-copy selftest: error: --backend cuda needs a CUDA build of Paddle with a GPU ({why}); "
+                  "use --backend auto (host and sim here) or host", file=sys.stderr)
+            return 2
     if args.command == "doctor":
         from . import doctor
 

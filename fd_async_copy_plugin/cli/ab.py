@@ -17,6 +17,16 @@ import urllib.parse
 from pathlib import Path
 
 EXIT_LAUNCH_FAILED = 4
+#: ``ab --help``'s summary of the exit codes (the module docstring and docs/gpu-acceptance.md in full)
+EXIT_CODES = ("Exit 0: identical; 1: divergent; 2: bad arguments; 3: inconclusive; "
+              "4: a server did not start or is not reachable.")
+
+
+def _widths() -> str:
+    """The request set's logprob widths as the help names them: none/0/5/20."""
+    from ..serving_ab.request_set import TOP_LOGPROBS
+
+    return "/".join("none" if k is None else str(k) for k in TOP_LOGPROBS)
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -25,10 +35,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="send the same greedy requests to an unpatched and a patched FastDeploy server; outputs must be bit-identical",
         description=(
             "A/B serving check. Sends a fixed, seeded set of OpenAI-compatible requests (completions and chat, "
-            "streaming and not, logprobs top-k 0/5/20, prompt_logprobs, max_tokens 1 and long) to BASE "
+            f"streaming and not, logprobs top-k {_widths()}, prompt_logprobs, max_tokens 1 and long) to BASE "
             "(FastDeploy without the plugin) and CANDIDATE (with it), compares token ids, text and logprobs "
-            "bit for bit, and reports tokens/s and time per output token side by side. "
-            "Exit 0: identical; 1: divergent; 3: inconclusive; 4: a server did not start or is not reachable."
+            "bit for bit, and reports tokens/s and time per output token side by side. " + EXIT_CODES
         ),
     )
     servers = p.add_argument_group("servers (either two URLs, or --model-path to start both)")

@@ -11,6 +11,7 @@ what a GPU host would stop waiting for. On a Paddle GPU build it also compares c
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 import time
 from dataclasses import replace
@@ -32,6 +33,41 @@ S2 bad_tokens_len.numpy(); S3/S7 exist_prefill(); T the CPU infer_seed passed to
 ids; L1-3 gather_logprobs' three .cpu(); I1 the block-step read of an insert; token_num FD 2.5's
 and develop's token-count event; save event the one event the save waits on. long: waits for the
 forward or sampler launched since the previous wait; short: finds the GPU idle."""
+
+
+#: the sizes of a run: by default, and with ``--smoke`` (a size given explicitly wins over both)
+DEFAULT_SIZES = {"batch": 128, "top_k": 20, "vocab": 1024, "steps": 60, "repeats": 5}
+SMOKE_SIZES = {"batch": 16, "top_k": 20, "vocab": 512, "steps": 12, "repeats": 2}
+#: the replica's prompts use token ids 3..vocab-1
+MIN_VOCAB = 4
+
+
+def resolve_sizes(args) -> str:
+    """Fill ``args``' sizes left unset from the mode's defaults and check them together; return
+    the problem as one actionable line, or "" when the run can time something."""
+    defaults = SMOKE_SIZES if args.smoke else DEFAULT_SIZES
+    for name, value in defaults.items():
+        if getattr(args, name, None) is None:
+            setattr(args, name, value)
+    if args.steps <= WARMUP_STEPS:
+        return (f"--steps {args.steps} times nothing: the first {WARMUP_STEPS} decode steps of each run are "
+                f"warm-up, not timed; use --steps {WARMUP_STEPS + 1} or more")
+    if args.vocab < MIN_VOCAB:
+        return f"--vocab {args.vocab} is too small for the replica's prompts; use --vocab {MIN_VOCAB} or more"
+    if args.top_k > args.vocab:
+        return (f"--top-k {args.top_k} is larger than the vocabulary ({args.vocab}): a token has at most "
+                f"vocab logprobs; use --top-k {args.vocab} or less, or a larger --vocab")
+    return ""
+
+
+def overhead_per_round(rounds: dict) -> dict:
+    """The plugin's host overhead per decode step from rounds run side by side: per round, its
+    median minus unpatched FD's median (us), then the median and range of those. Pairing within a
+    round keeps a machine that slows down between rounds out of the figure."""
+    diffs = [1e3 * (plugin - base) for plugin, base in zip(rounds["fd24-plugin"], rounds["fd24-unpatched"])]
+    if not diffs:
+        return {"median_us": float("nan"), "min_us": float("nan"), "max_us": float("nan"), "rounds": 0}
+    return {"median_us": statistics.median(diffs), "min_us": min(diffs), "max_us": max(diffs), "rounds": len(diffs)}
 
 
 def _progress(started: float, text: str) -> None:
@@ -62,28 +98,36 @@ def run(args) -> int:
     )
     from ..runtime.cuda import cuda_available
 
+    if getattr(args, "steps", None) is None or getattr(args, "batch", None) is None:  # called without main()
+        problem = resolve_sizes(args)
+        if problem:
+            raise ValueError(problem)
     batch, top_k, vocab, steps, repeats = args.batch, args.top_k, args.vocab, args.steps, args.repeats
-    if args.smoke:
-        batch, vocab, steps, repeats = 16, 512, 12, 2
     config, requests = logprob_workload(batch, top_k, vocab, steps)
     from .version import versions
 
     backend = "host"
     warmup = WARMUP_STEPS
     times = {"fd24-unpatched": [], "fd24-backport": [], "fd24-plugin": []}
+    round_medians = {name: [] for name in times}  # ms, one per round
     runs = {}
     started = time.perf_counter()
     for round_index in range(repeats):
         for name in times:
             run = run_variant(VARIANTS[name], config, requests, backend=backend, max_steps=steps + 8)
-            times[name].extend(run.step_seconds[warmup:])
+            timed = run.step_seconds[warmup:]
+            times[name].extend(timed)
+            if timed:
+                round_medians[name].append(statistics.median(timed) * 1e3)
             runs[name] = run
         _progress(started, f"timing: round {round_index + 1}/{repeats} done")
     # The census needs one run of every other variant (overlap, FastDeploy 2.5 and develop, native and
     # with the plugin).
-    for name in (n for n in CENSUS_ORDER if n not in times):
+    others = [n for n in CENSUS_ORDER if n not in times]
+    for index, name in enumerate(others, 1):
         runs[name] = run_variant(CENSUS_VARIANTS[name], config, requests, backend=backend, max_steps=steps + 8)
-    _progress(started, "census runs done; whole-step census (device tracking) ...")
+        _progress(started, f"census runs: {name} done ({index}/{len(others)})")
+    _progress(started, "whole-step census (device tracking), one variant at a time ...")
     summary = {name: summarize_times(values) for name, values in times.items()}
     ratio = summary["fd24-plugin"]["median_ms"] / summary["fd24-unpatched"]["median_ms"]
     ratio_backport = summary["fd24-backport"]["median_ms"] / summary["fd24-unpatched"]["median_ms"]
@@ -117,8 +161,11 @@ def run(args) -> int:
         "host_time_per_step": summary,
         "ratio_plugin_over_unpatched": ratio,
         "ratio_backport_over_unpatched": ratio_backport,
-        # the plugin's host overhead per step, net of the FastDeploy work it replaces (issue 24)
-        "plugin_overhead_us_per_step": 1e3 * (summary["fd24-plugin"]["median_ms"] - summary["fd24-unpatched"]["median_ms"]),
+        # the plugin's host overhead per step, net of the FastDeploy work it replaces: the median of
+        # the per-round differences (a difference of the overall medians moves with a busy machine)
+        "plugin_overhead_us_per_step": overhead_per_round(round_medians)["median_us"],
+        "plugin_overhead_us_per_round": overhead_per_round(round_medians),
+        "round_medians_ms": round_medians,
         "target_ratio": TARGET_RATIO,
         "target_met": met,
         "verdict": verdict_line,
@@ -190,6 +237,21 @@ def plain_workload(batch: int, vocab: int, steps: int):
     return config, [replace(r, logprobs=None) for r in requests]
 
 
+def format_overhead(report: dict) -> str:
+    """The overhead line: the per-round figure with its spread, and a warning when the spread is
+    wider than the figure (a busy machine), not a bare difference to read as the plugin's cost."""
+    per_round = report.get("plugin_overhead_us_per_round")
+    if not per_round or not per_round["rounds"]:
+        return f"plugin host overhead per decode step: {report['plugin_overhead_us_per_step']:+.1f} us"
+    line = (f"plugin host overhead per decode step: {per_round['median_us']:+.1f} us (per round: plugin - unpatched\n"
+            f"  medians; the median of {per_round['rounds']} rounds, range {per_round['min_us']:+.1f} .. "
+            f"{per_round['max_us']:+.1f} us)")
+    spread = per_round["max_us"] - per_round["min_us"]
+    if per_round["rounds"] < 3 or spread > max(abs(per_round["median_us"]), 1.0):
+        line += "\n  (the rounds disagree by more than the figure: machine noise; rerun with more --repeats)"
+    return line
+
+
 def format_report(report: dict, format_census) -> str:
     w = report["workload"]
     lines = [
@@ -206,8 +268,7 @@ def format_report(report: dict, format_census) -> str:
         f"(target <= {report['target_ratio']}); backport only/unpatched: "
         f"{report['ratio_backport_over_unpatched']:.3f}"
     )
-    lines.append(f"plugin host overhead per decode step: {report['plugin_overhead_us_per_step']:+.1f} us "
-                 "(median plugin - median unpatched)")
+    lines.append(format_overhead(report))
     lines.append(report["verdict"])
     lines.append("")
     census_rows = {k: v for k, v in report["census_per_step"].items() if "blocking_d2h" in v}

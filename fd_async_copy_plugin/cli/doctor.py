@@ -17,6 +17,39 @@ def _sync_check_vars() -> tuple[str, ...]:
     return SYNC_CHECK_VARS
 
 
+def _other_vars() -> tuple[str, ...]:
+    """The variables read outside the worker's settings: where the ops live and how they are built,
+    which CUDA runtime the CUDA layer loads, and the step trace."""
+    from ..ops.build import CUDA_ARCHS_ENV
+    from ..ops.cache import OPS_DIR_ENV
+    from ..runtime.cudart import CUDART_ENV
+    from ..trace import ENV_TRACE, ENV_TRACE_STEPS
+
+    return (OPS_DIR_ENV, CUDA_ARCHS_ENV, CUDART_ENV, ENV_TRACE, ENV_TRACE_STEPS)
+
+
+def all_vars() -> tuple[str, ...]:
+    """Every ``FD_ASYNC_COPY*`` variable the plugin reads, in doctor's order."""
+    return ENV_VARS + _sync_check_vars() + _other_vars()
+
+
+def _other_var_errors(environ) -> list[str]:
+    """FD_ASYNC_COPY_CUDA_ARCHS (as build-ops checks it before compiling) and FD_ASYNC_COPY_CUDART
+    (a path must exist); the trace variables are listed, checked where they are read."""
+    from ..ops.build import CUDA_ARCHS_ENV, cuda_archs_problem
+    from ..runtime.cudart import CUDART_ENV
+
+    problems = []
+    archs = cuda_archs_problem(environ.get(CUDA_ARCHS_ENV))
+    if archs:
+        problems.append(archs + " (build-ops refuses it)")
+    cudart = environ.get(CUDART_ENV)
+    if cudart is not None and ("/" in cudart or not cudart.strip()) and not os.path.isfile(cudart):
+        problems.append(f"{CUDART_ENV}={cudart!r}: no such file; point it at the libcudart.so Paddle loads, "
+                        "or unset it (the CUDA backend stands down with this value)")
+    return problems
+
+
 def _paddle_info() -> dict:
     try:
         import paddle
@@ -45,9 +78,12 @@ def diagnose(root: str = "fastdeploy", environ=None) -> dict:
         "doctor": True,
         "python": platform.python_version(),
         "paddle": _paddle_info(),
-        "env": {name: environ.get(name) for name in ENV_VARS + _sync_check_vars() + ("FD_PLUGINS",)},
+        "env": {name: environ.get(name) for name in all_vars() + ("FD_PLUGINS",)},
         "config_error": None,
         "config_errors": [],
+        "env_errors": _other_var_errors(environ),
+        # set, but read by nothing: a typo, most likely
+        "env_unknown": sorted(name for name in environ if name.startswith("FD_ASYNC_COPY") and name not in all_vars()),
     }
     try:
         config = AsyncCopyConfig.from_env(environ)
@@ -172,6 +208,10 @@ def format_report(report: dict) -> str:
         lines += _row(name, "(unset)" if value is None else repr(value), indent=4, width=width)
     for problem in report["config_errors"]:
         lines += _row("CONFIG ERROR", f"{problem} (FastDeploy would run unpatched)")
+    for problem in report.get("env_errors", []):
+        lines += _row("CONFIG ERROR", problem)
+    for name in report.get("env_unknown", []):
+        lines += _row("note", f"{name} is set but the plugin reads no such variable (a typo?)")
     if not report["fd_plugins_lists_us"]:
         lines += _row("note", "FD_PLUGINS does not list 'fd_async_copy': FastDeploy will not load the plugin")
     elif not report["enabled"]:
@@ -212,5 +252,5 @@ def run(args) -> int:
         sys.stdout.write("\n")
     else:
         print(format_report(report))
-    bad = report["config_error"] or report["sync_check"].get("config_error")
+    bad = report["config_error"] or report["sync_check"].get("config_error") or report["env_errors"]
     return 1 if bad or not report["paddle"].get("installed") else 0

@@ -25,10 +25,11 @@ def package_version() -> str:
         return "unknown (not installed)"
 
 
-def git_describe() -> str | None:
-    """``git describe --always --dirty --tags`` of the checkout the package runs from, else None
-    (an installed wheel, no git, or a checkout of another project above site-packages)."""
-    repo = Path(__file__).resolve().parents[2]
+def git_describe(repo: Path | None = None) -> str | None:
+    """``git describe --always --dirty --tags`` of the checkout the package runs from (or ``repo``,
+    as setup.py asks at build time), else None (an installed wheel, no git, or a checkout of another
+    project above site-packages)."""
+    repo = Path(__file__).resolve().parents[2] if repo is None else Path(repo)
     if not (repo / ".git").exists() or not (repo / "pyproject.toml").is_file():
         return None
     try:
@@ -39,12 +40,22 @@ def git_describe() -> str | None:
     return done.stdout.strip() or None if done.returncode == 0 else None
 
 
+def build_commit() -> str | None:
+    """The commit an installed build was made from (written by setup.py at build time), or None
+    (a checkout run in place, or a build made without git)."""
+    try:
+        from .. import _build_info
+    except ImportError:
+        return None
+    return getattr(_build_info, "COMMIT", None)
+
+
 def versions() -> dict:
     """The versions a report records: plugin (and git describe), Python, Paddle, FastDeploy."""
     import platform
 
     report = {"fd_async_copy_plugin": package_version(), "git_describe": git_describe(),
-              "python": platform.python_version()}
+              "build_commit": build_commit(), "python": platform.python_version()}
     try:
         import paddle
 
@@ -55,5 +66,12 @@ def versions() -> dict:
 
 
 def version_line() -> str:
+    """The version and the build: ``git describe`` in a checkout, else the commit the installed
+    package was built from, else says that the build is unknown."""
     describe = git_describe()
-    return f"fd-async-copy {package_version()}" + (f" (git {describe})" if describe else "")
+    if describe:
+        return f"fd-async-copy {package_version()} (git {describe})"
+    commit = build_commit()
+    if commit:
+        return f"fd-async-copy {package_version()} (built from git {commit})"
+    return f"fd-async-copy {package_version()} (build commit unknown: built without git)"

@@ -49,6 +49,29 @@ class BuildError(RuntimeError):
     compiler output is in ``<ops dir>/build-ops.log`` (or on the terminal with ``--verbose``)."""
 
 
+def cuda_archs_problem(value: str | None, nvcc: str | None = None) -> str:
+    """What is wrong with an ``FD_ASYNC_COPY_CUDA_ARCHS`` value, as one line, or "" (unset is fine).
+    Checked before anything compiles: the format, then, with ``nvcc``, that it knows each arch
+    (``nvcc --list-gpu-arch``; skipped when that query fails)."""
+    if value is None:
+        return ""
+    numbers = [a.strip() for a in value.replace(",", ";").split(";") if a.strip()]
+    if not numbers or not all(n.isascii() and n.isdigit() for n in numbers):
+        return (f"{CUDA_ARCHS_ENV}={value!r}: expected compute capabilities as numbers separated by ';', "
+                f"e.g. '80;90' (this GPU's: nvidia-smi --query-gpu=compute_cap); or unset it (default {DEFAULT_CUDA_ARCHS})")
+    if nvcc:
+        try:
+            listed = subprocess.run([nvcc, "--list-gpu-arch"], capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return ""
+        known = {line.strip().removeprefix("compute_") for line in listed.stdout.splitlines() if line.strip()}
+        unknown = [n for n in numbers if n not in known]
+        if listed.returncode == 0 and known and unknown:
+            return (f"{CUDA_ARCHS_ENV}={value!r}: {nvcc} does not support {', '.join(unknown)} "
+                    f"(it supports {', '.join(sorted(known, key=int))}); set architectures from that list, or unset it")
+    return ""
+
+
 def cuda_arch_flags(archs: str | None = None) -> list[str]:
     archs = archs or os.environ.get(CUDA_ARCHS_ENV) or DEFAULT_CUDA_ARCHS
     numbers = [a.strip() for a in archs.replace(",", ";").split(";") if a.strip()]

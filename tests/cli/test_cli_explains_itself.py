@@ -35,7 +35,8 @@ def test_version_names_the_package_version_and_the_checkout():
     version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
     done = cli("--version")
     assert done.returncode == 0, done.stderr
-    assert re.fullmatch(rf"fd-async-copy {re.escape(version)}( \(git \S+\))?\n", done.stdout), done.stdout
+    assert re.fullmatch(rf"fd-async-copy {re.escape(version)} \((git \S+|built from git \S+|build commit unknown: "
+                        r"built without git)\)\n", done.stdout), done.stdout
     if (REPO / ".git").exists():
         assert "(git " in done.stdout
 

@@ -64,12 +64,12 @@ SCAFFOLDING = ("testing", "cli", "serving_ab", "runtime.simulated", "ops.build",
 #: the deferred event, ~350 code lines). Raised from 5000 / 7600 for issue 24's fifth host-cost cut
 #: (``PinnedRing.fill``, ``glue.facts`` and the probe's check of it, the ``fdac_d2h_batch`` binding and
 #: its loading, a step's copies in one batch: ~95 code lines): the one raise not for a FastDeploy
-#: line; it buys a measured cut (README, "Host time on the output copies"). Raised from 5100 / 7800
+#: line; it buys a measured cut (docs/verification.md, "host time per step"). Raised from 5100 / 7800
 #: for the sixth (a ring slot's prepared fill, ``_FillPlan`` and ``PreparedBatch``, the ring's inline
 #: common step: ~90 code lines), likewise measured. Raised from 5250 / 8000 for the eighth
 #: (``cudaMemcpyBatchAsync`` in the C call, offered by the runtime and turned on by the probe's check,
-#: and ``CopyBackend.host_array``: ~45 code lines), measured on the H200 (README, "Host time on the
-#: output copies"). Raised from 5300 for tensor parallelism (issue 39: the step gate shares step
+#: and ``CopyBackend.host_array``: ~45 code lines), measured on the H200 (docs/verification.md,
+#: "host time per step"). Raised from 5300 for tensor parallelism (issue 39: the step gate shares step
 #: sections across threads, overlap's all-ranks-or-none agreement, a runner's post_process syncing its
 #: own flag: ~37 code lines, ~60 lines with their docs; 8100 physical lines before): a configuration
 #: served (the seeds' TP=2 command), not a cut.
