@@ -64,6 +64,7 @@ import paddle
 from fd_async_copy_plugin import sync_check  # absolute: one sync check per process, also for a copied replica
 from ...runtime import census
 from ...runtime.backend import CopyBackend
+from ...runtime.cuda import RuntimeBackend
 from ...runtime.glue import PaddleGlue
 from fd_async_copy_plugin.registry.patch import Junction
 
@@ -454,9 +455,24 @@ def _backend_wrappers() -> list[tuple[object, str, object]]:
     original_device_sync = CopyBackend.device_synchronize
     original_stream_sync = CopyBackend.stream_synchronize
     original_snapshot = PaddleGlue.snapshot
+    original_issue, original_h2d = RuntimeBackend._issue, RuntimeBackend._copy_h2d
 
     def record(self, label):
         event = original_record(self, label)
+        tracker = _ACTIVE
+        if tracker is not None:
+            tracker.event_recorded(event)
+        return event
+
+    def issue(self, *args):  # a copy set's own event
+        event = original_issue(self, *args)
+        tracker = _ACTIVE
+        if tracker is not None:
+            tracker.event_recorded(event)
+        return event
+
+    def copy_h2d(self, *args):  # an H2D copy's own event
+        event = original_h2d(self, *args)
         tracker = _ACTIVE
         if tracker is not None:
             tracker.event_recorded(event)
@@ -498,6 +514,8 @@ def _backend_wrappers() -> list[tuple[object, str, object]]:
 
     return [
         (CopyBackend, "record", record),
+        (RuntimeBackend, "_issue", issue),
+        (RuntimeBackend, "_copy_h2d", copy_h2d),
         (CopyBackend, "wait", wait),
         (CopyBackend, "device_synchronize", device_synchronize),
         (CopyBackend, "stream_synchronize", stream_synchronize),
