@@ -111,4 +111,24 @@ int fdac_d2h_batch(const fdac_cuda_api* api, int count, void* const* dst, const 
   return 0;
 }
 
+// A copy set described once (runtime/cuda.py's _CopySet: a ring slot's buffers, a decode step's
+// outputs): its destinations and their capacities fixed, its sources and sizes rewritten by the
+// caller before each call. Each call passes only this, the stream and the set's event: the Python
+// side converts three arguments instead of nine. Same checks, calls and result as fdac_d2h_batch;
+// the index of a failing call lands in failed.
+struct fdac_d2h_set {
+  const fdac_cuda_api* api;
+  int count;
+  void* const* dst;
+  const void* const* src;
+  const size_t* nbytes;
+  const size_t* capacity;
+  int failed;
+};
+
+int fdac_d2h_set_issue(fdac_d2h_set* set, void* stream, void* event) {
+  return fdac_d2h_batch(set->api, set->count, set->dst, set->src, set->nbytes, set->capacity, stream, event,
+                        &set->failed);
+}
+
 }  // extern "C"

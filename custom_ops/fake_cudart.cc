@@ -24,6 +24,8 @@
  * Current stream: fake_current_stream() answers kStreamA; with fake_stream_switch set it alternates
  * between kStreamA and kStreamB from one call to the next (FD 2.5 may change streams under a
  * stream guard; a test of ordering across streams sets it).
+ * fake_immediate set: every copy lands when issued and nothing is checked (a runtime whose calls cost
+ * nothing, for benchmarks/host_cost_local.py).
  * Every copy, record and batch call is logged (fake_log) and a call can be made to fail
  * (fake_fail_*). Compiled with -DFAKE_BATCH_ABI=13 or 12 it has cudaMemcpyBatchAsync with CUDA 13's
  * or 12.8's signature (and reports that runtime version); without, none (as CUDA before 12.8).
@@ -67,6 +69,7 @@ int fake_errors = 0;       /* races reported so far (9001-9004) */
 int fake_allocations = 0, fake_frees = 0;
 int fake_stream_switch = 0;
 int fake_random_landing = 0;
+int fake_immediate = 0;  /* 1: a D2H copy lands when issued (no checks; benchmarks/host_cost_local.py) */
 char fake_error_text[1024] = "";
 
 static void note(int kind, uintptr_t a, uintptr_t b, uintptr_t c, uintptr_t stream) {
@@ -147,6 +150,10 @@ static void poison(uintptr_t dst, const unsigned char* src, size_t nbytes) {
 }
 
 static int issue_d2h(void* dst, const void* src, size_t nbytes, void* stream) {
+  if (fake_immediate) {
+    std::memmove(dst, src, nbytes);
+    return 0;
+  }
   std::lock_guard<std::recursive_mutex> lock(mu);
   maybe_run_ahead();
   uintptr_t d = reinterpret_cast<uintptr_t>(dst), s = reinterpret_cast<uintptr_t>(stream);

@@ -154,13 +154,15 @@ class _Pinned:
     ``view``, the allocation's view in that shape once a read made it (``shaped``; used by ``read``
     only while the tensor has it). And the buffer's copies: ``event``, the event of the copy set
     that last wrote it (readers wait on that one), ``writer`` that copy's label, ``h2d_event`` the
-    event of the last H2D copy reading it (the host waits on it before writing the buffer)."""
+    event of the last H2D copy reading it (the host waits on it before writing the buffer), and
+    ``copyset``, the last copy set it came first in, described once for the C call."""
 
-    __slots__ = ("buf", "memory", "ptr", "dtype", "flat", "shape", "nbytes", "view", "event", "writer", "h2d_event")
+    __slots__ = ("buf", "memory", "ptr", "dtype", "flat", "shape", "nbytes", "view", "event", "writer", "h2d_event",
+                 "copyset")
 
     def __init__(self, buf, memory, ptr: int, dtype: str, flat: np.ndarray, shape: tuple) -> None:
         self.buf, self.memory, self.ptr, self.dtype, self.flat = buf, memory, ptr, dtype, flat
-        self.event = self.writer = self.h2d_event = None
+        self.event = self.writer = self.h2d_event = self.copyset = None
         self.reshape(shape)
 
     def reshape(self, shape: tuple) -> None:
@@ -191,9 +193,13 @@ class CopyEvent:
 
     def __init__(self, label: str, native=(), prev=()) -> None:
         self.label, self.native, self.done = label, native, False
-        prev = tuple(e for e in prev if e is not None and not e.done)
-        depth = 1 + max((e.depth for e in prev), default=0)
-        self.prev, self.depth = (prev, depth) if depth <= _CHAIN else ((), 1)
+        kept, depth = (), 1
+        for e in prev:
+            if e is not None and not e.done:
+                kept += (e,)
+                if e.depth >= depth:
+                    depth = e.depth + 1
+        self.prev, self.depth = (kept, depth) if depth <= _CHAIN else ((), 1)
 
     def __repr__(self) -> str:
         return f"CopyEvent({self.label!r}, done={self.done})"

@@ -22,6 +22,7 @@ from functools import partial
 
 from . import census
 from .backend import AsyncCopyError, CopyBackend, CopyEvent
+from .cudart import CopySet
 from .glue import composed_facts
 
 _EVENT_POOL = 8
@@ -153,34 +154,52 @@ class RuntimeBackend(CopyBackend):
         issues the copies (one ``cudaMemcpyBatchAsync`` where the runtime has it) and records the
         set's event; without the C call (``HostRuntime``, a build without it) a runtime call each.
         A destination whose last copy went on another stream and is not known complete is waited
-        on first: two unordered copies into one buffer may land in either order."""
-        fitted = []
-        for dst, source in zip(dsts, sources):  # every destination checked before anything is issued
-            facts = self._fit(dst, source[2], source[3])
-            fitted.append((facts, facts.memory()))  # (alive: ``_fit`` checked it)
-        batch, counting = self.rt.batch, census._ACTIVE is not None
+        on first (``_order_after``): two unordered copies into one buffer may land in either order."""
+        fit = self._fit
+        fitted = [fit(dst, source[2], source[3]) for dst, source in zip(dsts, sources)]  # all checked first
+        memories = [facts.memory() for facts in fitted]  # (alive: ``_fit`` checked them)
+        batch = self.rt.batch
         with self._lock:
-            groups, streams = {}, {}  # stream -> [ptrs, srcs, sizes, capacities], device -> stream
-            for (facts, memory), name, source in zip(fitted, names, sources):
-                if counting:
+            if census._ACTIVE is not None:
+                for name in names:
                     census.record("async_d2h", name)
-                device = source[0]
-                stream = streams.get(device)
+            device, one = (sources[0][0], batch is not None and len(fitted) <= batch.MAX) if sources else (None, False)
+            for source in sources if one else ():
+                if source[0] != device:
+                    one = False
+                    break
+            if one:
+                # Every step's case: one stream, and the set described once (``CopySet``, kept by its
+                # first destination): one C call of three arguments.
+                stream = self._stream(device)
+                for memory, name in zip(memories, names):
+                    if memory.fence_stream != stream and memory.fence_event is not None:
+                        self._ordered((memory,), stream, (name,))
+                handle = self._event(stream, -1 if device is None else device)
+                described = fitted[0].copyset
+                if described is None or described[1] != fitted:
+                    described = fitted[0].copyset = (CopySet(batch, [f.ptr for f in fitted],
+                                                             [m.nbytes for m in memories]), fitted)
+                described[0].issue([s[1] for s in sources], [f.nbytes for f in fitted], stream, handle)
+                last = self._last
+                event = last[stream] = CopyEvent(label, (handle,), (last.get(stream),))
+                for facts, memory, name in zip(fitted, memories, names):
+                    facts.event, facts.writer, memory.fence_event, memory.fence_stream = event, name, event, stream
+                return event
+            streams, groups = {}, {}  # device -> stream; stream -> indices of its copies
+            for i, source in enumerate(sources):
+                stream = streams.get(source[0])
                 if stream is None:
-                    stream = streams[device] = self._stream(device)
-                earlier = memory.fence_event
-                if earlier is not None and not earlier.done and memory.fence_stream != stream:
-                    self._order_after(earlier, name)
-                group = groups.get(stream)
-                if group is None:
-                    group = groups[stream] = ([], [], [], [], -1 if device is None else device)
-                group[0].append(facts.ptr)
-                group[1].append(source[1])
-                group[2].append(facts.nbytes)
-                group[3].append(memory.nbytes)
+                    stream = streams[source[0]] = self._stream(source[0])
+                    groups[stream] = [i]
+                else:
+                    groups[stream].append(i)
+                self._ordered(memories[i:i + 1], stream, names[i:i + 1])
             handles = []
-            for stream, (ptrs, srcs, sizes, capacities, device) in groups.items():
-                handle = self._event(stream, device)
+            for (device, stream), indices in zip(streams.items(), groups.values()):
+                handle = self._event(stream, -1 if device is None else device)
+                ptrs, srcs = [fitted[i].ptr for i in indices], [sources[i][1] for i in indices]
+                sizes, capacities = [fitted[i].nbytes for i in indices], [memories[i].nbytes for i in indices]
                 if batch is not None and len(ptrs) <= batch.MAX:
                     batch.issue(ptrs, srcs, sizes, stream, handle, capacities)
                 else:
@@ -190,15 +209,27 @@ class RuntimeBackend(CopyBackend):
                             memcpy(*copy, stream)
                     self.rt.event_record(handle, stream)
                 handles.append(handle)
-            last = self._last
-            event = CopyEvent(label, tuple(handles), [last.get(stream) for stream in groups])
-            for stream in groups:
-                last[stream] = event
-            for ((facts, memory), name, source) in zip(fitted, names, sources):
-                facts.event, facts.writer = event, name
+            return self._kept(label, tuple(handles), groups, fitted, memories, names)
+
+    def _ordered(self, memories, stream: int, names) -> None:
+        for memory, name in zip(memories, names):
+            earlier = memory.fence_event
+            if earlier is not None and not earlier.done and memory.fence_stream != stream:
+                self._order_after(earlier, name)
+
+    def _kept(self, label, handles, groups, fitted, memories, names) -> CopyEvent:
+        """The set's event, kept by each destination and its memory (backend lock held)."""
+        last = self._last
+        event = CopyEvent(label, handles, [last.get(stream) for stream in groups])
+        for stream, indices in groups.items():
+            last[stream] = event
+            for i in indices:
+                facts = fitted[i]
+                facts.event, facts.writer = event, names[i]
                 if facts.nbytes:
-                    memory.fence_event, memory.fence_stream = event, streams[source[0]]
-            return event
+                    memory = memories[i]
+                    memory.fence_event, memory.fence_stream = event, stream
+        return event
 
     def _order_after(self, earlier: CopyEvent, name: str) -> None:
         """A copy into memory whose last copy went on another stream and may still run: the host

@@ -79,6 +79,8 @@ class D2HBatch:
         fn.restype = ctypes.c_int
         self._api = _Api(memcpy_async, event_record, None, 0)
         self._fn, self._fail, self._api_at = fn, fail, ctypes.addressof(self._api)
+        self._set_issue = lib.fdac_d2h_set_issue
+        self._set_issue.argtypes, self._set_issue.restype = [ctypes.c_void_p] * 3, ctypes.c_int
         self._dst, self._src = (ctypes.c_void_p * self.MAX)(), (ctypes.c_void_p * self.MAX)()
         self._nbytes, self._capacity = (ctypes.c_size_t * self.MAX)(), (ctypes.c_size_t * self.MAX)()
         self._failed = ctypes.c_int(-1)
@@ -113,12 +115,45 @@ class D2HBatch:
             self._capacity[:count] = nbytes if capacity is None else capacity
             code = self._fn(self._api_at, count, *self._arrays, stream, event, self._failed_at)
             failed = self._failed.value
+        self._raise(code, failed, count, nbytes, capacity or nbytes)
+
+    def _raise(self, code: int, failed: int, count: int, nbytes, capacity) -> None:
         if code == -2:
             raise ValueError(f"fdac_d2h_batch: copy {failed} of {nbytes[failed]} bytes does not fit its destination's "
-                             f"{(capacity or nbytes)[failed]}; nothing was issued")
+                             f"{capacity[failed]}; nothing was issued")
         if code:
-            fail = self._fail
-            fail({count: "cudaEventRecord", count + 1: "cudaMemcpyBatchAsync"}.get(failed, "cudaMemcpyAsync"), code)
+            self._fail({count: "cudaEventRecord", count + 1: "cudaMemcpyBatchAsync"}.get(failed, "cudaMemcpyAsync"), code)
+
+
+class _SetArgs(ctypes.Structure):
+    # ``struct fdac_d2h_set`` (custom_ops/copy_batch.cc)
+    _fields_ = [("api", ctypes.c_void_p), ("count", ctypes.c_int), ("dst", ctypes.c_void_p), ("src", ctypes.c_void_p),
+                ("nbytes", ctypes.c_void_p), ("capacity", ctypes.c_void_p), ("failed", ctypes.c_int)]
+
+
+class CopySet:
+    """A copy set described once for the C call (``fdac_d2h_set_issue``): its destinations and
+    their capacities fixed; ``issue`` writes the sources (and the sizes, when they changed) into
+    its own arrays and passes three arguments. Its owner serialises the calls (the backend lock)."""
+
+    __slots__ = ("count", "_dst", "_src", "_nbytes", "_capacity", "_args", "_at", "_batch", "sizes")
+
+    def __init__(self, batch: D2HBatch, dst: list, capacity: list) -> None:
+        count = self.count = len(dst)
+        self._dst, self._src = (ctypes.c_void_p * count)(*dst), (ctypes.c_void_p * count)()
+        self._nbytes, self._capacity = (ctypes.c_size_t * count)(), (ctypes.c_size_t * count)(*capacity)
+        self._args = _SetArgs(batch._api_at, count, *(ctypes.addressof(a) for a in
+                                                     (self._dst, self._src, self._nbytes, self._capacity)), -1)
+        self._batch, self._at, self.sizes = batch, ctypes.addressof(self._args), None
+
+    def issue(self, src: list, nbytes: list, stream: int, event: int | None) -> None:
+        self._src[:] = src
+        if nbytes != self.sizes:
+            self._nbytes[:], self.sizes = nbytes, nbytes
+        batch = self._batch
+        code = batch._set_issue(self._at, stream, event)
+        if code:
+            batch._raise(code, self._args.failed, self.count, nbytes, list(self._capacity))
 
 
 def loaded_cudart_paths() -> list[str]:

@@ -17,7 +17,7 @@ import pytest
 
 from fd_async_copy_plugin.runtime import PinnedRing
 from fd_async_copy_plugin.runtime.cuda import RuntimeBackend, attach_batch
-from fd_async_copy_plugin.runtime.cudart import CudaError, CudaRuntime, D2HBatch
+from fd_async_copy_plugin.runtime.cudart import CopySet, CudaError, CudaRuntime, D2HBatch
 
 from test_cuda_layer import STREAM, GpuLikeGlue
 
@@ -194,8 +194,8 @@ def test_a_lone_copy_is_one_c_call_with_its_event(fake, libs, monkeypatch):
     backend = _backend(fake, libs[1])
     buf = backend.new_pinned([4], "int64", "b")
     batched = []
-    issue = fake.rt.batch.issue
-    monkeypatch.setattr(fake.rt.batch, "issue", lambda *args: batched.append(len(args[0])) or issue(*args))
+    issue = CopySet.issue
+    monkeypatch.setattr(CopySet, "issue", lambda self, *args: batched.append(self.count) or issue(self, *args))
     lone = backend.copy_d2h(buf, paddle.arange(4, dtype="int64"), "lone")
     backend.copy_d2h_many([(buf, paddle.arange(4, dtype="int64"), "with-event")], "s")
     assert batched == [1, 1] and [e[0] for e in fake.log()] == ["copy", "record", "copy", "record"]

@@ -2,7 +2,7 @@
 12.8 and later) and the accessor probe's ``batch_api`` check passed, a step's copies go to the GPU as
 one batch call instead of one ``cudaMemcpyAsync`` each; the record follows. CUDA 13's signature and
 CUDA 12.8-12.9's (a ``failIdx`` before the stream) are told apart by the runtime's version. Runs the
-real C code and the real ``CudaRuntime`` bindings over ``fake_cudart.c`` compiled with each signature
+real C code and the real ``CudaRuntime`` bindings over ``custom_ops/fake_cudart.cc`` compiled with each signature
 (see test_copy_batch.py); the batch call on a GPU is checked by ``benchmarks/cuda_layer_check.py``."""
 
 from __future__ import annotations

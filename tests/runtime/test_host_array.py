@@ -10,7 +10,7 @@ import pytest
 from fd_async_copy_plugin.runtime import AsyncCopyError, HostBackend, SimulatedBackend
 
 
-def test_host_array_waits_for_the_covering_event_then_reads_owned_rows():
+def test_host_array_waits_for_its_copy_sets_event_then_reads_owned_rows():
     sim = SimulatedBackend()
     buf = sim.new_pinned([4], "int64", "buf")
     event = sim.copy_d2h(buf, paddle.to_tensor([5, 6, 7, 8], dtype="int64"), "copy")
