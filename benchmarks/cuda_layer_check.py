@@ -143,11 +143,12 @@ class CheckedBackend(CudaBackend):
             self.rt.event_record(witness, self.glue.stream(self.glue.gpu_device(src)))
             self.witnessed += 1
 
-    def _check_readable(self, buf, reader):
+    def read(self, buf, reader, start=None, end=None):  # (every host read of a pinned buffer goes here)
         event = self._witness.get(id(buf))
         self.checked_reads += 1
         if event is not None and not self.rt.event_query(event):
             raise HostReadBeforeEvent(f"{reader}: host read of a pinned buffer before its copy completed")
+        return super().read(buf, reader, start, end)
 
 
 # --- helpers ----------------------------------------------------------------------------------
