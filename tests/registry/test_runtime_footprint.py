@@ -69,10 +69,12 @@ SCAFFOLDING = ("testing", "cli", "serving_ab", "runtime.simulated", "ops.build",
 #: common step: ~90 code lines), likewise measured. Raised from 5250 / 8000 for the eighth
 #: (``cudaMemcpyBatchAsync`` in the C call, offered by the runtime and turned on by the probe's check,
 #: and ``CopyBackend.host_array``: ~45 code lines), measured on the H200 (README, "Host time on the
-#: output copies").
-MAX_RUNTIME_CODE_LINES = 5300
+#: output copies"). Lowered from 5300 / 8100 by issue 36 (one copy path: the prepared plans, the
+#: sequence numbers and the event search gone; 5296 -> 5205 code lines). Issue 36 asked for <= 4600:
+#: not reached - the runtime/ part is ~1.5k code lines, the rest is patches/, registry/ and ops/.
+MAX_RUNTIME_CODE_LINES = 5210
 #: and a ceiling on the physical lines, docs included
-MAX_RUNTIME_LINES = 8100
+MAX_RUNTIME_LINES = 7950
 
 
 def loaded_by_register(prelude: str = "") -> tuple[set[str], dict]:
