@@ -142,7 +142,8 @@ class RuntimeBackend(CopyBackend):
         """The stream a copy from ``device`` goes on: the framework's current one (``host``/``sim``:
         the runtime's, for host memory). Backend lock held."""
         stream = self.glue.stream(device) if device is not None else self.rt.host_stream()
-        self._streams.setdefault(stream, -1 if device is None else device)
+        if stream not in self._streams:
+            self._streams[stream] = -1 if device is None else device
         return stream
 
     def _issue(self, dsts, names, sources: list, label: str) -> CopyEvent:
