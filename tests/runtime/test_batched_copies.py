@@ -96,18 +96,21 @@ def test_two_threads_sets_reach_the_stream_whole_and_each_event_is_its_own(make,
         real_issue = CopySet.issue
 
         def logged(self, src, nbytes, stream, event):
-            issued.extend(self._dst)
+            issued.extend((threading.current_thread().name, d) for d in self._dst)
             real_issue(self, src, nbytes, stream, event)
 
         monkeypatch.setattr(CopySet, "issue", logged)
     else:
         real_memcpy = backend.rt.memcpy_d2h_async
-        monkeypatch.setattr(backend.rt, "memcpy_d2h_async", lambda dst, src, nbytes, stream: issued.append(dst) or
-                            real_memcpy(dst, src, nbytes, stream))
+        monkeypatch.setattr(backend.rt, "memcpy_d2h_async", lambda dst, src, nbytes, stream: issued.append(
+            (threading.current_thread().name, dst)) or real_memcpy(dst, src, nbytes, stream))
     owner, steps, wrong = {}, 200, []
+
+    kept = []  # every buffer lives to the end: a finished thread's memory is not reused by the other's
 
     def producer(name):
         bufs = [backend.new_pinned([4], "int64", f"{name}{i}") for i in range(3)]
+        kept.extend(bufs)
         owner.update((backend.glue.address(b), (name, i)) for i, b in enumerate(bufs))
         src = paddle.arange(4, dtype="int64")
         for step in range(steps):
@@ -117,15 +120,16 @@ def test_two_threads_sets_reach_the_stream_whole_and_each_event_is_its_own(make,
             backend.wait(event, name)
             assert backend.read(bufs[2], name).tolist() == [0, 1, 2, 3]
 
-    threads = [threading.Thread(target=producer, args=(n,)) for n in ("a", "b")]
+    threads = [threading.Thread(target=producer, args=(n,), name=n) for n in ("a", "b")]
     for t in threads:
         t.start()
     for t in threads:
         t.join(60)
     assert len(issued) == 2 * 3 * steps and wrong == []
-    for k in range(0, len(issued), 3):  # each set whole, in its order
-        names = [owner[a] for a in issued[k:k + 3]]
-        assert names == [(names[0][0], 0), (names[0][0], 1), (names[0][0], 2)], (k, names)
+    for k in range(0, len(issued), 3):  # each set whole, in its order, from the thread that issued it
+        names = [(thread, owner.get(a)) for thread, a in issued[k:k + 3]]
+        thread = names[0][0]
+        assert names == [(thread, (thread, 0)), (thread, (thread, 1)), (thread, (thread, 2))], (k, names)
 
 
 def test_the_cuda_path_asks_for_the_stream_once_per_batch_and_records_after_the_copies():
