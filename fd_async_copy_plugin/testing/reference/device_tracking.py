@@ -457,26 +457,18 @@ def _backend_wrappers() -> list[tuple[object, str, object]]:
     original_snapshot = PaddleGlue.snapshot
     original_issue, original_h2d = RuntimeBackend._issue, RuntimeBackend._copy_h2d
 
-    def record(self, label):
-        event = original_record(self, label)
-        tracker = _ACTIVE
-        if tracker is not None:
-            tracker.event_recorded(event)
-        return event
+    def noting(method):  # the backend's events, each noted with the device work it covers
+        def noted(self, *args):
+            event = method(self, *args)
+            tracker = _ACTIVE
+            if tracker is not None:
+                tracker.event_recorded(event)
+            return event
+        return noted
 
-    def issue(self, *args):  # a copy set's own event
-        event = original_issue(self, *args)
-        tracker = _ACTIVE
-        if tracker is not None:
-            tracker.event_recorded(event)
-        return event
-
-    def copy_h2d(self, *args):  # an H2D copy's own event
-        event = original_h2d(self, *args)
-        tracker = _ACTIVE
-        if tracker is not None:
-            tracker.event_recorded(event)
-        return event
+    record = noting(original_record)
+    issue = noting(original_issue)  # a copy set's own event
+    copy_h2d = noting(original_h2d)  # an H2D copy's own event
 
     def wait(self, event, reason):
         tracker = _ACTIVE
