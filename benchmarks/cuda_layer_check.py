@@ -143,11 +143,12 @@ class CheckedBackend(CudaBackend):
             self.rt.event_record(witness, self.glue.stream(self.glue.gpu_device(src)))
             self.witnessed += 1
 
-    def _check_readable(self, buf, reader):
+    def read(self, buf, reader, start=None, end=None):  # (every host read of a pinned buffer goes here)
         event = self._witness.get(id(buf))
         self.checked_reads += 1
         if event is not None and not self.rt.event_query(event):
             raise HostReadBeforeEvent(f"{reader}: host read of a pinned buffer before its copy completed")
+        return super().read(buf, reader, start, end)
 
 
 # --- helpers ----------------------------------------------------------------------------------
@@ -331,24 +332,30 @@ REPLAYS = [0]  # prepared plans replayed during the correctness runs (``_CopyPla
 
 
 def run_correctness(backend, lib, cycles, quick: bool, device) -> None:
-    """The checks below, with the prepared plans' replays counted: on the batched runtime the
-    default path must have run (not only ``_issue``)."""
-    name = "replay" if hasattr(cuda_module._CopyPlan, "replay") else "issue"  # (``issue`` in an older tree)
-    plan_replay = getattr(cuda_module._CopyPlan, name)
+    """The checks below, with the default path's C calls counted: on the batched runtime the default
+    path must have run - a prepared plan's replay before issue 36, a copy set's ``CopySet.issue`` after."""
+    plan_cls = getattr(cuda_module, "_CopyPlan", None)
+    if plan_cls is None:  # one copy path (issue 36): every copy set's C call
+        from fd_async_copy_plugin.runtime import cudart as cudart_module
 
-    def counted(plan, *args):
-        event = plan_replay(plan, *args)
-        REPLAYS[0] += event is not None
+        owner, name = cudart_module.CopySet, "issue"
+    else:
+        owner, name = plan_cls, "replay" if hasattr(plan_cls, "replay") else "issue"  # (``issue`` in an older tree)
+    plan_replay = getattr(owner, name)
+
+    def counted(this, *args):
+        event = plan_replay(this, *args)  # (a plan's replay answers None when it declined; a CopySet's issue, None)
+        REPLAYS[0] += plan_cls is None or event is not None
         return event
 
     before = REPLAYS[0]
-    setattr(cuda_module._CopyPlan, name, counted)
+    setattr(owner, name, counted)
     try:
         _run_correctness(backend, lib, cycles, quick, device)
     finally:
-        setattr(cuda_module._CopyPlan, name, plan_replay)
+        setattr(owner, name, plan_replay)
     if backend.rt.batch is not None:
-        check(REPLAYS[0] > before, f"{REPLAYS[0] - before} copy calls replayed a prepared plan (the default path); "
+        check(REPLAYS[0] > before, f"{REPLAYS[0] - before} copy calls went through the default path's C call; "
                                    f"{backend.witnessed} witness events recorded")
 
 

@@ -67,8 +67,14 @@ import _report  # noqa: E402 - benchmarks/_report.py
 from fd_async_copy_plugin.runtime import PinnedRing, collecting  # noqa: E402
 from fd_async_copy_plugin.runtime import backend as backend_module  # noqa: E402
 from fd_async_copy_plugin.runtime import census as census_module  # noqa: E402
-from fd_async_copy_plugin.runtime.cuda import _CopyPlan  # noqa: E402
-from fd_async_copy_plugin.runtime.cudart import PreparedBatch  # noqa: E402
+from fd_async_copy_plugin.runtime import cuda as _cuda, cudart as _cudart  # noqa: E402
+
+# Before issue 36 a copy was issued by a prepared plan (``_CopyPlan``, ``PreparedBatch``) or
+# ``_issue``; from issue 36 on ``_issue`` is the one path and a copy set's C call is ``CopySet.issue``.
+# This script drives both kinds of tree.
+_CopyPlan = getattr(_cuda, "_CopyPlan", None)
+PreparedBatch = getattr(_cudart, "PreparedBatch", None)
+CopySet = getattr(_cudart, "CopySet", None)
 
 DTYPES = {"ids": "int64", "logprobs": "float32", "ranks": "int64"}
 ns = time.perf_counter_ns
@@ -239,7 +245,8 @@ def instrument(prof: Profiler, backend, rings, glue: bool = True) -> None:
                          ("_event", "record"), ("wait", "wait"), ("_wait_native", "wait"),
                          ("read", "read (np.array copy-out)"), ("is_pinned", "is_pinned/memory_of"),
                          ("memory_of", "is_pinned/memory_of"), ("_check_readable", "read (np.array copy-out)")):
-        prof.wrap(backend, method, f"backend: {part}")
+        if hasattr(backend, method):  # (a method of one tree's backend only: this script drives several trees)
+            prof.wrap(backend, method, f"backend: {part}")
 
 
 def group_of(part: str) -> str:
@@ -660,7 +667,7 @@ def run_changing_batch(say, batched, make_out, rows: int, k: int, every: int, st
     def plugin(planned):
         ring = PinnedRing(batched, f"bench.vary.{planned}", DTYPES, {f: n // np.dtype(DTYPES[f]).itemsize
                                                                     for f, n in nbytes[0].items()}, slots=2)
-        prepare = cuda_module._CopyPlan.prepare
+        prepare = cuda_module._CopyPlan.prepare if _CopyPlan is not None else None
 
         def step(i, state):
             t0 = ns()
@@ -675,7 +682,7 @@ def run_changing_batch(say, batched, make_out, rows: int, k: int, every: int, st
             return t0, t1, ns()
 
         def run(i, state):
-            if planned:
+            if planned or prepare is None:  # (one path from issue 36 on: nothing to turn off)
                 return step(i, state)
             cuda_module._CopyPlan.prepare = classmethod(lambda cls, *a: None)
             try:
@@ -863,8 +870,9 @@ def main(argv=None) -> int:
             for other in (batched, looped):
                 if other is not None:
                     instrument(prof, other, [], glue=False)
-            if batched is not None:  # (class-wide, once: plans come and go)
-                # a ring slot's prepared fill: its C call and its Python
+            if batched is not None and CopySet is not None:  # (class-wide, once: sets come and go)
+                prof.wrap(CopySet, "issue", "ctypes fdac_d2h_set_issue (the CUDA calls: one C call)")
+            elif batched is not None:  # a tree before issue 36: a ring slot's prepared fill
                 prof.wrap(PreparedBatch, "issue", "ctypes fdac_d2h_batch_prepared (the CUDA calls: one C call)")
                 # (``issue`` before the eighth cut: this script also drives an older tree's package)
                 prof.wrap(_CopyPlan, "replay" if hasattr(_CopyPlan, "replay") else "issue", "backend: copy_d2h")

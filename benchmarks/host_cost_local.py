@@ -2,8 +2,8 @@
 """The plugin's host cost on the output copies without a GPU: its Python and ctypes path alone (issue 24).
 
 The real ``CudaRuntime`` ctypes bindings and the real ``fdac_d2h_batch`` (custom_ops/copy_batch.cc)
-run over ``tests/runtime/fake_cudart.c``, a C stand-in for ``libcudart`` whose calls return at once
-(copies are ``memmove``, events are counters). What remains is exactly the host work the plugin adds
+run over ``custom_ops/fake_cudart.cc`` (the simulator's stand-in for ``libcudart``) with
+``fake_immediate`` set: its calls return at once (copies are ``memmove``, events are counters). What remains is exactly the host work the plugin adds
 around the CUDA calls - on a quiet CPU, without the H200 host's swings, so two trees can be told
 apart by a microsecond. Not a GPU measurement: the CUDA calls themselves cost nothing here.
 
@@ -53,7 +53,7 @@ def build(out: Path, trees: list[str]) -> tuple[str, dict]:
     if cc is None or cxx is None:
         raise SystemExit("host_cost_local.py needs gcc and g++")
     fake = out / "libfakecudart.so"
-    subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", str(fake), str(REPO / "tests" / "runtime" / "fake_cudart.c")],
+    subprocess.run([cxx, "-O2", "-shared", "-fPIC", "-o", str(fake), str(REPO / "custom_ops" / "fake_cudart.cc")],
                    check=True)
     batches = {}
     for i, tree in enumerate(trees):
@@ -128,6 +128,7 @@ def worker(tree: str, fake: str, batch: str, steps: int) -> dict:
             return Host(array)
 
     rt = CudaRuntime(lib=ctypes.CDLL(fake), origin="fake")
+    ctypes.c_int.in_dll(rt.lib, "fake_immediate").value = 1  # calls that cost nothing, copies landed at once
     rt.use_batch(ctypes.CDLL(batch))
     backend = RuntimeBackend(rt, glue=Glue(), probe=False)
     dtypes = {"ids": "int64", "logprobs": "float32", "ranks": "int64"}

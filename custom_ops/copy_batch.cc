@@ -44,13 +44,22 @@ enum { kMaxCopies = 16, kDeviceToHost = 2, kSrcAccessOrderStream = 1 };
 // copy of the one-by-one loop).
 static int batch_call_index(int count) { return count + 1; }
 
-// Issues the copies (dst[i] <- src[i], nbytes[i] bytes, device to host, a zero-byte copy skipped)
-// on stream, then records event there unless it is null. Two or more copies go as one
+// The one call that issues a copy set's device-to-host copies (runtime/cuda.py's _issue): first
+// checks every copy against its destination's capacity (nbytes[i] <= capacity[i]; none issued
+// otherwise: returns -2 with *failed the first copy that does not fit), then issues the copies
+// (dst[i] <- src[i], nbytes[i] bytes, device to host, a zero-byte copy skipped) on stream, then
+// records the set's own event there unless it is null. Two or more copies go as one
 // cudaMemcpyBatchAsync where the api has it and the stream is a created one (the batch call refuses
 // the legacy default stream); else one cudaMemcpyAsync each, in order. Returns 0, or the first
 // failing call's error code with *failed set to its index. Nothing after a failing call is issued.
 int fdac_d2h_batch(const fdac_cuda_api* api, int count, void* const* dst, const void* const* src,
-                   const size_t* nbytes, void* stream, void* event, int* failed) {
+                   const size_t* nbytes, const size_t* capacity, void* stream, void* event, int* failed) {
+  for (int i = 0; i < count; ++i) {
+    if (nbytes[i] > capacity[i]) {
+      *failed = i;
+      return -2;
+    }
+  }
   // Only where the batch call may be used: its arrays hold the non-empty copies (compacted here).
   const bool legacy_stream = stream == nullptr || stream == reinterpret_cast<void*>(1);
   bool batched = false;
@@ -102,22 +111,24 @@ int fdac_d2h_batch(const fdac_cuda_api* api, int count, void* const* dst, const 
   return 0;
 }
 
-// A batch whose destinations and sizes stay the same from call to call (a ring slot's buffers),
-// prepared once by the caller: each call passes only this, the stream and the event, so the
-// Python side converts three arguments instead of eight. Same calls and result as fdac_d2h_batch;
+// A copy set described once (runtime/cuda.py's _CopySet: a ring slot's buffers, a decode step's
+// outputs): its destinations and their capacities fixed, its sources and sizes rewritten by the
+// caller before each call. Each call passes only this, the stream and the set's event: the Python
+// side converts three arguments instead of nine. Same checks, calls and result as fdac_d2h_batch;
 // the index of a failing call lands in failed.
-struct fdac_d2h_prepared {
+struct fdac_d2h_set {
   const fdac_cuda_api* api;
   int count;
   void* const* dst;
   const void* const* src;
   const size_t* nbytes;
+  const size_t* capacity;
   int failed;
 };
 
-int fdac_d2h_batch_prepared(fdac_d2h_prepared* batch, void* stream, void* event) {
-  return fdac_d2h_batch(batch->api, batch->count, batch->dst, batch->src, batch->nbytes, stream, event,
-                        &batch->failed);
+int fdac_d2h_set_issue(fdac_d2h_set* set, void* stream, void* event) {
+  return fdac_d2h_batch(set->api, set->count, set->dst, set->src, set->nbytes, set->capacity, stream, event,
+                        &set->failed);
 }
 
 }  // extern "C"

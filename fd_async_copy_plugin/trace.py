@@ -242,10 +242,12 @@ def census_class():
 
 
 def wrap_event_record() -> tuple:
-    """The copy backend's ``record`` as an instant event; returns what ``unwrap`` needs."""
+    """The copy backend's events - ``record`` and a copy set's own (``RuntimeBackend._issue``) - as
+    instant events; returns what ``unwrap`` needs."""
     from .runtime.backend import CopyBackend
+    from .runtime.cuda import RuntimeBackend
 
-    original = CopyBackend.__dict__["record"]
+    original, issue = CopyBackend.__dict__["record"], RuntimeBackend.__dict__["_issue"]
 
     def record(self, label):
         event = original(self, label)
@@ -254,13 +256,22 @@ def wrap_event_record() -> tuple:
             t.instant(f"event record {label}", {"label": label})
         return event
 
-    CopyBackend.record = record
-    return CopyBackend, original
+    def _issue(self, dsts, names, sources, label):
+        event = issue(self, dsts, names, sources, label)
+        t = _tracer
+        if t is not None:
+            t.instant(f"event record {label}", {"label": label})
+        return event
+
+    CopyBackend.record, RuntimeBackend._issue = record, _issue
+    return CopyBackend, original, RuntimeBackend, issue
 
 
 def unwrap(saved: tuple) -> None:
-    owner, original = saved
+    owner, original, *more = saved
     owner.record = original
+    if more:
+        more[0]._issue = more[1]
 
 
 def install_from_env(environ=None) -> Optional[StepTracer]:

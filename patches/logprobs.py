@@ -216,8 +216,8 @@ def make_async_class(base, backend):
     """A subclass of FastDeploy's ``LogprobsTensors`` whose fields are pinned ring buffers."""
 
     class AsyncLogprobsTensors(base):
-        """``LogprobsTensors`` backed by pinned buffers, valid once the event recorded after their
-        copies completed (the backend finds it: ``CopyBackend.covering_event``).
+        """``LogprobsTensors`` backed by pinned buffers, valid once their copy set's event completed
+        (each buffer keeps it: ``CopyBackend.event_of``).
 
         Consumers never run Paddle ops on the fields: every method below reads through
         ``backend.to_host``, which waits on the copy event first.

@@ -1,14 +1,18 @@
 """The copy backend: the one place where host<->device copies, events and waits happen.
 
-Three implementations share this contract (see docs/architecture.md):
-``cuda`` (real pinned memory and CUDA events), ``host`` (synchronous host copies; CPU Paddle,
-tests, selftest) and ``sim`` (a race-detecting simulator of asynchronous copies). The patches
-and the reference replica of FastDeploy are written against this contract only, so the same
-code runs on all three.
+One implementation (``RuntimeBackend``, runtime/cuda.py) on three runtimes (see
+docs/architecture.md): ``cuda`` (the process's libcudart), ``host`` (``HostRuntime``: synchronous
+host copies; CPU Paddle) and ``sim`` (the same code over a race-detecting fake libcudart,
+``runtime/simulated.py``). The patches and the reference replica of FastDeploy are written
+against this contract only, so the same code runs on all three.
 
-Thread safety: FastDeploy runs an output thread beside the model loop, so copies, records and the
-event lookup hold the backend's (re-entrant) lock (a copy is issued under it, so sequence order is
-stream order); host waits do not hold it.
+A copy set (a ring slot's buffers, a decode step's outputs) is issued at once with its own event;
+each destination keeps that event and a reader waits on it. There is no sequence number and no
+search: an event links the not-yet-waited events before it on its streams, so a wait on a later
+event makes the earlier ones free.
+
+Thread safety: FastDeploy runs an output thread beside the model loop, so copies and records hold
+the backend's (re-entrant) lock; host waits do not hold it.
 """
 
 from __future__ import annotations
@@ -107,12 +111,12 @@ def _track(keeper, memory: "PinnedMemory") -> None:
 
 
 class PinnedMemory:
-    """One host allocation behind a pinned buffer (``cudaHostAlloc``, or host memory on
-    ``host``/``sim``), referenced by the buffer's tensor through tensor -> DLPack -> numpy array ->
-    a ctypes view of the memory (the *keeper*). Released only after every copy into it: the last
-    copy's stream is kept (``fence``) and, unless the backend has seen that copy complete, an event
-    recorded behind it is waited on before the memory is freed (CUDA may otherwise hand it out while
-    the DMA still writes).
+    """One host allocation behind a pinned buffer (``cudaHostAlloc``, or host memory on ``host``),
+    referenced by the buffer's tensor through tensor -> DLPack -> numpy array -> a ctypes view of the
+    memory (the *keeper*). Released only after every copy into or out of it: the last copy's event
+    and stream are kept (``fence_event``, ``fence_stream``) and, unless a wait covered that event, an
+    event recorded behind it on that stream is waited on before the memory is freed (CUDA may
+    otherwise hand it out while the DMA still runs).
 
     Not released where the tensor dies: that is inside Paddle's free routine, under a Paddle lock,
     and Python code there (a ``__del__``, a ``weakref.finalize``) may drop the GIL - a ctypes
@@ -121,55 +125,44 @@ class PinnedMemory:
     ``_track``); ``release_freed`` does the rest from plugin code.
     """
 
-    def __init__(self, rt, ptr: int, nbytes: int, backend: "CopyBackend") -> None:
+    def __init__(self, rt, ptr: int, nbytes: int, backend=None) -> None:
         self.rt, self.ptr, self.nbytes = rt, ptr, nbytes
-        self._backend = weakref.ref(backend)
         self.fence_stream: int | None = None
-        self.fence_device = -1
-        self.fence_seq = 0
+        self.fence_event: CopyEvent | None = None
         self.released = False
 
-    def fence(self, stream: int, seq: int, device: int = -1) -> None:
-        self.fence_stream, self.fence_seq, self.fence_device = stream, seq, device
-
     def in_flight(self) -> bool:
-        backend = self._backend()
-        return self.fence_stream is not None and (backend is None or self.fence_seq > backend._completed)
+        event = self.fence_event
+        return event is not None and not event.done
 
     def release(self) -> None:
         if self.released:
             return
         self.released = True
-        if self.in_flight():
-            # The last reference can go on any thread: the event must belong to the stream's device.
-            current = self.rt.get_device() if self.fence_device >= 0 else -1
-            if current != self.fence_device:
-                self.rt.set_device(self.fence_device)
-            try:
-                event = self.rt.event_create(True)
-                try:
-                    self.rt.event_record(event, self.fence_stream)
-                    self.rt.event_synchronize(event)  # GIL released: other threads keep running
-                finally:
-                    self.rt.event_destroy(event)
-            finally:
-                if current != self.fence_device:
-                    self.rt.set_device(current)
+        event = self.fence_event
+        if event is not None and not event.done:
+            for handle in event.native:  # (an event needs no current device to be waited on)
+                self.rt.event_synchronize(handle)  # GIL released: other threads keep running
         self.rt.host_free(self.ptr)
 
 
 class _Pinned:
     """What a pinned buffer's allocation fixed: the tensor and its PinnedMemory (weakly; checked by
     identity), the address, the dtype name, a flat view of the whole allocation that does not keep
-    it alive (used only while the tensor lives, so while the memory does); and the shape the backend
+    it alive (used only while the tensor lives, so while the memory does); the shape the backend
     last gave the tensor (checked against the capacity once, when it changed), its bytes, and
     ``view``, the allocation's view in that shape once a read made it (``shaped``; used by ``read``
-    only while the tensor has it)."""
+    only while the tensor has it). And the buffer's copies: ``event``, the event of the copy set
+    that last wrote it (readers wait on that one), ``writer`` that copy's label, ``h2d_event`` the
+    event of the last H2D copy reading it (the host waits on it before writing the buffer), and
+    ``copyset``, the last copy set it came first in, described once for the C call."""
 
-    __slots__ = ("buf", "memory", "ptr", "dtype", "flat", "shape", "nbytes", "view")
+    __slots__ = ("buf", "memory", "ptr", "dtype", "flat", "shape", "nbytes", "view", "event", "writer", "h2d_event",
+                 "copyset")
 
     def __init__(self, buf, memory, ptr: int, dtype: str, flat: np.ndarray, shape: tuple) -> None:
         self.buf, self.memory, self.ptr, self.dtype, self.flat = buf, memory, ptr, dtype, flat
+        self.event = self.writer = self.h2d_event = self.copyset = None
         self.reshape(shape)
 
     def reshape(self, shape: tuple) -> None:
@@ -184,25 +177,48 @@ class _Pinned:
         return view
 
 
+#: An event links at most this many not-yet-waited events recorded before it on its streams (a wait
+#: marks them done too); beyond that the link is dropped - a later wait on one of those is then a
+#: runtime call that returns at once, never a missed wait - so nothing grows while nobody waits.
+_CHAIN = 64
+
+
 class CopyEvent:
-    """A point in the copy stream. ``seq`` orders events of one backend."""
+    """A copy set's own event (or ``record``'s): the runtime's event handles (``native``, one per
+    stream it covers), ``done`` once a host wait (or a query, or a synchronize) saw it complete, and
+    ``prev``, the events recorded before it on its streams that were not done then: in stream
+    order they complete first, so when this one is seen complete they are marked done too."""
 
-    __slots__ = ("seq", "label", "native")
+    __slots__ = ("label", "native", "done", "prev", "depth")
 
-    def __init__(self, seq: int, label: str, native=None) -> None:
-        self.seq = seq
-        self.label = label
-        self.native = native
+    def __init__(self, label: str, native=(), prev=()) -> None:
+        self.label, self.native, self.done = label, native, False
+        kept, depth = (), 1
+        for e in prev:
+            if e is not None and not e.done:
+                kept += (e,)
+                if e.depth >= depth:
+                    depth = e.depth + 1
+        self.prev, self.depth = (kept, depth) if depth <= _CHAIN else ((), 1)
 
     def __repr__(self) -> str:
-        return f"CopyEvent(seq={self.seq}, label={self.label!r})"
+        return f"CopyEvent({self.label!r}, done={self.done})"
+
+
+def _mark_done(event: CopyEvent) -> None:
+    """``event`` and every event linked before it completed (backend lock held)."""
+    stack = [event]
+    while stack:
+        e = stack.pop()
+        if not e.done:
+            e.done = True
+            stack.extend(e.prev)
+            e.prev = ()
 
 
 class CopyBackend:
-    """Base class: bookkeeping shared by every backend.
-
-    Subclasses implement ``_alloc``, ``_copy``, ``_record_native`` and ``_wait_native``.
-    """
+    """The bookkeeping every backend shares: pinned buffers, their events, waits and host reads.
+    ``RuntimeBackend`` (runtime/cuda.py) issues the copies and records the events on a runtime."""
 
     name = "abstract"
     #: Seconds one host wait (on an event, or for the backend lock a wait or drain takes) may last
@@ -222,15 +238,13 @@ class CopyBackend:
         self.glue = glue  # tensor accessors (runtime/glue.py): the only framework-specific part
         self.rt = rt  # the CUDA layer (runtime/cudart.py), or its host-memory stand-in
         self._lock = threading.RLock()
-        self._seq = 0  # sequence number of the last copy issued
-        self._completed = 0  # every copy with seq <= _completed has landed, from the host's view
         # Keyed by id() but checked by identity through weak references: an id can be reused by an
         # unrelated tensor once a buffer is gone, and must never make that tensor look pinned.
         # (Paddle tensors cannot be dict keys themselves: their == is elementwise.)
         self._pinned: dict[int, _Pinned] = {}  # id(buf) -> its allocation's facts, until free_pinned
-        self._copy_seq: dict[int, tuple[int, str, weakref.ref]] = {}  # id(dst) -> last copy
-        self._recent_events: deque[CopyEvent] = deque(maxlen=64)
-        self._h2d_seq: dict[int, tuple[int, str, weakref.ref]] = {}  # id(src) -> last H2D reading it
+        self._last: dict[int, CopyEvent] = {}  # stream -> the newest event covering it
+        # The runtime's check of a host read (the simulator's fake runtime has one)
+        self._check_read = getattr(rt, "check_read", None)
 
     # -- allocation ---------------------------------------------------------------------------
     def new_pinned(self, shape: Iterable[int], dtype: str, label: str):
@@ -245,8 +259,6 @@ class CopyBackend:
         every copy into it (``PinnedMemory.release``), never while a consumer can still read it."""
         census.record("pinned_free", label)
         self._pinned.pop(id(t), None)
-        self._copy_seq.pop(id(t), None)
-        self._h2d_seq.pop(id(t), None)
         release_freed()  # what went earlier (``t`` itself is still referenced here)
 
     def release_freed(self) -> int:
@@ -258,7 +270,10 @@ class CopyBackend:
         np_dtype = np_dtype_of(dtype)
         count = prod(shape) if shape else 1
         nbytes = count * np_dtype.itemsize
-        memory = PinnedMemory(self.rt, self.rt.host_alloc(nbytes), nbytes, self)
+        memory = PinnedMemory(self.rt, self.rt.host_alloc(nbytes), nbytes)
+        kind = getattr(self.rt, "set_kind", None)
+        if kind is not None:  # (the simulator's runtime: what its poison looks like)
+            kind(memory.ptr, np_dtype.itemsize, np_dtype.kind)
         raw = (ctypes.c_byte * max(1, nbytes)).from_address(memory.ptr)
         _track(raw, memory)  # the numpy array below keeps ``raw`` alive as long as the tensor lives
         array = np.frombuffer(raw, dtype=np_dtype, count=count).reshape(shape)
@@ -291,7 +306,7 @@ class CopyBackend:
             raise ValueError("copy_d2h: the destination is not a pinned buffer of this backend (new_pinned)")
         glue = self.glue
         if (shape == facts.shape and dtype == facts.dtype and glue.address(dst) == facts.ptr
-                and facts.memory() is not None and glue.shape(dst) == shape):
+                and glue.shape(dst) == shape and facts.memory() is not None):
             return facts  # the buffer exactly as the backend left it (every step's case): nothing to fit
         if facts.memory() is None or glue.address(dst) != facts.ptr:
             raise AsyncCopyError(
@@ -322,85 +337,55 @@ class CopyBackend:
         """A ring chose a slot whose ``buffers`` are still referenced (a reuse-policy bug; the ring
         adds a slot instead). The simulator raises ``BufferInUseError`` here."""
 
-    def internal_refs(self, buf) -> int:
-        """References to ``buf`` the backend itself holds (so the ring can tell consumers' apart)."""
-        return 0
-
     # -- copies and events --------------------------------------------------------------------
-    def copy_d2h(self, dst, src, label: str) -> None:
-        """Issue a non-blocking D2H copy of ``src`` into the pinned buffer ``dst``."""
-        self.copy_d2h_many(((dst, src, label),), None)
+    def copy_d2h(self, dst, src, label: str) -> CopyEvent:
+        """Issue a non-blocking D2H copy of ``src`` into the pinned buffer ``dst``: a copy set of one."""
+        return self.copy_d2h_many(((dst, src, label),), label)
 
-    def copy_d2h_many(self, copies, label: str | None) -> CopyEvent | None:
-        """Issue the non-blocking D2H copies ``(dst, src, copy_label)`` in order, then (``label`` not
-        None) ``record(label)``: ``copy_d2h`` each and a record, under one lock acquisition (nothing
-        of another thread in between) with the framework's stream asked once (a step's outputs)."""
-        glue = self.glue
-        for dst, src, _ in copies:  # every copy checked before any is issued (as the runtime backends)
-            self._fit(dst, glue.shape(src), glue.dtype(src))
-        with self._lock:  # issued under the lock: sequence order is stream order, for every thread
-            self._issue(copies)
-            return None if label is None else self.record(label)
+    def copy_d2h_many(self, copies, label: str | None) -> CopyEvent:
+        """Issue the non-blocking D2H copies ``(dst, src, copy_label)`` as one copy set with its own
+        event (``label``; None: the first copy's label), returned and kept by each destination:
+        every copy checked before the first is issued, the set issued under one lock acquisition."""
+        raise NotImplementedError
 
     def fill(self, ring, writer: str, sources: dict, labels: dict, label: str, reserve=None):
         """One step's copies into ``ring`` (``PinnedRing.fill``, whose lock is held): a slot for
-        ``sources`` (``PinnedRing.acquire``), each source copied into its buffer, ``label`` recorded.
-        Returns (the slot, the event). The runtime backends read each source's facts once."""
-        glue = self.glue
-        slot = ring._acquire(writer, {field: glue.shape(t) for field, t in sources.items()}, reserve)
-        buffers = slot.buffers
-        return slot, self.copy_d2h_many([(buffers[f], t, labels[f]) for f, t in sources.items()], label)
+        ``sources`` (``PinnedRing.acquire``), each source copied into its buffer as one copy set
+        with its event ``label``. Returns (the slot, the event)."""
+        raise NotImplementedError
 
-    def _issue(self, copies) -> None:
-        # Backend lock held.
-        for dst, src, label in copies:
-            census.record("async_d2h", label)
-            self._seq += 1
-            self._copy_seq[id(dst)] = (self._seq, label, weakref.ref(dst))
-            self._copy(dst, src, self._seq, label)
-
-    def copy_h2d(self, dst_ptr: int, device: int | None, src, offset: int, nbytes: int, label: str) -> None:
+    def copy_h2d(self, dst_ptr: int, device: int | None, src, offset: int, nbytes: int, label: str) -> CopyEvent:
         """Issue a non-blocking H2D copy of ``nbytes`` at byte ``offset`` of the pinned buffer ``src``
         to the device address ``dst_ptr`` (on ``device``'s current stream; ``None``: host memory, the
-        ``host``/``sim`` "device"). The host must not write those bytes of ``src`` again before an
-        event recorded after this copy completed: ``before_host_write`` enforces it."""
-        memory = self.memory_of(src)
+        ``host``/``sim`` "device"), with its own event. The host must not write those bytes of ``src``
+        again before that event completed: ``before_host_write`` enforces it."""
+        facts = self._facts(src)
+        memory = None if facts is None else facts.memory()
         if memory is None:
             raise ValueError("copy_h2d: the source is not a pinned buffer of this backend (new_pinned)")
         if offset < 0 or nbytes < 0 or offset + nbytes > memory.nbytes:
             raise ValueError(f"copy_h2d: bytes [{offset}, {offset + nbytes}) outside the buffer's {memory.nbytes}")
         census.record("async_h2d", label)
         with self._lock:
-            self._seq += 1
-            seq = self._seq
-            self._h2d_seq[id(src)] = (seq, label, weakref.ref(src))
-            self._copy_h2d(dst_ptr, device, memory, offset, nbytes, seq, label)
+            facts.h2d_event = self._copy_h2d(dst_ptr, device, memory, offset, nbytes, label)
+            return facts.h2d_event
 
     def before_host_write(self, buf, writer: str) -> None:
         """The host is about to write the pinned buffer ``buf``: every H2D copy reading it must have
-        completed. Waits for the event covering the last one (free when already waited on); the
-        simulator raises ``BufferInUseError`` instead when none was waited on."""
-        entry = self._h2d_seq.get(id(buf))
-        if entry is None or entry[2]() is not buf or entry[0] <= self._completed:
-            return
-        event = None
-        with self._wait_lock("before_host_write(%s)", writer):
-            for candidate in self._recent_events:
-                if candidate.seq >= entry[0]:
-                    event = candidate
-                    break
-        self._h2d_still_read(buf, writer, entry[1], event)
+        completed. Waits for that copy's event (free when already waited on); the simulator raises
+        ``BufferInUseError`` instead when none was waited on."""
+        facts = self._facts(buf)
+        event = None if facts is None else facts.h2d_event
+        if event is not None and not event.done:
+            self._h2d_still_read(buf, writer, event)
 
     def h2d_in_flight(self, buf) -> bool:
         """An H2D copy reading the pinned ``buf`` may still run (no wait covering it returned)."""
-        entry = self._h2d_seq.get(id(buf))
-        return entry is not None and entry[2]() is buf and entry[0] > self._completed
+        facts = self._facts(buf)
+        return facts is not None and facts.h2d_event is not None and not facts.h2d_event.done
 
-    def _h2d_still_read(self, buf, writer: str, copy_label: str, event: CopyEvent | None) -> None:
-        if event is None:
-            self.stream_synchronize(f"{writer}<-{copy_label}")
-        else:
-            self.wait(event, writer)
+    def _h2d_still_read(self, buf, writer: str, event: CopyEvent) -> None:
+        self.wait(event, writer)
 
     def blocking_d2h(self, src, label: str):
         """FastDeploy 2.4's ``.cpu()``: a copy the host waits for."""
@@ -408,60 +393,47 @@ class CopyBackend:
         return self.glue.blocking_d2h(src)
 
     def record(self, label: str) -> CopyEvent:
-        with self._lock:  # recorded and listed atomically: covering_event sees events in seq order
-            return self._listed(label, self._record_native(self._seq, label))
+        """An event covering every copy issued so far, on every stream copied on."""
+        with self._lock:
+            return self._record_native(label)
 
-    def _listed(self, label: str, native) -> CopyEvent:
-        """The event at the last copy issued, recorded as ``native``, listed for ``covering_event``
-        (backend lock held)."""
-        event = CopyEvent(self._seq, label, native)
-        self._recent_events.append(event)
-        return event
-
-    def _last_copy(self, buf) -> tuple[int, str, weakref.ref] | None:
-        entry = self._copy_seq.get(id(buf))
-        return entry if entry is not None and entry[2]() is buf else None
+    def event_of(self, buf) -> CopyEvent | None:
+        """The event of the copy set that last wrote ``buf`` (None: never written by a copy)."""
+        facts = self._facts(buf)
+        return None if facts is None else facts.event
 
     def copy_in_flight(self, buf) -> bool:
         """A copy into ``buf`` may still be landing (no wait covering it has returned)."""
-        last = self._last_copy(buf)
-        return last is not None and last[0] > self._completed
+        return not self.copy_waited(buf)
 
     def copy_waited(self, buf) -> bool:
         """Every copy into ``buf`` is covered by an event the host already waited on (backend-neutral:
         on ``host`` copies land at once, but the wait that would make them visible on a GPU counts)."""
-        last = self._last_copy(buf)
-        return last is None or last[0] <= self._completed
-
-    def covering_event(self, buf) -> CopyEvent | None:
-        """The earliest recorded event that covers the last copy into ``buf`` (None: no copy
-        pending or nothing recorded after it)."""
-        last = self._last_copy(buf)
-        if last is None or last[0] <= self._completed:
-            return None
-        found = None
-        with self._wait_lock("covering_event"):  # another thread may be recording (FD's output thread)
-            for event in reversed(self._recent_events):  # in seq order: the earliest covering one
-                if event.seq < last[0]:
-                    break
-                found = event
-        return found
+        event = self.event_of(buf)
+        return event is None or event.done
 
     def query(self, event: CopyEvent) -> bool:
-        """Whether ``event``'s copies have landed, without waiting (here: a wait on it or on a later
-        event returned; the runtime backends also ask the device)."""
-        return event.seq <= self._completed
+        """Whether ``event``'s copies have landed, without waiting (a wait on it or a later event
+        returned, or the runtime says so)."""
+        if event.done:
+            return True
+        query = self.rt.event_query
+        if all(query(handle) for handle in event.native):
+            with self._lock:
+                _mark_done(event)
+            return True
+        return False
 
     def wait(self, event: CopyEvent, reason: str) -> None:
-        """Host waits for ``event`` only. Free when a later event was already waited on."""
-        if event.seq <= self._completed:
+        """Host waits for ``event`` only. Free when it, or a later event, was already waited on."""
+        if event.done:
             return
         if census._ACTIVE is not None:  # (the site's name built only when counted)
             census.record("event_wait", f"{reason}<-{event.label}")
-        self._wait_native(event)
+        for handle in event.native:
+            self.rt.event_synchronize(handle)  # GIL released: other threads keep launching
         with self._lock if self.wait_timeout is None else self._wait_lock("wait(%s<-%s)", reason, event.label):
-            if event.seq > self._completed:
-                self._completed = event.seq
+            _mark_done(event)
 
     def _wait_lock(self, what: str, *args):
         """The backend lock, for a wait: bounded by ``wait_timeout`` when it is set (``what % args``
@@ -479,21 +451,26 @@ class CopyBackend:
 
     def _drain(self, device: bool = False) -> None:
         with self._wait_lock("synchronize"):
-            seq = self._seq
-        self._drain_native(device)
+            last = dict(self._last)
+        if device:
+            self.rt.device_synchronize()
+        else:
+            for stream in last:
+                self.rt.stream_synchronize(stream)
         with self._wait_lock("synchronize"):
-            self._completed = max(self._completed, seq)
+            for event in last.values():
+                _mark_done(event)
 
     # -- host reads ----------------------------------------------------------------------------
     def read(self, buf, reader: str, start: int | None = None, end: int | None = None) -> np.ndarray:
-        """Host read of rows ``[start:end]`` of a pinned buffer, as an owned numpy array.
+        """Host read of rows ``[start:end]`` of a pinned buffer, as an owned numpy array: the one
+        accessor through which Python reads pinned memory (the simulator's runtime checks it).
 
         Reads host memory through the buffer's pointer: no Paddle op touches the pinned tensor
         (Paddle would move it to the GPU), and only the rows asked for are copied.
         """
         if census._ACTIVE is not None:
             census.record("host_read", reader)
-        self._check_readable(buf, reader)
         facts, glue = self._pinned.get(id(buf)), self.glue  # (``_facts``, inline)
         if (facts is not None and facts.buf() is buf and glue.address(buf) == facts.ptr
                 and glue.shape(buf) == facts.shape):
@@ -502,7 +479,13 @@ class CopyBackend:
                 view = facts.shaped()
         else:
             view = host_view(buf, glue)
-        return (view if start is None and end is None else view[start:end]).copy()
+        rows = view if start is None and end is None else view[start:end]
+        if self._check_read is not None:
+            self._read_checked(buf, reader, rows)
+        return rows.copy()
+
+    def _read_checked(self, buf, reader: str, rows: np.ndarray) -> None:
+        self._check_read(rows.ctypes.data, rows.nbytes)
 
     def to_host(self, t, reader: str, start: int | None = None, end: int | None = None):
         """``t`` as a tensor the host may read now, without running a Paddle op on pinned memory.
@@ -517,46 +500,26 @@ class CopyBackend:
     def host_array(self, t, reader: str, start: int | None = None, end: int | None = None) -> np.ndarray:
         """Rows ``[start:end]`` of the pinned buffer ``t`` as an owned numpy array, after its copy.
 
-        Waits for the event covering ``t``'s last copy (recording one if none was - a missing record
-        is a bug the simulator reports), then ``read``s. For a consumer that wants numbers rather
-        than a tensor (a flag, a shadow's arrays): no framework tensor is made (on Paddle that costs
-        more than the read itself, and ``.numpy()`` of it copies again)."""
+        Waits for the event of the copy set that last wrote ``t``, then ``read``s. For a consumer that
+        wants numbers rather than a tensor (a flag, a shadow's arrays): no framework tensor is made
+        (on Paddle that costs more than the read itself, and ``.numpy()`` of it copies again)."""
         if not self.is_pinned(t):
             raise ValueError(f"host_array({reader}): not a pinned buffer of this backend (new_pinned)")
         return self._host_array(t, reader, start, end)
 
     def _host_array(self, t, reader: str, start: int | None, end: int | None) -> np.ndarray:
-        last = self._last_copy(t)
-        if last is not None and last[0] > self._completed:
-            event = self.covering_event(t)
-            if event is None and self.copy_in_flight(t):
-                event = self._missing_record(t, reader, last[1])
-            if event is not None:  # None: another thread's wait covered the copy meanwhile
-                self.wait(event, reader)
+        event = self._pinned[id(t)].event
+        if event is not None and not event.done:
+            self.wait(event, reader)
         return self.read(t, reader, start, end)
 
-    def _missing_record(self, t, reader: str, writer: str) -> CopyEvent:
-        return self.record(f"implicit-for-{reader}")
-
-    # -- subclass hooks ------------------------------------------------------------------------
-    def _copy(self, dst, src, seq: int, label: str) -> None:
+    # -- the runtime's part (``RuntimeBackend``) ------------------------------------------------
+    def _copy_h2d(self, dst_ptr: int, device, memory: PinnedMemory, offset: int, nbytes: int,
+                  label: str) -> CopyEvent:
         raise NotImplementedError
 
-    def _copy_h2d(self, dst_ptr: int, device, memory: PinnedMemory, offset: int, nbytes: int, seq: int,
-                  label: str) -> None:
+    def _record_native(self, label: str) -> CopyEvent:
         raise NotImplementedError
-
-    def _record_native(self, seq: int, label: str):
-        return None
-
-    def _wait_native(self, event: CopyEvent) -> None:
-        return None
-
-    def _drain_native(self, device: bool = False) -> None:
-        return None
-
-    def _check_readable(self, buf, reader: str) -> None:
-        return None
 
 
 _NP_DTYPES = {

@@ -19,15 +19,13 @@ from __future__ import annotations
 
 import logging
 from functools import partial
-from math import prod
 
 from . import census
 from .backend import AsyncCopyError, CopyBackend, CopyEvent
-from .cudart import PreparedBatch
+from .cudart import CopySet
 from .glue import composed_facts
 
 _EVENT_POOL = 8
-_PLANS = 32  # prepared ``copy_d2h_many`` plans a backend keeps
 log = logging.getLogger("fd_async_copy")
 
 
@@ -77,7 +75,6 @@ class RuntimeBackend(CopyBackend):
         self._streams: dict[int, int] = {}  # stream -> device, every stream copied on so far
         self._events: dict[int, list[int]] = {}  # stream -> pool of event handles
         self._next_event = 0
-        self._plans: dict[tuple, _CopyPlan | None] = {}  # (label, destination ids) -> plan
         facts = getattr(self.glue, "facts", None)
         self._facts_of = facts if facts is not None else partial(composed_facts, self.glue)
 
@@ -115,54 +112,18 @@ class RuntimeBackend(CopyBackend):
         return ""
 
     # -- copies ----------------------------------------------------------------------------------
-    # Every source and destination checked first (nothing issued if one fails); under the lock each
-    # copy's bookkeeping and CUDA call in order, each device's current stream asked once, the event.
-    def copy_d2h(self, dst, src, label):
-        self._issue((dst,), (label,), self._sources((src,)), None)
-
     def copy_d2h_many(self, copies, label):
-        if label is not None:
-            # A step's copies into the same pinned buffers as before (the stop flag's, step_syncs'
-            # snapshot, overlap's flags) replay the plan prepared for those buffers and labels.
-            key = (label, *[(id(dst), name) for dst, _, name in copies])
-            plan = self._plans.get(key)
-            if plan is not None:
-                event = plan.replay(self, copies, label)
-                if event is not None:
-                    return event
         dsts, names = [dst for dst, _, _ in copies], [name for _, _, name in copies]
         facts = self._sources([src for _, src, _ in copies])
-        event = self._issue(dsts, names, facts, label)
-        if label is not None:  # (no event: nothing to prepare)
-            if len(self._plans) >= _PLANS:  # (buffers come and go: plans of gone ones never replay)
-                self._plans.clear()
-            self._plans[key] = _CopyPlan.prepare(self, dsts, names, facts, label)
-        return event
+        return self._issue(dsts, names, facts, names[0] if label is None else label)
 
     def fill(self, ring, writer, sources, labels, label, reserve=None):
-        # The ring's lock held (``PinnedRing.fill``). The common step: the ring's next slot is free
-        # and its plan replays these sources (each source's facts read once, there).
-        slot = ring._free_next()
-        event = None if slot is None else self._replay_fill(slot, sources, labels, label)
-        if event is not None:
-            return ring._take(slot), event
-        # Otherwise the ring chooses (and grows) a slot for these shapes; its plan may still replay.
+        # The ring's lock held (``PinnedRing.fill``): each source's facts read once, for the slot's
+        # choice and for its copy.
         facts = self._sources(list(sources.values()))
         slot = ring._acquire(writer, {field: f[2] for field, f in zip(sources, facts)}, reserve)
-        event = self._replay_fill(slot, sources, labels, label)
-        if event is None:
-            dsts, names = [slot.buffers[field] for field in sources], [labels[field] for field in sources]
-            event = self._issue(dsts, names, facts, label)
-            slot.plan = _CopyPlan.prepare(self, dsts, names, facts, label, labels)
-        return slot, event
-
-    def _replay_fill(self, slot, sources: dict, labels: dict, label):
-        """The event of ``slot``'s plan replayed for ``sources``, or None (no plan, or it declined)."""
-        plan = slot.plan
-        if plan is None or plan.labels is not labels or label is None or len(sources) != len(plan.entries):
-            return None
         buffers = slot.buffers
-        return plan.replay(self, [(buffers[field], src, None) for field, src in sources.items()], label)
+        return slot, self._issue([buffers[f] for f in sources], [labels[f] for f in sources], facts, label)
 
     def _sources(self, sources: list) -> list[tuple]:
         """Each source's checked facts: (device, address, shape, dtype, ...) (see ``_plan_other``)."""
@@ -177,56 +138,104 @@ class RuntimeBackend(CopyBackend):
             out.append(facts)
         return out
 
-    def _issue(self, dsts, names, sources: list, label):
-        """Copy each source (its ``_sources`` facts) into its destination, then ``record(label)``.
-        With the runtime's batch (``fdac_d2h_batch``), two or more copies, or copies and their
-        event, go to the GPU in one C call when they share one stream."""
-        fit, fitted = self._fit, []
-        for dst, source in zip(dsts, sources):  # every destination checked before anything is issued
-            facts = fit(dst, source[2], source[3])  # (its memory is alive: ``_fit`` checked it)
-            fitted.append((facts, facts.memory()))
+    def _stream(self, device) -> int:
+        """The stream a copy from ``device`` goes on: the framework's current one (``host``/``sim``:
+        the runtime's, for host memory). Backend lock held."""
+        stream = self.glue.stream(device) if device is not None else self.rt.host_stream()
+        if stream not in self._streams:
+            self._streams[stream] = -1 if device is None else device
+        return stream
+
+    def _issue(self, dsts, names, sources: list, label: str) -> CopyEvent:
+        """The one function that issues D2H copies: copy each source (its ``_sources`` facts) into
+        its destination as one copy set with its own event ``label``, which each destination keeps.
+
+        Every destination is fitted (dtype, capacity, shape) before anything is issued. Per stream
+        (one, unless sources sit on two GPUs) one C call, ``fdac_d2h_batch``, checks the capacities,
+        issues the copies (one ``cudaMemcpyBatchAsync`` where the runtime has it) and records the
+        set's event; without the C call (``HostRuntime``, a build without it) a runtime call each.
+        A destination whose last copy went on another stream and is not known complete is waited
+        on first (``_order_after``): two unordered copies into one buffer may land in either order."""
+        fit = self._fit
+        fitted = [fit(dst, source[2], source[3]) for dst, source in zip(dsts, sources)]  # all checked first
+        memories = [facts.memory() for facts in fitted]  # (alive: ``_fit`` checked them)
         batch = self.rt.batch
-        if batch is not None and (len(dsts) < 2 and label is None or len(dsts) > batch.MAX):
-            batch = None  # one copy and no event: nothing to batch
-        with self._lock:  # issued under the lock: sequence order is stream order, for every thread
-            streams, seq, last, known, memcpy = {}, self._seq, self._copy_seq, self._streams, self.rt.memcpy_d2h_async
-            counting, ptrs, srcs, sizes, on = census._ACTIVE is not None, [], [], [], []
-            try:
-                for dst, name, source, (facts, memory) in zip(dsts, names, sources, fitted):
-                    if counting:
-                        census.record("async_d2h", name)
-                    seq += 1
-                    last[id(dst)] = (seq, name, facts.buf)  # (``facts.buf``: the weak reference to ``dst``)
-                    device = source[0]
-                    stream = streams.get(device)
-                    if stream is None:
-                        stream = streams[device] = 0 if device is None else self.glue.stream(device)
-                        known.setdefault(stream, -1 if device is None else device)
-                    if facts.nbytes:
-                        if batch is None:
-                            memcpy(facts.ptr, source[1], facts.nbytes, stream)
-                        else:
-                            ptrs.append(facts.ptr)
-                            srcs.append(source[1])
-                            sizes.append(facts.nbytes)
-                            on.append(stream)
-                        # ``memory.fence(stream, seq, device)``, inline
-                        memory.fence_stream, memory.fence_seq = stream, seq
-                        memory.fence_device = -1 if device is None else device
-            finally:
-                self._seq = seq  # never reused (if a CUDA call fails, later events cover what was issued)
-            handle = None
-            if batch is not None and len(streams) != 1:  # copies on two streams: one call each
-                for copy in zip(ptrs, srcs, sizes, on):
-                    memcpy(*copy)
-            elif batch is not None:
-                # One C call: the copies, and the event when this stream is the only one copied on (an
-                # event covers every stream's copies: ``_record_native``).
-                handle = self._event(stream, known[stream]) if label is not None and len(known) == 1 else None
-                batch.issue(ptrs, srcs, sizes, stream, handle)
-            if label is None:
-                return None
-            return self.record(label) if handle is None else self._listed(label, (handle,))
+        with self._lock:
+            if census._ACTIVE is not None:
+                for name in names:
+                    census.record("async_d2h", name)
+            device, one = (sources[0][0], batch is not None and len(fitted) <= batch.MAX) if sources else (None, False)
+            for source in sources if one else ():
+                if source[0] != device:
+                    one = False
+                    break
+            if one:
+                # Every step's case: one stream, and the set described once (``CopySet``, kept by its
+                # first destination): one C call of three arguments.
+                stream = self._stream(device)
+                for memory, name in zip(memories, names):
+                    if memory.fence_stream != stream and memory.fence_event is not None:
+                        self._ordered((memory,), stream, (name,))
+                handle = self._event(stream, -1 if device is None else device)
+                described = fitted[0].copyset
+                if described is None or described[1] != fitted:
+                    described = fitted[0].copyset = (CopySet(batch, [f.ptr for f in fitted],
+                                                             [m.nbytes for m in memories]), fitted)
+                described[0].issue([s[1] for s in sources], [f.nbytes for f in fitted], stream, handle)
+                last = self._last
+                event = last[stream] = CopyEvent(label, (handle,), (last.get(stream),))
+                for facts, memory, name in zip(fitted, memories, names):
+                    facts.event, facts.writer, memory.fence_event, memory.fence_stream = event, name, event, stream
+                return event
+            streams, groups = {}, {}  # device -> stream; stream -> indices of its copies
+            for i, source in enumerate(sources):
+                stream = streams.get(source[0])
+                if stream is None:
+                    stream = streams[source[0]] = self._stream(source[0])
+                    groups[stream] = [i]
+                else:
+                    groups[stream].append(i)
+                self._ordered(memories[i:i + 1], stream, names[i:i + 1])
+            handles = []
+            for (device, stream), indices in zip(streams.items(), groups.values()):
+                handle = self._event(stream, -1 if device is None else device)
+                ptrs, srcs = [fitted[i].ptr for i in indices], [sources[i][1] for i in indices]
+                sizes, capacities = [fitted[i].nbytes for i in indices], [memories[i].nbytes for i in indices]
+                if batch is not None and len(ptrs) <= batch.MAX:
+                    batch.issue(ptrs, srcs, sizes, stream, handle, capacities)
+                else:
+                    memcpy = self.rt.memcpy_d2h_async
+                    for copy in zip(ptrs, srcs, sizes):
+                        if copy[2]:
+                            memcpy(*copy, stream)
+                    self.rt.event_record(handle, stream)
+                handles.append(handle)
+            return self._kept(label, tuple(handles), groups, fitted, memories, names)
+
+    def _ordered(self, memories, stream: int, names) -> None:
+        for memory, name in zip(memories, names):
+            earlier = memory.fence_event
+            if earlier is not None and not earlier.done and memory.fence_stream != stream:
+                self._order_after(earlier, name)
+
+    def _kept(self, label, handles, groups, fitted, memories, names) -> CopyEvent:
+        """The set's event, kept by each destination and its memory (backend lock held)."""
+        last = self._last
+        event = CopyEvent(label, handles, [last.get(stream) for stream in groups])
+        for stream, indices in groups.items():
+            last[stream] = event
+            for i in indices:
+                facts = fitted[i]
+                facts.event, facts.writer = event, names[i]
+                if facts.nbytes:
+                    memory = memories[i]
+                    memory.fence_event, memory.fence_stream = event, stream
+        return event
+
+    def _order_after(self, earlier: CopyEvent, name: str) -> None:
+        """A copy into memory whose last copy went on another stream and may still run: the host
+        waits for that copy's event first (rare: the framework changed streams between two steps)."""
+        self.wait(earlier, f"{name}: ordered after a copy on another stream")
 
     def _plan_other(self, src, device) -> tuple:
         """The facts of a source that cannot be copied by address (the ``host`` backend copies it
@@ -235,15 +244,20 @@ class RuntimeBackend(CopyBackend):
             raise ValueError("copy_d2h: the source must be a GPU tensor for the cuda backend")
         raise ValueError("copy_d2h: the source must be contiguous (a copy by address reads it flat)")
 
-    def _copy_h2d(self, dst_ptr, device, memory, offset, nbytes, seq, label):
+    def _copy_h2d(self, dst_ptr, device, memory, offset, nbytes, label):
         # Backend lock held (``CopyBackend.copy_h2d``). ``device`` None: host memory (``host``).
         if device is None and self.device_sources:
             raise ValueError("copy_h2d: the destination must be GPU memory for the cuda backend")
-        stream = self.glue.stream(device) if device is not None else 0
+        stream = self._stream(device)
         if nbytes:
             self.rt.memcpy_h2d_async(dst_ptr, memory.ptr + offset, nbytes, stream)
-            memory.fence(stream, seq, -1 if device is None else device)
-        self._streams.setdefault(stream, -1 if device is None else device)
+        handle = self._event(stream, -1 if device is None else device)
+        self.rt.event_record(handle, stream)
+        event = CopyEvent(label, (handle,), (self._last.get(stream),))
+        self._last[stream] = event
+        if nbytes:
+            memory.fence_event, memory.fence_stream = event, stream
+        return event
 
     # -- events ----------------------------------------------------------------------------------
     def _event(self, stream: int, device: int) -> int:
@@ -266,112 +280,18 @@ class RuntimeBackend(CopyBackend):
                 self.rt.set_device(current)
         return pool[-1]
 
-    def _record_native(self, seq, label):
-        # Called with the backend lock held (``CopyBackend.record``): every copy issued so far is
-        # on one of these streams, and no copy is issued between the records.
-        recorded, record = [], self.rt.event_record
+    def _record_native(self, label):
+        # Backend lock held (``CopyBackend.record``): every copy issued so far is on one of these
+        # streams, and no copy is issued between the records.
+        recorded, record, last = [], self.rt.event_record, self._last
         for stream, device in self._streams.items():  # (``_event`` adds no stream)
             event = self._event(stream, device)
             record(event, stream)
             recorded.append(event)
-        return tuple(recorded)
-
-    def _wait_native(self, event: CopyEvent) -> None:
-        for handle in event.native or ():
-            self.rt.event_synchronize(handle)  # GIL released: other threads keep launching
-
-    def _drain_native(self, device: bool = False) -> None:
-        if device:
-            self.rt.device_synchronize()
-            return
-        with self._wait_lock("stream_synchronize"):
-            streams = list(self._streams)
-        for stream in streams:
-            self.rt.stream_synchronize(stream)
-
-    def query(self, event: CopyEvent) -> bool:
-        """Whether ``event``'s copies have landed, without waiting."""
-        return event.seq <= self._completed or all(self.rt.event_query(h) for h in event.native or ())
-
-
-class _CopyPlan:
-    """Copies into the same pinned buffers as a previous call, prepared once (issue 24): each
-    buffer's allocation facts and its copy's label, and the batch's destinations and sizes
-    (``PreparedBatch``). A ring slot keeps one (``RuntimeBackend.fill``), the backend one per set of
-    destinations and labels of ``copy_d2h_many`` (a step's outputs).
-
-    ``replay`` is ``_issue`` for exactly those buffers: it reads each source's facts and makes
-    ``_sources``' and ``_fit``'s checks itself (the sources on the plan's probed GPU and contiguous;
-    each buffer registered, alive, at its memory, of the source's dtype), gives a buffer the
-    source's shape through ``_fit`` where it changed and fits the allocation (a decode batch that
-    grew or shrank), then does the same bookkeeping and one C call. It returns None, having issued
-    nothing, when the call differs otherwise (its buffers, their order, the device, a shape too
-    large): the caller goes on to the general path (the ring grows the slot, ``_issue`` refits or
-    raises). The ring drops a slot's plan when one of its buffers changes
-    (``PinnedRing._new_buffer``)."""
-
-    __slots__ = ("labels", "entries", "sizes", "device", "batch")
-
-    @classmethod
-    def prepare(cls, backend, dsts, names, facts, label, labels=None):
-        """The plan of the copies just issued, or None where they cannot be replayed: no batch, no
-        event, sources not all on one GPU, an empty copy. ``labels``: a ring's fields' (its fill)."""
-        batch, pinned = backend.rt.batch, backend._pinned
-        if batch is None or label is None or not 0 < len(dsts) <= batch.MAX:
-            return None
-        device = facts[0][0]
-        held = [pinned.get(id(dst)) for dst in dsts]
-        if device is None or any(f[0] != device for f in facts) or any(p is None or not p.nbytes for p in held):
-            return None
-        plan = cls()
-        plan.labels, plan.device = labels, device
-        plan.entries, plan.sizes = tuple(zip(held, names, map(id, dsts))), [p.nbytes for p in held]
-        plan.batch = PreparedBatch(batch, [p.ptr for p in held], plan.sizes)
-        return plan
-
-    def replay(self, backend, copies, label):
-        """``copies``: (destination, source, _) for each entry, in order (the callers check the count)."""
-        device, pinned, facts_of, glue = self.device, backend._pinned, backend._facts_of, backend.glue
-        if device not in backend._probed_ok:
-            return None
-        address, shape_of, srcs, memories, resized = glue.address, glue.shape, [], [], False
-        for (held, _, ident), size, (dst, src, _) in zip(self.entries, self.sizes, copies):
-            f, memory = facts_of(src), held.memory()
-            if (f[0] != device or not f[4] or f[3] != held.dtype or pinned.get(ident) is not held
-                    or held.buf() is not dst or memory is None or address(dst) != held.ptr):
-                return None
-            shape = f[2]
-            # (``size``: what the batch copies; another call may have given the buffer a new shape)
-            if shape != held.shape or size != held.nbytes or shape_of(dst) != shape:
-                # The decode batch grew or shrank, or a framework op reshaped the buffer: ``_fit``
-                # gives it the source's shape; one that does not fit goes to the general path (the
-                # ring grows the slot).
-                if (prod(shape) if shape else 1) * held.flat.itemsize > memory.nbytes:
-                    return None
-                backend._fit(dst, shape, f[3])
-                resized = True
-            srcs.append(f[1])
-            memories.append(memory)
-        with backend._lock:  # as ``_issue``: sequence order is stream order
-            if resized:  # (under the lock, as the batch's sources: zero bytes, the C loop skips that copy)
-                self.sizes = [entry[0].nbytes for entry in self.entries]
-                self.batch.resize(self.sizes)
-            stream = glue.stream(device)
-            known = backend._streams
-            if stream not in known:
-                known[stream] = device
-            seq, last, counting = backend._seq, backend._copy_seq, census._ACTIVE is not None
-            for (held, name, ident), memory in zip(self.entries, memories):
-                if counting:
-                    census.record("async_d2h", name)
-                seq += 1
-                last[ident] = (seq, name, held.buf)
-                if held.nbytes:  # ``memory.fence(stream, seq, device)``, inline
-                    memory.fence_stream, memory.fence_seq, memory.fence_device = stream, seq, device
-            backend._seq = seq
-            handle = backend._event(stream, device) if len(known) == 1 else None
-            self.batch.issue(srcs, stream, handle)
-            return backend.record(label) if handle is None else backend._listed(label, (handle,))
+        event = CopyEvent(label, tuple(recorded), [last.get(stream) for stream in self._streams])
+        for stream in self._streams:
+            last[stream] = event
+        return event
 
 
 class CudaBackend(RuntimeBackend):

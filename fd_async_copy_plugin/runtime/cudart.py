@@ -65,25 +65,26 @@ class _Api(ctypes.Structure):
 
 
 class D2HBatch:
-    """``fdac_d2h_batch`` (custom_ops/copy_batch.cc): a step's D2H copies and its event record in one
-    ctypes call instead of one each, through the process's own ``cudaMemcpyAsync`` and
-    ``cudaEventRecord`` (``memcpy_async``, ``event_record``: their addresses) - and, once
-    ``use_batch_api`` turned it on, the copies in one ``cudaMemcpyBatchAsync``. Its argument arrays
-    are reused, under its own lock (backends sharing the process's runtime may issue at once)."""
+    """``fdac_d2h_batch`` (custom_ops/copy_batch.cc): the C call that issues a copy set - its
+    capacity check, its D2H copies and its event record - in one ctypes call, through the process's
+    own ``cudaMemcpyAsync`` and ``cudaEventRecord`` (``memcpy_async``, ``event_record``: their
+    addresses) and, once ``use_batch_api`` turned it on, the copies in one ``cudaMemcpyBatchAsync``.
+    Its argument arrays are reused, under its own lock (backends sharing the runtime may issue at once)."""
 
     MAX = 16  # copies per call
 
     def __init__(self, lib, memcpy_async: int, event_record: int, fail) -> None:
         fn = lib.fdac_d2h_batch
-        fn.argtypes = [ctypes.c_void_p, ctypes.c_int] + [ctypes.c_void_p] * 6
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_int] + [ctypes.c_void_p] * 7
         fn.restype = ctypes.c_int
         self._api = _Api(memcpy_async, event_record, None, 0)
         self._fn, self._fail, self._api_at = fn, fail, ctypes.addressof(self._api)
-        self._prepared = lib.fdac_d2h_batch_prepared
-        self._prepared.argtypes, self._prepared.restype = [ctypes.c_void_p] * 3, ctypes.c_int
+        self._set_issue = lib.fdac_d2h_set_issue
+        self._set_issue.argtypes, self._set_issue.restype = [ctypes.c_void_p] * 3, ctypes.c_int
         self._dst, self._src = (ctypes.c_void_p * self.MAX)(), (ctypes.c_void_p * self.MAX)()
-        self._nbytes, self._failed = (ctypes.c_size_t * self.MAX)(), ctypes.c_int(-1)
-        self._arrays = tuple(ctypes.addressof(a) for a in (self._dst, self._src, self._nbytes))
+        self._nbytes, self._capacity = (ctypes.c_size_t * self.MAX)(), (ctypes.c_size_t * self.MAX)()
+        self._failed = ctypes.c_int(-1)
+        self._arrays = tuple(ctypes.addressof(a) for a in (self._dst, self._src, self._nbytes, self._capacity))
         self._failed_at = ctypes.addressof(self._failed)
         self._lock = threading.Lock()
         #: ``cudaMemcpyBatchAsync`` of the runtime: (address, ABI) until ``use_batch_api`` decided
@@ -103,57 +104,56 @@ class D2HBatch:
         if not ok:
             self.batch_api = None
 
-    def issue(self, dst: list, src: list, nbytes: list, stream: int, event: int | None) -> None:
+    def issue(self, dst: list, src: list, nbytes: list, stream: int, event: int | None,
+              capacity: list | None = None) -> None:
         """Copies ``nbytes[i]`` bytes from device address ``src[i]`` to host address ``dst[i]`` (up to
-        ``MAX``; zero bytes: skipped), then records ``event`` (None: none), all on ``stream``."""
+        ``MAX``; zero bytes: skipped), then records ``event`` (None: none), all on ``stream``; first
+        checks ``nbytes[i] <= capacity[i]`` (None: the sizes themselves) and issues nothing if not."""
         count = len(dst)
         with self._lock:
             self._dst[:count], self._src[:count], self._nbytes[:count] = dst, src, nbytes
+            self._capacity[:count] = nbytes if capacity is None else capacity
             code = self._fn(self._api_at, count, *self._arrays, stream, event, self._failed_at)
             failed = self._failed.value
+        self._raise(code, failed, count, nbytes, capacity or nbytes)
+
+    def _raise(self, code: int, failed: int, count: int, nbytes, capacity) -> None:
+        if code == -2:
+            raise ValueError(f"fdac_d2h_batch: copy {failed} of {nbytes[failed]} bytes does not fit its destination's "
+                             f"{capacity[failed]}; nothing was issued")
         if code:
-            _batch_failed(self._fail, failed, count, code)
+            self._fail({count: "cudaEventRecord", count + 1: "cudaMemcpyBatchAsync"}.get(failed, "cudaMemcpyAsync"), code)
 
 
-def _batch_failed(fail, failed: int, count: int, code: int) -> None:
-    """Raise for a batch whose call number ``failed`` returned ``code``: ``count`` is its record,
-    ``count + 1`` its ``cudaMemcpyBatchAsync``."""
-    fail({count: "cudaEventRecord", count + 1: "cudaMemcpyBatchAsync"}.get(failed, "cudaMemcpyAsync"), code)
-
-
-class _Prepared(ctypes.Structure):
-    # ``struct fdac_d2h_prepared`` (custom_ops/copy_batch.cc)
+class _SetArgs(ctypes.Structure):
+    # ``struct fdac_d2h_set`` (custom_ops/copy_batch.cc)
     _fields_ = [("api", ctypes.c_void_p), ("count", ctypes.c_int), ("dst", ctypes.c_void_p), ("src", ctypes.c_void_p),
-                ("nbytes", ctypes.c_void_p), ("failed", ctypes.c_int)]
+                ("nbytes", ctypes.c_void_p), ("capacity", ctypes.c_void_p), ("failed", ctypes.c_int)]
 
 
-class PreparedBatch:
-    """A batch whose destinations stay the same from call to call (a ring slot's buffers, a step's
-    pinned outputs: ``runtime/cuda.py``'s ``_CopyPlan``): prepared once (``fdac_d2h_batch_prepared``),
-    each ``issue`` sets only the sources and passes three arguments; ``resize`` sets new sizes. Its
-    arrays are its own: its owner serialises the calls (the copy backend's lock)."""
+class CopySet:
+    """A copy set described once for the C call (``fdac_d2h_set_issue``): its destinations and
+    their capacities fixed; ``issue`` writes the sources (and the sizes, when they changed) into
+    its own arrays and passes three arguments. Its owner serialises the calls (the backend lock)."""
 
-    def __init__(self, batch: D2HBatch, dst: list, nbytes: list) -> None:
+    __slots__ = ("count", "_dst", "_src", "_nbytes", "_capacity", "_args", "_at", "_batch", "sizes")
+
+    def __init__(self, batch: D2HBatch, dst: list, capacity: list) -> None:
         count = self.count = len(dst)
-        if not 0 < count <= batch.MAX:
-            raise ValueError(f"a prepared batch holds 1 to {batch.MAX} copies, not {count}")
         self._dst, self._src = (ctypes.c_void_p * count)(*dst), (ctypes.c_void_p * count)()
-        self._nbytes = (ctypes.c_size_t * count)(*nbytes)
-        self._args = _Prepared(batch._api_at, count, *(ctypes.addressof(a) for a in (self._dst, self._src, self._nbytes)),
-                               -1)
-        self._batch = batch  # (keeps the api struct its calls read alive)
-        self._fn, self._fail, self._at = batch._prepared, batch._fail, ctypes.addressof(self._args)
+        self._nbytes, self._capacity = (ctypes.c_size_t * count)(), (ctypes.c_size_t * count)(*capacity)
+        self._args = _SetArgs(batch._api_at, count, *(ctypes.addressof(a) for a in
+                                                     (self._dst, self._src, self._nbytes, self._capacity)), -1)
+        self._batch, self._at, self.sizes = batch, ctypes.addressof(self._args), None
 
-    def issue(self, src: list, stream: int, event: int | None) -> None:
-        """The copies from the device addresses ``src`` (one per destination), then ``event``'s record."""
+    def issue(self, src: list, nbytes: list, stream: int, event: int | None) -> None:
         self._src[:] = src
-        code = self._fn(self._at, stream, event)
+        if nbytes != self.sizes:
+            self._nbytes[:], self.sizes = nbytes, nbytes
+        batch = self._batch
+        code = batch._set_issue(self._at, stream, event)
         if code:
-            _batch_failed(self._fail, self._args.failed, self.count, code)
-
-    def resize(self, nbytes: list) -> None:
-        """The bytes each copy moves from now on (zero: that copy is skipped)."""
-        self._nbytes[:] = nbytes
+            batch._raise(code, self._args.failed, self.count, nbytes, list(self._capacity))
 
 
 def loaded_cudart_paths() -> list[str]:
@@ -238,7 +238,12 @@ class CudaRuntime:
         self._error_string.argtypes, self._error_string.restype = [I], ctypes.c_char_p
 
     name = "cuda"
-    batch: D2HBatch | None = None  # the custom ops' fdac_d2h_batch, once ``use_batch`` found it
+    batch: D2HBatch | None = None
+
+    def host_stream(self) -> int:
+        """Copies from host memory have no stream of their own here (``cuda`` copies from GPUs)."""
+        return 0
+  # the custom ops' fdac_d2h_batch, once ``use_batch`` found it
 
     def use_batch(self, lib: ctypes.CDLL) -> None:
         """Issue batches of copies through ``lib``'s ``fdac_d2h_batch`` (the custom-ops module), offering
@@ -346,6 +351,10 @@ class HostRuntime:
     name = "host"
     origin = "host memory (no CUDA)"
     batch = None  # copies are memmoves: nothing to batch
+
+    def host_stream(self) -> int:
+        """The stream of copies whose "device" is host memory (``HostBackend``): none."""
+        return 0
 
     def __init__(self) -> None:
         self._lock = threading.Lock()

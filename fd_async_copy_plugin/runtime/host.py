@@ -18,8 +18,8 @@ class HostBackend(RuntimeBackend):
     name = "host"
     device_sources = False
 
-    def __init__(self, glue=None) -> None:
-        super().__init__(HostRuntime(), glue=glue, probe=False)
+    def __init__(self, glue=None, rt=None) -> None:
+        super().__init__(HostRuntime() if rt is None else rt, glue=glue, probe=False)
 
     def blocking_d2h(self, src, label):
         # On CPU Paddle ``.cpu()`` returns the tensor itself; FastDeploy's result is a copy.

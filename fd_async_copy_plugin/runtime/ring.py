@@ -56,7 +56,6 @@ class PinnedSlot:
     last_acquired: int = 0  # the ring's acquire count when this slot was last handed out
     idle_since: int | None = None  # the acquire count when it was first seen idle (None: in use)
     served: dict | None = None  # the shapes (tuples) it was last handed out for: they fit its capacity
-    plan: object = None  # the backend's prepared fill of these buffers (``RuntimeBackend.fill``)
 
 
 class PinnedRing:
@@ -93,14 +92,12 @@ class PinnedRing:
         #: Held by ``acquire``; a producer handing buffers to other threads holds it from ``acquire``
         #: until its result references them (else another thread could pick the same free slot).
         self.lock = threading.RLock()
-        # The backend's count of its own references to a buffer; None where it never holds any.
-        self._internal_refs = None if type(backend).internal_refs is CopyBackend.internal_refs else backend.internal_refs
         for _ in range(slots):
             self._add_slot(capacity)
 
     # -- slots ---------------------------------------------------------------------------------
     def _new_buffer(self, slot: PinnedSlot, name: str, elements: int) -> None:
-        buffers, slot.plan = slot.buffers, None  # (a prepared fill names the old buffers)
+        buffers = slot.buffers
         buffers[name] = self.backend.new_pinned([elements], self.dtypes[name], f"{self.name}[{slot.index}].{name}")
         slot.capacity[name] = elements
         slot.baseline[name] = getrefcount(buffers[name])
@@ -113,15 +110,14 @@ class PinnedRing:
         return slot
 
     def external_refs(self, slot: PinnedSlot) -> dict[str, int]:
-        """References to the slot's buffers held outside the ring (and outside the backend)."""
-        buffers, internal = slot.buffers, self.backend.internal_refs
-        return {name: extra for name, base in slot.baseline.items()
-                if (extra := getrefcount(buffers[name]) - base - internal(buffers[name])) > 0}
+        """References to the slot's buffers held outside the ring."""
+        buffers = slot.buffers
+        return {name: extra for name, base in slot.baseline.items() if (extra := getrefcount(buffers[name]) - base) > 0}
 
     def is_free(self, slot: PinnedSlot) -> bool:
-        buffers, internal = slot.buffers, self._internal_refs
+        buffers = slot.buffers
         for name, base in slot.baseline.items():
-            if getrefcount(buffers[name]) - base > (0 if internal is None else internal(buffers[name])):
+            if getrefcount(buffers[name]) > base:
                 return False
         self._vetted = slot  # found free under the lock: ``_acquire`` need not check it again
         return True
@@ -234,12 +230,11 @@ class PinnedRing:
         )
 
     def _free_next(self) -> PinnedSlot | None:
-        """The slot of the common step, for a caller that checks the rest itself (a backend's prepared
-        fill): the next one in ring order, when the ring holds its initial slots only and nothing
-        outside it references that slot's buffers (``is_free``, inline); else None. Hands nothing
-        out: ``_take`` does."""
+        """The slot of the common step: the next one in ring order, when the ring holds its initial
+        slots only and nothing outside it references that slot's buffers (``is_free``, inline); else
+        None. Hands nothing out: ``_take`` does."""
         slots = self.slots
-        if len(slots) != self.base_slots or self._internal_refs is not None:
+        if len(slots) != self.base_slots:
             return None
         slot = slots[self._next]
         buffers = slot.buffers
@@ -249,7 +244,7 @@ class PinnedRing:
         return slot
 
     def _take(self, slot: PinnedSlot) -> PinnedSlot:
-        """Hand out ``_free_next``'s slot: one acquire, the shapes it serves already in its buffers."""
+        """Hand out ``_free_next``'s slot: one acquire."""
         self._acquires += 1
         return self._hand_out(slot)
 

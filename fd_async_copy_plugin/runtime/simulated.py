@@ -1,50 +1,161 @@
-"""Backend ``sim``: a race-detecting simulator of asynchronous D2H copies.
+"""Backend ``sim``: the production copy path over a race-detecting fake CUDA runtime.
 
-On the CPU build of Paddle every copy is synchronous, so an ordering bug (reading a pinned buffer
-before its event completed, overwriting a buffer a consumer still holds) can never show. This
-backend makes such bugs deterministic and loud:
+``sim`` is not a model of the backend: it is ``RuntimeBackend`` - the ctypes layer
+(``CudaRuntime``), the C call that issues a copy set (``fdac_d2h_batch``, with its
+``cudaMemcpyBatchAsync`` branch on), the rings, the events - run over ``custom_ops/fake_cudart.cc``,
+a stand-in for ``libcudart`` compiled here with g++ on first use (with ``copy_batch.cc``, into the
+custom ops' cache folder). Only the CUDA runtime is replaced. On the CPU build of Paddle every copy
+is otherwise synchronous, so an ordering bug could never show; the fake makes it loud:
 
-- ``copy_d2h`` does not copy. It snapshots the source (stream order: the copy sees the source as
-  it is when issued) and fills the destination with poison: NaN for floats, -7777 for integers,
-  the inverse of the real value for bools. The data lands only when an event that covers the copy
-  is waited on, or the stream/device is synchronized.
-- ``read`` of a buffer with a copy in flight raises ``PendingCopyError`` naming the buffer, the
-  writer and the reader. Code that bypasses ``read`` (e.g. FastDeploy's own ``.numpy()``) sees the
-  poison, which makes outputs differ from the unpatched run.
-- A pinned ring that picks a slot whose previous contents are still referenced raises
-  ``BufferInUseError`` naming the ring, the slot, the referrers and the writer (``ring.py``).
-- Events are sequence numbers on one modelled stream: waiting on an event releases exactly the
-  copies issued before it was recorded; a device or stream synchronize releases everything.
+- a D2H copy does not land when issued: its destination holds poison (a bool inverted, a float NaN,
+  an integer -7777) until a wait covers it (the event of its copy set, a later event on its stream,
+  a stream or device synchronize) - or, when a test asks for it (``run_ahead``), at a random later
+  call, as a device that ran ahead;
+- a host read through the backend's one read accessor (``CopyBackend.read``) of a buffer a pending
+  copy still writes raises ``PendingCopyError`` naming the buffer, the writer and the reader; code
+  that bypasses it (FastDeploy's own ``.numpy()``) sees the poison: the outputs differ;
+- a copy into a buffer a pending copy on another stream still writes (no wait between them), and a
+  free of memory a copy still writes, raise ``BufferInUseError``;
+- a ring that picks a slot its reader still references raises ``BufferInUseError`` naming the
+  referrers (reference counts are Python's; the ring reports it, ``ring.py``).
+
+Every race the fake saw is counted (``errors()``), also where a caller swallowed the exception (the
+free path logs and goes on). ``switch_streams(True)``: the current stream alternates between two
+streams from one call to the next (FD 2.5 changes it under a stream guard) - for tests of ordering
+across streams. ``run_ahead(seed)``: from now on a random prefix of each stream's pending copies
+lands at each runtime call (``run_ahead(None)`` stops it).
 """
 
 from __future__ import annotations
 
 import ctypes
 import gc
+import hashlib
+import os
+import shutil
+import subprocess
+import threading
+from pathlib import Path
 
-import numpy as np
+from .backend import BufferInUseError, CopyBackend, PendingCopyError
+from .cudart import CudaError, CudaRuntime
+from .host import HostBackend
 
-from .backend import AsyncCopyError, BufferInUseError, CopyBackend, CopyEvent, PendingCopyError, host_view
-
-POISON_INT = -7777
-
-
-def poison_like(values: np.ndarray) -> np.ndarray:
-    if values.dtype == np.bool_:
-        return np.logical_not(values)
-    if np.issubdtype(values.dtype, np.floating):
-        return np.full(values.shape, np.nan, dtype=values.dtype)
-    return np.full(values.shape, POISON_INT, dtype=values.dtype)
+SOURCES = ("fake_cudart.cc", "copy_batch.cc")
+POISON_INT = -7777  # what an integer destination holds until its copy landed (fake_cudart.cc)
+_RACES = {9001: PendingCopyError, 9002: BufferInUseError, 9003: BufferInUseError, 9004: BufferInUseError}
+_lock = threading.Lock()
+_runtime: FakeRuntime | None = None
 
 
-class SimulatedBackend(CopyBackend):
+def fake_library(out_dir: Path | None = None) -> Path:
+    """The fake libcudart with ``fdac_d2h_batch``, compiled once per source version."""
+    from ..ops import cache
+
+    src = cache.sources_dir()
+    if src is None:
+        raise RuntimeError("backend 'sim' needs the custom_ops sources (fake_cudart.cc), which are missing")
+    digest = hashlib.sha256(b"".join((src / name).read_bytes() for name in SOURCES)).hexdigest()[:12]
+    out_dir = Path(out_dir) if out_dir is not None else cache.ops_dir()
+    lib = out_dir / f"libfdac_fake_cudart-{digest}.so"
+    if not lib.is_file():
+        cxx = shutil.which("g++") or shutil.which("c++")
+        if cxx is None:
+            raise RuntimeError("backend 'sim' compiles its fake CUDA runtime with g++, which is not on PATH")
+        out_dir.mkdir(parents=True, exist_ok=True)
+        tmp = lib.with_suffix(f".{os.getpid()}.tmp")
+        subprocess.run([cxx, "-O1", "-shared", "-fPIC", "-DFAKE_BATCH_ABI=13", "-o", str(tmp),
+                        *(str(src / name) for name in SOURCES)], check=True, capture_output=True)
+        os.replace(tmp, lib)
+    return lib
+
+
+class FakeRuntime(CudaRuntime):
+    """``CudaRuntime`` on the fake libcudart, plus the fake's own calls (checks, switches)."""
+
     name = "sim"
 
+    def __init__(self, path: Path | None = None) -> None:
+        lib = ctypes.CDLL(str(path or fake_library()))
+        super().__init__(lib=lib, origin=f"fake libcudart (backend sim, {Path(lib._name).name})")
+        P, S = ctypes.c_void_p, ctypes.c_size_t
+        for name, args, res in (("fake_check_read", [P, S], ctypes.c_int), ("fake_pending", [P, S], ctypes.c_int),
+                                ("fake_report_reuse", [P, S], ctypes.c_int), ("fake_current_stream", [], P),
+                                ("fake_set_kind", [P, ctypes.c_int, ctypes.c_char], None),
+                                ("fake_seed", [ctypes.c_ulonglong], None)):
+            fn = getattr(lib, name)
+            fn.argtypes, fn.restype = args, res
+        self.use_batch(lib)  # the production C call, with its cudaMemcpyBatchAsync branch
+        self.batch.use_batch_api(True, "the fake runtime's cudaMemcpyBatchAsync (backend sim)")
+
+    def _var(self, name: str) -> ctypes.c_int:
+        return ctypes.c_int.in_dll(self.lib, name)
+
+    def _fail(self, name: str, code: int):
+        error = _RACES.get(code)
+        if error is not None:
+            raise error(f"{name}: {self.last_error()}")
+        super()._fail(name, code)
+
+    @property
+    def allocations(self) -> int:
+        return self._var("fake_allocations").value
+
+    @property
+    def frees(self) -> int:
+        return self._var("fake_frees").value
+
+    def errors(self) -> int:
+        """Races the fake reported since this process loaded it."""
+        return self._var("fake_errors").value
+
+    def last_error(self) -> str:
+        return (ctypes.c_char * 1024).in_dll(self.lib, "fake_error_text").value.decode(errors="replace")
+
+    def host_stream(self) -> int:
+        return self.lib.fake_current_stream() or 0
+
+    def set_kind(self, ptr: int, itemsize: int, kind: str) -> None:
+        self.lib.fake_set_kind(ptr, itemsize, kind.encode())
+
+    def check_read(self, ptr: int, nbytes: int) -> None:
+        code = self.lib.fake_check_read(ptr, nbytes)
+        if code:
+            raise PendingCopyError(self.last_error())
+
+    def pending(self, ptr: int, nbytes: int) -> int:
+        return self.lib.fake_pending(ptr, nbytes)
+
+    def report_reuse(self, ptr: int, nbytes: int) -> None:
+        self.lib.fake_report_reuse(ptr, nbytes)
+
+    def switch_streams(self, on: bool) -> None:
+        self._var("fake_stream_switch").value = int(on)
+
+    def run_ahead(self, seed: int | None) -> None:
+        if seed is not None:
+            self.lib.fake_seed(seed)
+        self._var("fake_random_landing").value = int(seed is not None)
+
+
+def fake_runtime() -> FakeRuntime:
+    """The process's fake runtime (one: its state is the library's, as a device's is the process's)."""
+    global _runtime
+    with _lock:
+        if _runtime is None:
+            _runtime = FakeRuntime()
+        return _runtime
+
+
+class SimulatedBackend(HostBackend):
+    """``RuntimeBackend`` (as ``host``: host tensors are the "device") on ``FakeRuntime``."""
+
+    name = "sim"
+    copy_in_flight = CopyBackend.copy_in_flight  # (``host``'s copies land at once; these do not)
+
     def __init__(self, glue=None) -> None:
-        super().__init__(glue=glue)  # buffers: host memory wrapped exactly like pinned memory
+        super().__init__(glue=glue, rt=fake_runtime())
         self._labels: dict[int, str] = {}
-        # id(dst) -> (dst, data, seq, writer, the bytes it lands in: ``dst``'s view when issued)
-        self._pending: dict[int, tuple[object, np.ndarray, int, str, np.ndarray]] = {}
 
     def new_pinned(self, shape, dtype, label):
         t = super().new_pinned(shape, dtype, label)
@@ -54,73 +165,41 @@ class SimulatedBackend(CopyBackend):
     def label_of(self, buf) -> str:
         return self._labels.get(id(buf), f"<unlabelled buffer {id(buf):#x}>")
 
+    def run_ahead(self, seed: int | None) -> None:
+        self.rt.run_ahead(seed)
+
+    def switch_streams(self, on: bool) -> None:
+        self.rt.switch_streams(on)
+
     def reused_while_referenced(self, message, buffers):
+        for buf in buffers.values():
+            facts = self._facts(buf)
+            if facts is not None:
+                self.rt.report_reuse(facts.ptr, facts.nbytes)
         referrers = sorted({type(r).__name__ for b in buffers.values() for r in gc.get_referrers(b)
                             if r is not buffers})
         raise BufferInUseError(f"{message}; referrers: {referrers}: the slot was reused too early")
 
-    def internal_refs(self, buf) -> int:
-        return 1 if id(buf) in self._pending else 0
-
-    def copy_in_flight(self, buf) -> bool:
-        return id(buf) in self._pending
-
     def pending_writers(self) -> list[str]:
-        return sorted(entry[3] for entry in self._pending.values())
+        """The labels of the copies into this backend's buffers that have not landed."""
+        return sorted(f.writer for f in list(self._pinned.values())
+                      if f.writer is not None and f.buf() is not None and self.rt.pending(f.ptr, f.flat.nbytes))
 
-    def _alloc(self, shape, dtype):
-        t = super()._alloc(shape, dtype)
-        view = host_view(t, self.glue)
-        view[...] = poison_like(view)
-        return t
-
-    def _copy(self, dst, src, seq, label):
-        data = self.glue.snapshot(src)
-        self._fit(dst, self.glue.shape(src), self.glue.dtype(src))
-        view = host_view(dst, self.glue)
-        view[...] = poison_like(data)
-        # The copy lands in the bytes it was issued for, as on a GPU: a later fill may give ``dst``
-        # a new shape (``_fit``, outside the lock) before this copy landed.
-        self._pending[id(dst)] = (dst, data, seq, label, view)
-
-    def _copy_h2d(self, dst_ptr, device, memory, offset, nbytes, seq, label):
-        # Stream order: every later device op sees the data, so it lands at once (the replica's
-        # device ops run when called). What the simulator checks is the source: the host must not
-        # write it again before a wait covers this copy (``before_host_write``).
-        ctypes.memmove(dst_ptr, memory.ptr + offset, int(nbytes))
-
-    def _h2d_still_read(self, buf, writer, copy_label, event):
-        raise BufferInUseError(
-            f"host write of pinned buffer {self.label_of(buf)!r} by {writer!r} while the copy "
-            f"{copy_label!r} may still read it: wait on an event recorded after that copy first"
-        )
-
-    def _land(self, upto: int) -> None:
-        with self._wait_lock("landing copies up to #%d", upto):  # never called with the lock held
-            self._land_locked(upto)
-
-    def _land_locked(self, upto: int) -> None:
-        for key, (_, data, seq, _, view) in list(self._pending.items()):
-            if seq <= upto:
-                view[...] = data
-                del self._pending[key]
-
-    def _wait_native(self, event: CopyEvent) -> None:
-        self._land(event.seq)
-
-    def _drain_native(self, device: bool = False) -> None:
-        self._land(self._seq)
-
-    def _check_readable(self, buf, reader):
-        pending = self._pending.get(id(buf))
-        if pending is not None:
+    def _read_checked(self, buf, reader, rows):
+        try:
+            self._check_read(rows.ctypes.data, rows.nbytes)
+        except PendingCopyError as exc:
+            facts = self._facts(buf)
             raise PendingCopyError(
                 f"host read of pinned buffer {self.label_of(buf)!r} by {reader!r} before the copy "
-                f"{pending[3]!r} into it completed: wait on an event recorded after that copy first"
-            )
+                f"{facts.writer if facts else '?'!r} into it completed: wait on that copy set's event first ({exc})"
+            ) from None
 
-    def _missing_record(self, t, reader, writer):
-        raise AsyncCopyError(
-            f"{reader!r} needs pinned buffer {self.label_of(t)!r}, but no event was recorded after "
-            f"the copy {writer!r} into it: the producer must record an event after its copies"
+    def _h2d_still_read(self, buf, writer, event):
+        raise BufferInUseError(
+            f"host write of pinned buffer {self.label_of(buf)!r} by {writer!r} while the copy "
+            f"{event.label!r} may still read it: wait on that copy's event first"
         )
+
+
+__all__ = ["CudaError", "FakeRuntime", "SimulatedBackend", "fake_library", "fake_runtime"]

@@ -89,7 +89,7 @@ def test_concurrent_producers_and_consumers_each_get_their_own_results(patched, 
 
 
 def test_the_backend_bookkeeping_survives_concurrent_records_and_waits():
-    """covering_event iterates the recent events while other threads record new ones."""
+    """Each thread's buffer keeps its own copy set's event while other threads issue and record."""
     backend = runtime.SimulatedBackend()
     errors: list = []
     switch = sys.getswitchinterval()

@@ -20,13 +20,13 @@ import paddle
 import pytest
 
 import fd_async_copy_plugin
+from copy_path_mutations import read_before_wait, record_event_before_copies
 from fd_async_copy_plugin import runtime
 from fd_async_copy_plugin.patches import logprobs as logprobs_patch
 from fd_async_copy_plugin.testing.reference import ROOTS
 from fd_async_copy_plugin.testing.reference.driver import DriverConfig
 from fd_async_copy_plugin.testing.reference.sampling_math import log_softmax
-from fd_async_copy_plugin.runtime import AsyncCopyError, BufferInUseError, CopyEvent, PendingCopyError, PinnedRing
-from fd_async_copy_plugin.runtime.backend import CopyBackend
+from fd_async_copy_plugin.runtime import BufferInUseError, PendingCopyError, PinnedRing
 
 FD24, FD25 = ROOTS["fd24"], ROOTS["fd25"]
 VOCAB = 512
@@ -176,36 +176,19 @@ def test_b_a_deferred_consumer_of_an_overwritten_slot_reads_the_next_steps_data(
 
 # ---- (c) a wait on the wrong event ---------------------------------------------------------------
 
-def _stale_covering_event(self, buf):
-    """The bug: the consumer waits on the last event recorded *before* the copy into ``buf``."""
-    last = self._copy_seq.get(id(buf))
-    if last is None or last[0] <= self._completed:
-        return None
-    earlier = [event for event in self._recent_events if event.seq < last[0]]
-    return earlier[-1] if earlier else CopyEvent(0, "before-any-copy")
-
-
 @pytest.mark.parametrize("name", ["fd24-save_output_topk", "fd24-zmq"])
 def test_c_a_consumer_waiting_on_an_event_recorded_before_the_copies_raises(name, monkeypatch, lpkit,
                                                                             unpatched_run):
-    monkeypatch.setattr(CopyBackend, "covering_event", _stale_covering_event)
+    """The consumer's wait covers none of the step's copies (waiting on an earlier event is not
+    waiting at all): the read is caught by the fake runtime."""
+    read_before_wait(monkeypatch)
     with pytest.raises(PendingCopyError, match=r"before the copy 'gather_logprobs\."):
         _run_planted(name, lpkit, unpatched_run)
 
 
 @pytest.mark.parametrize("name", ["fd24-save_output_topk", "fd24-zmq"])
 def test_c_a_producer_recording_its_event_before_the_copies_raises(name, monkeypatch, lpkit, unpatched_run):
-    """2.4 records nothing else in the step, so no event covers the copies at all."""
-    real_copy = logprobs_patch.LogprobsCopier.copy
-
-    def copy(self, sampler, indices, top_logprobs, token_ranks):
-        early = self.backend.record("gather_logprobs")  # the bug: recorded before the copies
-        monkeypatch.setattr(self.backend, "record", lambda label: early)
-        try:
-            return real_copy(self, sampler, indices, top_logprobs, token_ranks)
-        finally:
-            monkeypatch.delattr(self.backend, "record")
-
-    monkeypatch.setattr(logprobs_patch.LogprobsCopier, "copy", copy)
-    with pytest.raises(AsyncCopyError, match="no event was recorded after the copy 'gather_logprobs"):
+    """The copy set's event recorded before its copies (a mutation of the C call): it covers none."""
+    record_event_before_copies(monkeypatch)
+    with pytest.raises(PendingCopyError, match=r"before the copy 'gather_logprobs\."):
         _run_planted(name, lpkit, unpatched_run)

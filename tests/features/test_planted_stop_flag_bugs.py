@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import pytest
 
+from copy_path_mutations import record_event_before_copies
 from fd_async_copy_plugin.runtime import AsyncCopyError, PendingCopyError
 
 pytestmark = pytest.mark.usefixtures("plugin_off")
@@ -72,16 +73,6 @@ def _early_substitute(self, value, reader: str):
     return state.tokens if state is not None else value
 
 
-def _after_update_event_first(self, topk_ids) -> None:
-    """(c) the event is recorded first: it covers none of this step's copies."""
-    self.backend.record("post_process")
-    self.backend.copy_d2h(self.pinned, self.device, "not_need_stop")
-    if self.tokens is not None and topk_ids is not None:
-        self.backend.copy_d2h(self.tokens, topk_ids, "sampled_token_ids")
-        self.token_source = topk_ids
-    self.flag_pending = True
-
-
 def _after_update_storing_early_event(self, topk_ids) -> None:
     """(c') the same, keeping the early event for the consumers to wait on."""
     self.planted_event = self.backend.record("post_process")
@@ -115,8 +106,8 @@ def _plant(monkeypatch, sfkit, bug: str) -> None:
         monkeypatch.setattr(state, "sync", _sync_without_wait)
     elif bug == "b-tokens-before-event":
         monkeypatch.setattr(module.StopFlagRunners, "substitute", _early_substitute)
-    elif bug == "c-record-before-copy":
-        monkeypatch.setattr(state, "after_update", _after_update_event_first)
+    elif bug == "c-record-before-copy":  # (the patch records no event: the copy path's C call does)
+        record_event_before_copies(monkeypatch)
     elif bug == "c-wait-on-early-event":
         monkeypatch.setattr(state, "after_update", _after_update_storing_early_event)
         monkeypatch.setattr(state, "sync", _sync_on_stored_event)
@@ -154,7 +145,7 @@ def test_b_handing_the_pinned_tokens_before_the_event_raises(sfkit, monkeypatch,
 
 @pytest.mark.parametrize("key", ["stop_flag-save_output", "both-save_output", "both-zmq"])
 @pytest.mark.parametrize("bug, error, message", [
-    ("c-record-before-copy", AsyncCopyError, "no event was recorded after the copy"),
+    ("c-record-before-copy", PendingCopyError, "before the copy"),
     ("c-wait-on-early-event", PendingCopyError, "before the copy"),
 ])
 def test_c_an_event_recorded_before_the_copies_is_caught(sfkit, monkeypatch, key, bug, error, message):

@@ -368,8 +368,12 @@ def test_host_backend_waits_before_rewriting_a_staging_buffer():
     assert dst.tolist() == [8, 0]
     with collecting() as census:
         census.begin_step()
-        backend.before_host_write(src, "next insert")  # nothing recorded after it: a stream sync
-    assert census.steps[-1].count("stream_sync") == 1
+        backend.before_host_write(src, "next insert")  # waits on the H2D copy's own event
+    assert census.steps[-1].count("event_wait") == 1 and census.steps[-1].count("stream_sync") == 0
+    with collecting() as census:
+        census.begin_step()
+        backend.before_host_write(src, "next insert")  # already waited: free
+    assert census.steps[-1].count("event_wait") == 0
     with pytest.raises(ValueError, match="outside"):
         backend.copy_h2d(dst.ctypes.data, None, src, 8, 16, "too long")
 

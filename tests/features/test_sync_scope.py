@@ -137,19 +137,18 @@ class PinnedOpSpy:
 
 
 def _pinned_logprobs(backend, tensors_cls):
-    """2.5's gather_logprobs output: pinned buffers filled by non-blocking copies, then an event."""
+    """2.5's gather_logprobs output: pinned buffers filled by non-blocking copies, one copy set with
+    its event."""
     rng = np.random.default_rng(5)
     sources = [
         paddle.to_tensor(rng.integers(0, VOCAB, size=(ROWS, COLS)), dtype="int64"),
         paddle.to_tensor(rng.standard_normal((ROWS, COLS)).astype("float32")),
         paddle.to_tensor(rng.integers(0, 50, size=(ROWS,)), dtype="int64"),
     ]
-    fields = []
-    for i, src in enumerate(sources):
-        buf = backend.new_pinned(src.shape, str(src.dtype).replace("paddle.", ""), f"test.field{i}")
-        backend.copy_d2h(buf, src, f"test.copy{i}")
-        fields.append(buf)
-    backend.record("post_process_event")
+    fields = [backend.new_pinned(src.shape, str(src.dtype).replace("paddle.", ""), f"test.field{i}")
+              for i, src in enumerate(sources)]
+    backend.copy_d2h_many([(buf, src, f"test.copy{i}") for i, (buf, src) in enumerate(zip(fields, sources))],
+                          "post_process_event")
     return tensors_cls(*fields), [s.numpy() for s in sources]
 
 

@@ -136,15 +136,17 @@ def test_fd_async_copy_trace_env_writes_the_file_after_its_steps(tmp_path, monke
 def trace_census():
     from fd_async_copy_plugin.runtime import census
     from fd_async_copy_plugin.runtime.backend import CopyBackend
+    from fd_async_copy_plugin.runtime.cuda import RuntimeBackend
 
-    return census._ACTIVE, CopyBackend.__dict__["record"]
+    return census._ACTIVE, CopyBackend.__dict__["record"], RuntimeBackend.__dict__["_issue"]
 
 
 def restore_census(saved):
     from fd_async_copy_plugin.runtime import census
     from fd_async_copy_plugin.runtime.backend import CopyBackend
+    from fd_async_copy_plugin.runtime.cuda import RuntimeBackend
 
-    census._ACTIVE, CopyBackend.record = saved
+    census._ACTIVE, CopyBackend.record, RuntimeBackend._issue = saved
 
 
 def test_a_bad_trace_steps_value_traces_nothing(tmp_path):

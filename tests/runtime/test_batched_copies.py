@@ -1,8 +1,8 @@
 """``CopyBackend.copy_d2h_many`` (issue 24): a step's copies and their covering event in one call.
 
 It must keep every guarantee of ``copy_d2h`` + ``record``: the same checks per copy, one census
-record per copy, the simulator still catching an early read and a reused referenced slot, and
-sequence order = stream order with the event covering exactly its batch when threads race. The
+record per copy, the simulator still catching an early read and a reused referenced slot, and each
+set reaching the stream whole, with its own event, when threads race. The
 ``cuda`` path (``RuntimeBackend``) asks the framework for the stream once per batch and reaches the
 ctypes calls with plain ints.
 """
@@ -16,7 +16,7 @@ import pytest
 
 from fd_async_copy_plugin.runtime import HostBackend, PinnedRing, SimulatedBackend, collecting
 from fd_async_copy_plugin.runtime.backend import AsyncCopyError, BufferInUseError, PendingCopyError
-from fd_async_copy_plugin.runtime.cudart import CudaRuntime
+from fd_async_copy_plugin.runtime.cudart import CopySet, CudaRuntime
 
 from test_cuda_layer import STREAM, gpu_backend
 
@@ -35,15 +35,15 @@ def test_one_call_issues_the_copies_in_order_and_records_the_event_covering_them
     ids, lp, ranks = _sources()
     with collecting() as census:
         event = backend.copy_d2h_many(list(zip(bufs, (ids, lp, ranks), ("s.ids", "s.lp", "s.ranks"))), "s")
-    assert event.seq == backend._seq == 3 and event.label == "s"
+    assert event.label == "s" and len(event.native) == 1 and not event.done
     assert [e for e in census._current.events if e[0] == "async_d2h"] == [
         ("async_d2h", "s.ids"), ("async_d2h", "s.lp"), ("async_d2h", "s.ranks")]
-    assert all(backend.covering_event(b) is event for b in bufs if backend.copy_in_flight(b))
+    assert all(backend.event_of(b) is event for b in bufs)  # each destination keeps its set's event
     rows = backend.to_host(bufs[0], "reader", 1, 2).numpy()  # waits on the event (sim: lands then)
     assert rows.tolist() == [[3, 4, 5]]
     assert backend.read(bufs[1], "reader").tolist() == [[0.5] * 3] * 2
     assert backend.read(bufs[2], "reader").tolist() == [0, 1]
-    assert backend.copy_d2h_many([], "empty").seq == 3  # nothing issued: an event at the same point
+    assert event.done and backend.copy_d2h_many([], "empty").native == ()  # nothing issued: nothing to wait for
 
 
 @BACKENDS
@@ -86,48 +86,50 @@ def test_the_simulator_catches_a_reused_referenced_slot_filled_by_batches():
 
 
 @BACKENDS
-def test_two_threads_batches_are_contiguous_in_stream_order_and_each_event_covers_its_own(make):
+def test_two_threads_sets_reach_the_stream_whole_and_each_event_is_its_own(make, monkeypatch):
+    """Two threads issue copy sets at once: each set reaches the runtime whole (nothing of the other
+    thread between its copies: one C call on ``sim``, consecutive calls on ``host``), and the event a
+    set returns is the one its destinations keep."""
     backend = make()
-    issued = []  # (seq, label) in the order the copies reach the stream
-    if isinstance(backend, SimulatedBackend):
-        real_copy = backend._copy
+    issued = []  # destination addresses in the order the copies reach the runtime
+    if backend.rt.batch is not None:  # (the C call of a copy set described once)
+        real_issue = CopySet.issue
 
-        def logged(dst, src, seq, label):
-            issued.append((seq, label))
-            real_copy(dst, src, seq, label)
+        def logged(self, src, nbytes, stream, event):
+            issued.extend((threading.current_thread().name, d) for d in self._dst)
+            real_issue(self, src, nbytes, stream, event)
 
-        backend._copy = logged
-    else:  # the runtime's call itself; its copy's (seq, label) is the backend's entry for that buffer
+        monkeypatch.setattr(CopySet, "issue", logged)
+    else:
         real_memcpy = backend.rt.memcpy_d2h_async
+        monkeypatch.setattr(backend.rt, "memcpy_d2h_async", lambda dst, src, nbytes, stream: issued.append(
+            (threading.current_thread().name, dst)) or real_memcpy(dst, src, nbytes, stream))
+    owner, steps, wrong = {}, 200, []
 
-        def logged_memcpy(dst, src, nbytes, stream):
-            issued.append(backend._copy_seq[id(by_address[dst])][:2])
-            real_memcpy(dst, src, nbytes, stream)
-
-        backend.rt.memcpy_d2h_async = logged_memcpy
-    events, by_address = {}, {}  # (the test's own buffers by address: the memcpy sees only that)
-    steps = 200
+    kept = []  # every buffer lives to the end: a finished thread's memory is not reused by the other's
 
     def producer(name):
         bufs = [backend.new_pinned([4], "int64", f"{name}{i}") for i in range(3)]
-        by_address.update((backend.glue.address(b), b) for b in bufs)
+        kept.extend(bufs)
+        owner.update((backend.glue.address(b), (name, i)) for i, b in enumerate(bufs))
         src = paddle.arange(4, dtype="int64")
         for step in range(steps):
-            copies = [(b, src, f"{name}.{step}.{i}") for i, b in enumerate(bufs)]
-            events[(name, step)] = backend.copy_d2h_many(copies, f"{name}.{step}")
-            backend.wait(events[(name, step)], name)
+            event = backend.copy_d2h_many([(b, src, f"{name}.{step}.{i}") for i, b in enumerate(bufs)], f"{name}.{step}")
+            if any(backend.event_of(b) is not event for b in bufs) and step == steps - 1:
+                wrong.append(name)
+            backend.wait(event, name)
+            assert backend.read(bufs[2], name).tolist() == [0, 1, 2, 3]
 
-    threads = [threading.Thread(target=producer, args=(n,)) for n in ("a", "b")]
+    threads = [threading.Thread(target=producer, args=(n,), name=n) for n in ("a", "b")]
     for t in threads:
         t.start()
     for t in threads:
         t.join(60)
-    assert [seq for seq, _ in issued] == list(range(1, 2 * 3 * steps + 1))  # sequence order = stream order
-    where = {label: seq for seq, label in issued}
-    for (name, step), event in events.items():
-        seqs = [where[f"{name}.{step}.{i}"] for i in range(3)]
-        assert seqs == list(range(seqs[0], seqs[0] + 3)), (name, step, seqs)  # nothing in between
-        assert event.seq == seqs[-1]  # the event covers its batch, and nothing later
+    assert len(issued) == 2 * 3 * steps and wrong == []
+    for k in range(0, len(issued), 3):  # each set whole, in its order, from the thread that issued it
+        names = [(thread, owner.get(a)) for thread, a in issued[k:k + 3]]
+        thread = names[0][0]
+        assert names == [(thread, (thread, 0)), (thread, (thread, 1)), (thread, (thread, 2))], (k, names)
 
 
 def test_the_cuda_path_asks_for_the_stream_once_per_batch_and_records_after_the_copies():
@@ -143,10 +145,11 @@ def test_the_cuda_path_asks_for_the_stream_once_per_batch_and_records_after_the_
     assert rt.log[3] == ("record", event.native[0], STREAM)
     backend.copy_d2h(bufs[0], _sources()[0], "again")  # a later call asks again (the thread's stream now)
     assert asked == [0, 0]
+    before = backend.event_of(bufs[0])
     backend.glue.stream = lambda device: 1 / 0  # a failing accessor: nothing issued, no event
     with pytest.raises(ZeroDivisionError):
         backend.copy_d2h_many([(bufs[0], _sources()[0], "x")], "s")
-    assert backend.covering_event(bufs[0]) is None  # no event was recorded after the failed copy
+    assert backend.event_of(bufs[0]) is before  # the buffer keeps the event of its last issued set
 
 
 def test_cuda_runtime_passes_plain_ints_to_the_prebuilt_functions():
@@ -229,5 +232,5 @@ def test_a_batch_with_a_bad_copy_issues_none_of_its_copies(make):
     with pytest.raises(ValueError, match="dtype"):
         backend.copy_d2h_many([(good, paddle.arange(4, dtype="int64"), "w.good"),
                                (bad, paddle.arange(4, dtype="int64"), "w.bad")], "w")
-    assert backend._seq == 0 and not backend.copy_in_flight(good) and backend._last_copy(good) is None
+    assert not backend.copy_in_flight(good) and backend.event_of(good) is None
 

@@ -1,6 +1,6 @@
 """``fdac_d2h_batch`` (custom_ops/copy_batch.cc, issue 24): a step's copies and its event record in
-one ctypes call. On CPU it runs compiled with g++ against ``fake_cudart.c``, a C stand-in for
-libcudart (memmove copies, counter events, a call log, planted failures), so the real
+one ctypes call. On CPU it runs compiled with g++ against ``custom_ops/fake_cudart.cc``, the
+simulator's stand-in for libcudart (copies that land at a wait, a call log, planted failures), so the real
 ``CudaRuntime`` ctypes layer, the real C loop and ``RuntimeBackend``'s batched path are exercised
 end to end; only the CUDA runtime itself is replaced."""
 
@@ -17,7 +17,7 @@ import pytest
 
 from fd_async_copy_plugin.runtime import PinnedRing
 from fd_async_copy_plugin.runtime.cuda import RuntimeBackend, attach_batch
-from fd_async_copy_plugin.runtime.cudart import CudaError, CudaRuntime, D2HBatch
+from fd_async_copy_plugin.runtime.cudart import CopySet, CudaError, CudaRuntime, D2HBatch
 
 from test_cuda_layer import STREAM, GpuLikeGlue
 
@@ -30,12 +30,12 @@ LABELS = {f: f"s.{f}" for f in FIELDS}
 @pytest.fixture(scope="module")
 def libs(tmp_path_factory):
     """(the fake libcudart, the batch helper built alone) - compiled for this module."""
-    cc, cxx = shutil.which("gcc") or shutil.which("cc"), shutil.which("g++")
-    if cc is None or cxx is None:
-        pytest.skip("gcc/g++ not found")
+    cxx = shutil.which("g++")
+    if cxx is None:
+        pytest.skip("g++ not found")
     out = tmp_path_factory.mktemp("copybatch")
     fake, batch = out / "libfakecudart.so", out / "libcopybatch.so"
-    subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", str(fake), str(HERE / "fake_cudart.c")], check=True)
+    subprocess.run([cxx, "-O1", "-shared", "-fPIC", "-o", str(fake), str(CUSTOM_OPS / "fake_cudart.cc")], check=True)
     subprocess.run([cxx, "-O2", "-shared", "-fPIC", "-o", str(batch), str(CUSTOM_OPS / "copy_batch.cc")], check=True)
     return str(fake), str(batch)
 
@@ -84,9 +84,18 @@ def test_the_batch_issues_each_copy_in_order_then_the_record_through_the_given_r
     copies = [(d.ctypes.data, s.ctypes.data, s.nbytes) for d, s in zip(dst, src)]
     fake.rt.batch.issue(*zip(*copies), STREAM, 42)
     assert fake.log() == [("copy", *copies[0], STREAM), ("copy", *copies[2], STREAM), ("record", 42, 0, 0, STREAM)]
+    fake.rt.event_synchronize(42)  # (the fake's copies land at a wait)
     assert dst[0].tolist() == [0, 1, 2, 3] and dst[2].tolist() == [0, 1, 2]  # (the zero-byte copy skipped)
     fake.rt.batch.issue(*zip(*copies[:1]), STREAM, None)  # no event: no record
     assert [e[0] for e in fake.log()[3:]] == ["copy"]
+
+
+def test_the_call_checks_every_capacity_before_it_issues_anything(fake, libs):
+    fake.rt.use_batch(ctypes.CDLL(libs[1]))
+    a, b = np.arange(4, dtype=np.int64), np.zeros(4, dtype=np.int64)
+    with pytest.raises(ValueError, match="copy 1 of 32 bytes does not fit its destination's 16"):
+        fake.rt.batch.issue([b.ctypes.data] * 2, [a.ctypes.data] * 2, [32, 32], STREAM, 7, [32, 16])
+    assert fake.log() == []  # nothing issued, no record
 
 
 def test_a_failing_copy_stops_the_batch_and_raises_naming_the_call(fake, libs):
@@ -115,7 +124,7 @@ def test_fill_through_the_real_ctypes_layer_lands_the_data_with_one_event(fake, 
         slot, event = ring.fill("w", src, LABELS, "s")
         log = fake.log()[start:]
         assert [e[0] for e in log] == ["copy"] * 3 + ["record"] and event.native == (log[-1][1],)
-        assert all(e[-1] == STREAM for e in log) and event.seq == backend._seq == 3 * step
+        assert all(e[-1] == STREAM for e in log) and all(backend.event_of(b) is event for b in slot.buffers.values())
         assert [e[2] for e in log[:3]] == [t.data_ptr() for t in src.values()]
         backend.wait(event, "reader")
         for field, t in src.items():
@@ -123,9 +132,9 @@ def test_fill_through_the_real_ctypes_layer_lands_the_data_with_one_event(fake, 
         del slot
 
 
-def test_with_another_stream_known_the_batch_leaves_the_event_to_record(fake, libs):
-    """An event covers every stream copied on (``_record_native``): with a second stream known, the
-    batch issues the copies only and ``record`` records on both streams."""
+def test_a_sets_event_is_recorded_on_its_own_stream_only_also_with_another_stream_known(fake, libs):
+    """The event a copy set records covers that set: with a second stream known (another set
+    copied there), a fill still is one C call - its copies and one record on its stream."""
     backend = _backend(fake, libs[1])
     other = backend.new_pinned([1], "int64", "other")
     backend.glue.stream = lambda device: 0xB0B
@@ -135,11 +144,12 @@ def test_with_another_stream_known_the_batch_leaves_the_event_to_record(fake, li
     start = len(fake.log())
     slot, event = ring.fill("w", _sources(), LABELS, "s")
     log = fake.log()[start:]
-    assert [e[0] for e in log] == ["copy"] * 3 + ["record", "record"]
-    assert {e[-1] for e in log[3:]} == {STREAM, 0xB0B} and len(event.native) == 2
+    assert [e[0] for e in log] == ["copy"] * 3 + ["record"]
+    assert {e[-1] for e in log} == {STREAM} and len(event.native) == 1
+    assert len(backend.record("both").native) == 2  # ``record`` covers every stream
 
 
-def test_copies_on_two_streams_in_one_call_go_one_by_one(fake, libs):
+def test_copies_on_two_streams_in_one_set_are_one_call_and_one_record_per_stream(fake, libs):
     srcs = [paddle.arange(4, dtype="int64") for _ in range(2)]
     devices = {id(t): device for device, t in enumerate(srcs)}  # the sources on gpu:0 and gpu:1
 
@@ -154,7 +164,7 @@ def test_copies_on_two_streams_in_one_call_go_one_by_one(fake, libs):
     backend = RuntimeBackend(fake.rt, glue=TwoDevices(), probe=False)
     bufs = [backend.new_pinned([4], "int64", f"b{i}") for i in range(2)]
     event = backend.copy_d2h_many([(b, t, f"c{i}") for i, (b, t) in enumerate(zip(bufs, srcs))], "s")
-    assert [(e[0], e[-1]) for e in fake.log()] == [("copy", STREAM), ("copy", 0xB0B), ("record", STREAM),
+    assert [(e[0], e[-1]) for e in fake.log()] == [("copy", STREAM), ("record", STREAM), ("copy", 0xB0B),
                                                    ("record", 0xB0B)]
     assert len(event.native) == 2
 
@@ -179,14 +189,14 @@ def test_the_process_runtime_takes_the_batch_from_the_built_custom_ops(fake, mon
     assert [e[0] for e in fake.log()] == ["copy"] * 3 + ["record"]
 
 
-def test_a_lone_copy_without_an_event_is_one_ctypes_call(fake, libs, monkeypatch):
-    """Nothing to batch: one copy and no event go straight to cudaMemcpyAsync (the batch's arrays
-    would only add to it); two copies, or one with its event, take the batch."""
+def test_a_lone_copy_is_one_c_call_with_its_event(fake, libs, monkeypatch):
+    """A copy set of one is issued like any other: one C call, its copy and its own event."""
     backend = _backend(fake, libs[1])
     buf = backend.new_pinned([4], "int64", "b")
     batched = []
-    issue = fake.rt.batch.issue
-    monkeypatch.setattr(fake.rt.batch, "issue", lambda *args: batched.append(len(args[0])) or issue(*args))
-    backend.copy_d2h(buf, paddle.arange(4, dtype="int64"), "lone")
+    issue = CopySet.issue
+    monkeypatch.setattr(CopySet, "issue", lambda self, *args: batched.append(self.count) or issue(self, *args))
+    lone = backend.copy_d2h(buf, paddle.arange(4, dtype="int64"), "lone")
     backend.copy_d2h_many([(buf, paddle.arange(4, dtype="int64"), "with-event")], "s")
-    assert batched == [1] and [e[0] for e in fake.log()] == ["copy", "copy", "record"]
+    assert batched == [1, 1] and [e[0] for e in fake.log()] == ["copy", "record", "copy", "record"]
+    assert lone.label == "lone" and backend.event_of(buf) is not lone

@@ -2,7 +2,7 @@
 12.8 and later) and the accessor probe's ``batch_api`` check passed, a step's copies go to the GPU as
 one batch call instead of one ``cudaMemcpyAsync`` each; the record follows. CUDA 13's signature and
 CUDA 12.8-12.9's (a ``failIdx`` before the stream) are told apart by the runtime's version. Runs the
-real C code and the real ``CudaRuntime`` bindings over ``fake_cudart.c`` compiled with each signature
+real C code and the real ``CudaRuntime`` bindings over ``custom_ops/fake_cudart.cc`` compiled with each signature
 (see test_copy_batch.py); the batch call on a GPU is checked by ``benchmarks/cuda_layer_check.py``."""
 
 from __future__ import annotations
@@ -20,21 +20,21 @@ from fd_async_copy_plugin.runtime.cuda import RuntimeBackend
 from fd_async_copy_plugin.runtime.cudart import CudaError
 from fd_async_copy_plugin.runtime.probe import PaddleProbeOps, _check_batch_api, probe_accessors
 
-from test_copy_batch import FIELDS, HERE, LABELS, Fake, _sources, libs  # noqa: F401 (fixture)
+from test_copy_batch import CUSTOM_OPS, FIELDS, LABELS, Fake, _sources, libs  # noqa: F401 (fixture)
 from test_cuda_layer import STREAM, GpuLikeGlue
 
 
 @pytest.fixture(scope="module")
 def fakes(tmp_path_factory):
     """The fake runtime compiled with CUDA 13's and with CUDA 12.8's cudaMemcpyBatchAsync."""
-    cc = shutil.which("gcc") or shutil.which("cc")
-    if cc is None:
-        pytest.skip("gcc not found")
+    cxx = shutil.which("g++")
+    if cxx is None:
+        pytest.skip("g++ not found")
     out, built = tmp_path_factory.mktemp("batchapi"), {}
     for abi in (13, 12):
         built[abi] = out / f"libfake{abi}.so"
-        subprocess.run([cc, "-O2", "-shared", "-fPIC", f"-DFAKE_BATCH_ABI={abi}", "-o", str(built[abi]),
-                        str(HERE / "fake_cudart.c")], check=True)
+        subprocess.run([cxx, "-O1", "-shared", "-fPIC", f"-DFAKE_BATCH_ABI={abi}", "-o", str(built[abi]),
+                        str(CUSTOM_OPS / "fake_cudart.cc")], check=True)
     return built
 
 
@@ -70,6 +70,7 @@ def test_an_offered_batch_call_is_used_only_once_turned_on(fakes, libs, tmp_path
     # one batch call of the two non-empty copies (the zero-byte one left out), then the record
     assert log == [("batch", 2, 0, 0, STREAM), ("copy", *copies[0], STREAM), ("copy", *copies[2], STREAM),
                    ("record", 43, 0, 0, STREAM)]
+    fake.rt.event_synchronize(43)  # (the fake's copies land at a wait)
     assert [d.tolist() for d in dst] == [[0, 1, 2, 3], [0], [20, 21, 22]] and fake.var("fake_batch_calls").value == 1
 
 
@@ -90,6 +91,7 @@ def test_what_the_batch_call_refuses_or_cannot_gain_goes_a_copy_each(fakes, libs
     src, dst, copies = _three(sizes)
     fake.rt.batch.issue(*zip(*copies), stream, 5)
     assert "batch" not in [e[0] for e in fake.log()] and fake.var("fake_batch_calls").value == 0
+    fake.rt.event_synchronize(5)
     assert dst[0].tolist() == [0, 1, 2, 3]
 
 
@@ -103,12 +105,12 @@ def test_a_failing_batch_call_raises_naming_it(fakes, libs, tmp_path):
     assert failure.value.code == 700 and fake.log() == []  # no record after it
 
 
-def test_a_replayed_plan_issues_its_copies_in_one_batch_call(fakes, libs, tmp_path):
+def test_a_ring_fill_issues_its_copies_in_one_batch_call(fakes, libs, tmp_path):
     fake = _runtime(fakes, libs, tmp_path, 13)
     fake.rt.batch.use_batch_api(True, "checked")
     backend = RuntimeBackend(fake.rt, glue=GpuLikeGlue(), probe=False)
     ring = PinnedRing(backend, "r", FIELDS, {"ids": 6, "lp": 6, "ranks": 2}, slots=1)
-    for step in range(1, 4):  # the first fill prepares the plan, the others replay it
+    for step in range(1, 4):
         src = _sources(step=step)
         start = len(fake.log())
         slot, event = ring.fill("w", src, LABELS, "s")

@@ -134,12 +134,11 @@ def test_copy_goes_by_address_on_the_framework_stream_and_fits_the_shape():
     backend, rt = gpu_backend()
     buf = backend.new_pinned([16], "int64", "b")
     src = paddle.arange(6, dtype="int64").reshape([3, 2])
-    backend.copy_d2h(buf, src, "copy")
+    event = backend.copy_d2h(buf, src, "copy")  # a copy set of one, with its own event
     memcpy = [e for e in rt.log if e[0] == "memcpy"]
     assert memcpy == [("memcpy", backend.memory_of(buf).ptr, src.data_ptr(), 48, STREAM)]
     assert list(buf.shape) == [3, 2] and backend.glue.address(buf) == backend.memory_of(buf).ptr
-    event = backend.record("r")
-    assert ("record", event.native[0], STREAM) in rt.log
+    assert rt.log[-1] == ("record", event.native[0], STREAM) and backend.event_of(buf) is event
     out = backend.to_host(buf, "reader")
     assert ("sync", event.native[0]) in rt.log
     assert out.numpy().tolist() == [[0, 1], [2, 3], [4, 5]]
@@ -167,12 +166,12 @@ def test_release_of_a_buffer_with_a_copy_in_flight_waits_for_it_first():
     backend.release_freed()  # released by plugin code, never in Paddle's free path
     tail = rt.log[rt.kinds().index("memcpy"):]
     kinds = [e[0] for e in tail]
-    # an event recorded on the copy's stream and waited on, then the free
+    # the copy set's own event (recorded on the copy's stream) waited on, then the free
     assert kinds == ["memcpy", "record", "sync", "host_free"]
-    assert tail[1][2] == STREAM and tail[-1] == ("host_free", ptr)
+    assert tail[1][2] == STREAM and tail[2] == ("sync", tail[1][1]) and tail[-1] == ("host_free", ptr)
 
 
-def test_release_on_a_thread_whose_device_differs_records_on_the_copy_device():
+def test_release_on_a_thread_whose_device_differs_waits_on_the_copy_event_without_switching():
     backend, rt = gpu_backend()
     buf = backend.new_pinned([4], "int64", "b")
     backend.copy_d2h(buf, paddle.arange(4, dtype="int64"), "copy")
@@ -181,8 +180,8 @@ def test_release_on_a_thread_whose_device_differs_records_on_the_copy_device():
     gc.collect()
     backend.release_freed()  # released by plugin code, never in Paddle's free path
     tail = [e for e in rt.log[rt.kinds().index("memcpy") + 1:]]
-    assert [e[0] for e in tail] == ["set_device", "record", "sync", "set_device", "host_free"]
-    assert tail[0] == ("set_device", 0) and tail[3] == ("set_device", 1)
+    assert [e[0] for e in tail] == ["record", "sync", "host_free"]  # an event needs no current device
+    assert tail[1] == ("sync", tail[0][1])
 
 
 def test_a_buffer_reallocated_by_a_framework_op_is_refused():
@@ -217,7 +216,8 @@ def test_ring_growth_frees_the_old_buffer_only_after_its_copy():
     gc.collect()
     backend.release_freed()  # released by plugin code, never in Paddle's free path
     free = rt.log.index(("host_free", old_ptr))
-    assert rt.log[free - 1][0] == "sync" and rt.log[free - 2][0] == "record"
+    copy_event = next(e for e in rt.log if e[0] == "record")  # the copy set's own event
+    assert rt.log[free - 1] == ("sync", copy_event[1])
 
 
 def test_held_slot_is_not_reused_with_wrapped_buffers():

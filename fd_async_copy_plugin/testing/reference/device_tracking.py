@@ -64,6 +64,7 @@ import paddle
 from fd_async_copy_plugin import sync_check  # absolute: one sync check per process, also for a copied replica
 from ...runtime import census
 from ...runtime.backend import CopyBackend
+from ...runtime.cuda import RuntimeBackend
 from ...runtime.glue import PaddleGlue
 from fd_async_copy_plugin.registry.patch import Junction
 
@@ -454,13 +455,20 @@ def _backend_wrappers() -> list[tuple[object, str, object]]:
     original_device_sync = CopyBackend.device_synchronize
     original_stream_sync = CopyBackend.stream_synchronize
     original_snapshot = PaddleGlue.snapshot
+    original_issue, original_h2d = RuntimeBackend._issue, RuntimeBackend._copy_h2d
 
-    def record(self, label):
-        event = original_record(self, label)
-        tracker = _ACTIVE
-        if tracker is not None:
-            tracker.event_recorded(event)
-        return event
+    def noting(method):  # the backend's events, each noted with the device work it covers
+        def noted(self, *args):
+            event = method(self, *args)
+            tracker = _ACTIVE
+            if tracker is not None:
+                tracker.event_recorded(event)
+            return event
+        return noted
+
+    record = noting(original_record)
+    issue = noting(original_issue)  # a copy set's own event
+    copy_h2d = noting(original_h2d)  # an H2D copy's own event
 
     def wait(self, event, reason):
         tracker = _ACTIVE
@@ -498,6 +506,8 @@ def _backend_wrappers() -> list[tuple[object, str, object]]:
 
     return [
         (CopyBackend, "record", record),
+        (RuntimeBackend, "_issue", issue),
+        (RuntimeBackend, "_copy_h2d", copy_h2d),
         (CopyBackend, "wait", wait),
         (CopyBackend, "device_synchronize", device_synchronize),
         (CopyBackend, "stream_synchronize", stream_synchronize),

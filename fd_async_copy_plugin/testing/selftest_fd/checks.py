@@ -274,7 +274,7 @@ def _plugin_arrays(result, backend) -> list[np.ndarray]:
 
 
 def _read_after_event(backend, t) -> np.ndarray:
-    event = backend.covering_event(t)
+    event = backend.event_of(t)  # the event of the copy set that wrote ``t``
     if event is not None:
         backend.wait(event, "selftest")
     return backend.read(t, "selftest")
