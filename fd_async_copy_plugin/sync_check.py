@@ -470,6 +470,14 @@ def install_from_env(root: str = "fastdeploy", environ=None) -> Optional[Checker
         log.error("fd_async_copy: %s", exc)
         return None
     tracing = bool((os.environ if environ is None else environ).get("FD_ASYNC_COPY_TRACE"))
+    if tracing:  # a bad trace setting is found now, before any step runs, and arms nothing
+        from . import trace
+
+        try:
+            trace.settings_from_env(environ)
+        except trace.TraceConfigError as exc:
+            log.error("fd_async_copy: %s", exc)
+            tracing = False
     if tracing and settings.mode == "off":
         settings = Settings("count", settings.warmup, settings.allow, settings.log_every)  # the trace's waits
     if settings.mode == "off" or _checker is not None:

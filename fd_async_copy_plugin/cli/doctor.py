@@ -17,6 +17,26 @@ def _sync_check_vars() -> tuple[str, ...]:
     return SYNC_CHECK_VARS
 
 
+def _trace_vars() -> tuple[str, ...]:
+    from ..trace import ENV_TRACE, ENV_TRACE_STEPS
+
+    return ENV_TRACE, ENV_TRACE_STEPS
+
+
+def _trace_info(environ) -> dict:
+    """FD_ASYNC_COPY_TRACE and FD_ASYNC_COPY_TRACE_STEPS as a worker would read them (the path with
+    ``{pid}`` as written: each worker puts its own id there)."""
+    from .. import trace
+
+    if not environ.get(trace.ENV_TRACE):
+        return {"on": False}
+    try:
+        path, steps = trace.settings_from_env(environ, pid=0)
+    except trace.TraceConfigError as exc:
+        return {"on": False, "config_error": str(exc)}
+    return {"on": True, "path": environ[trace.ENV_TRACE], "steps": steps}
+
+
 def _paddle_info() -> dict:
     try:
         import paddle
@@ -40,12 +60,13 @@ def diagnose(root: str = "fastdeploy", environ=None) -> dict:
     import fd_async_copy_plugin
 
     environ = os.environ if environ is None else environ
+    trace_info = _trace_info(environ)  # first: a bad value is a one-line error whatever comes next
     report: dict = {
         "enabled": False,
         "doctor": True,
         "python": platform.python_version(),
         "paddle": _paddle_info(),
-        "env": {name: environ.get(name) for name in ENV_VARS + _sync_check_vars() + ("FD_PLUGINS",)},
+        "env": {name: environ.get(name) for name in ENV_VARS + _sync_check_vars() + _trace_vars() + ("FD_PLUGINS",)},
         "config_error": None,
         "config_errors": [],
     }
@@ -63,6 +84,7 @@ def diagnose(root: str = "fastdeploy", environ=None) -> dict:
     _add_not_requested(report, config.features, config.backend, root)
     report["ops"] = _ops_info(report["paddle"])
     report["sync_check"] = _sync_check_info(environ)
+    report["trace"] = trace_info
     return report
 
 
@@ -167,6 +189,12 @@ def format_report(report: dict) -> str:
     else:
         lines += _row("sync check", sync.get("mode", "off") if sync.get("mode", "off") == "off" else
                       f"{sync['mode']} (warm-up {sync['warmup']} steps; figures in status()['sync_check'])")
+    trace_info = report.get("trace", {})
+    if trace_info.get("config_error"):
+        lines += _row("step trace", f"CONFIG ERROR {trace_info['config_error']}")
+    elif trace_info.get("on"):
+        lines += _row("step trace", f"{trace_info['steps']} decode steps after the sync check's warm-up to "
+                      f"{trace_info['path']} (one file per worker where the path has {{pid}})")
     lines.append("  features")
     previous = None
     for name, entry in report["features"].items():
@@ -193,5 +221,5 @@ def run(args) -> int:
         sys.stdout.write("\n")
     else:
         print(format_report(report))
-    bad = report["config_error"] or report["sync_check"].get("config_error")
+    bad = report["config_error"] or report["sync_check"].get("config_error") or report["trace"].get("config_error")
     return 1 if bad or not report["paddle"].get("installed") else 0
