@@ -35,6 +35,7 @@ import collections
 import functools
 import logging
 import os
+import re
 import sys
 import threading
 from dataclasses import dataclass
@@ -196,6 +197,9 @@ def _fd_relative(filename: str) -> str:
 # ---- settings ---------------------------------------------------------------------------------
 
 
+_ASCII_DIGITS = re.compile(r"[0-9]+", re.ASCII)
+
+
 class SyncCheckConfigError(ValueError):
     """An ``FD_ASYNC_COPY_SYNC_CHECK*`` variable has a bad value (the check then stays off)."""
 
@@ -223,8 +227,10 @@ class Settings:
         numbers = {}
         for name, default in ((ENV_WARMUP, cls.warmup), (ENV_LOG_EVERY, cls.log_every)):
             raw = environ.get(name)
-            try:
-                numbers[name] = default if raw in (None, "") else int(raw)
+            try:  # ASCII digits only, as the ring setting: int() also takes "٣", "1_0", "+3", " 3"
+                if raw not in (None, "") and not _ASCII_DIGITS.fullmatch(raw.strip()):
+                    raise ValueError
+                numbers[name] = default if raw in (None, "") else int(raw.strip())
                 if numbers[name] < (0 if name == ENV_WARMUP else 1):
                     raise ValueError
             except ValueError:

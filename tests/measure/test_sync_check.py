@@ -159,6 +159,11 @@ def test_count_logs_a_line_every_k_steps(log_lines):
      "FD_ASYNC_COPY_SYNC_CHECK_WARMUP='-1': expected an integer >= 0"),
     ({"FD_ASYNC_COPY_SYNC_CHECK": "count", "FD_ASYNC_COPY_SYNC_CHECK_LOG_EVERY": "x"},
      "FD_ASYNC_COPY_SYNC_CHECK_LOG_EVERY='x': expected an integer >= 1"),
+    # issue 41: ASCII digits only, as FD_ASYNC_COPY_RING_MAX_BYTES (int() takes both)
+    ({"FD_ASYNC_COPY_SYNC_CHECK": "count", "FD_ASYNC_COPY_SYNC_CHECK_WARMUP": "\u0663"},
+     "FD_ASYNC_COPY_SYNC_CHECK_WARMUP='\u0663': expected an integer >= 0"),
+    ({"FD_ASYNC_COPY_SYNC_CHECK": "count", "FD_ASYNC_COPY_SYNC_CHECK_LOG_EVERY": "1_0"},
+     "FD_ASYNC_COPY_SYNC_CHECK_LOG_EVERY='1_0': expected an integer >= 1"),
 ])
 def test_a_bad_value_is_an_error_and_the_check_stays_off(env, message):
     with pytest.raises(sync_check.SyncCheckConfigError, match=message.replace("(", r"\(")):
@@ -308,3 +313,11 @@ def test_with_the_check_off_register_does_not_even_import_it():
             "p.status()['sync_check'])")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.stdout.strip().splitlines()[-1] == "False False {'mode': 'off'}", out.stderr[-2000:]
+
+
+def test_the_measure_host_backend_fixture_makes_the_host_backend_current(host_backend):
+    """issue 41: the fixture called the removed ``runtime.use`` (an AttributeError at setup)."""
+    from fd_async_copy_plugin import runtime
+    from fd_async_copy_plugin.testing.reference import copy_backend
+
+    assert isinstance(host_backend, runtime.HostBackend) and copy_backend.current() is host_backend
