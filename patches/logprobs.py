@@ -27,6 +27,7 @@ import ast
 import inspect
 import logging
 import threading
+import weakref
 
 import numpy as np
 import paddle
@@ -133,6 +134,10 @@ class LogprobsCopier:
         #: copied blocking and counted in ``capped_steps``.
         self.ring_max_bytes = DEFAULT_RING_MAX_BYTES if ring_max_bytes is None else ring_max_bytes
         self.capped_steps = self.async_steps = 0  # copied blocking (a cap) / non-blocking
+        #: runners built while the feature is applied, by whether they decode speculatively (their
+        #: SpeculativeSampler/MTPSampler gather with FastDeploy's own code: this feature never runs)
+        self.speculative_runners: weakref.WeakSet = weakref.WeakSet()
+        self.plain_runners: weakref.WeakSet = weakref.WeakSet()
         #: steps copied FastDeploy's blocking way because a result's dtype has no pinned buffer
         #: (bfloat16: numpy has none), by dtype; a float64 or float16 result gets a ring of its own
         self.dtype_steps: dict[str, int] = {}
@@ -342,6 +347,19 @@ def build_gather_logprobs(original, ctx):
     return gather_logprobs
 
 
+def build_runner_init(original, ctx):
+    """Notes each runner FastDeploy builds: a speculative one never calls ``Sampler.gather_logprobs``
+    (``status()`` then does not claim the feature runs for it)."""
+    copier: LogprobsCopier = ctx.state
+
+    @wraps(original)
+    def __init__(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        (copier.speculative_runners if getattr(self, "speculative_decoding", False) else copier.plain_runners).add(self)
+
+    return __init__
+
+
 def build_post_process_normal(original, ctx):
     copier: LogprobsCopier = ctx.state
 
@@ -364,6 +382,7 @@ class LogprobsFeature(Feature):
     # Consumers first, the producer last: an apply (or revert) never leaves a window where
     # gather_logprobs hands out pinned buffers to an unguarded consumer.
     patches = (
+        Patch(Target(RUNNER, "GPUModelRunner.__init__"), build_runner_init),
         Patch(Target(POSTPROC, "save_output_topk"), build_guard("save_output_topk")),
         Patch(Target(POSTPROC, "post_process_normal"), build_post_process_normal, profiles=("fastdeploy-2.4",)),
         Patch(Target(RUNNER, "GPUModelRunner._get_prompt_logprobs_list"), build_prompt_scope),
@@ -391,18 +410,25 @@ class LogprobsFeature(Feature):
     def report(self, ctx) -> dict | None:
         """Not ``applied`` while steps are copied the blocking way (a ring or buffer cap), counted."""
         copier = ctx.state
-        if not isinstance(copier, LogprobsCopier) or not (copier.capped_steps or copier.dtype_steps):
+        speculative = len(copier.speculative_runners) if isinstance(copier, LogprobsCopier) else 0
+        if not isinstance(copier, LogprobsCopier) or not (copier.capped_steps or copier.dtype_steps or speculative):
             return None
         other = sum(copier.dtype_steps.values())
         total = copier.capped_steps + other + copier.async_steps
         reasons = []
+        if speculative:
+            reasons.append(f"{speculative} runner(s) decode speculatively: their speculative sampler gathers logprobs "
+                           "with FastDeploy's own code (left untouched)")
+            if not copier.plain_runners and not copier.async_steps:
+                return {"state": "passthrough", "runners": [], "reason": "; ".join(reasons)}
         if copier.capped_steps:
             reasons.append(f"{copier.capped_steps} of {total} steps copied FastDeploy's blocking way: over the "
                            f"pinned cap (FD_ASYNC_COPY_RING_MAX_BYTES={copier.ring_max_bytes}, or 64 MiB a buffer)")
         for dtype, n in sorted(copier.dtype_steps.items()):
             reasons.append(f"{n} of {total} steps copied FastDeploy's blocking way: {dtype} logprobs have no "
                            "pinned buffer")
-        return {"state": "partial" if copier.async_steps else "passthrough", "runners": [], "reason": "; ".join(reasons)}
+        partial = copier.async_steps or (speculative and len(copier.plain_runners))
+        return {"state": "partial" if partial else "passthrough", "runners": [], "reason": "; ".join(reasons)}
 
     def quiesce(self, ctx) -> None:
         if isinstance(ctx.state, LogprobsCopier):

@@ -405,13 +405,13 @@ def build_init_share_inputs(original, ctx):
     @wraps(original)
     def _init_share_inputs(self, max_num_seqs: int):
         original(self, max_num_seqs)
+        why = own_path_reason(self, runner_module)  # first: the runner's own reason, not stop_flag's
+        if why:  # the shadow could never be exact for this runner: touch nothing
+            registry.stand_down(self, f"{why}: the host cannot know this runner's step state", logging.INFO)
+            return
         if part(self, "stop") is None:
             registry.stand_down(self, "needs stop_flag on this runner (its event covers the step snapshot), "
                                       "which does not run here")
-            return
-        why = own_path_reason(self, runner_module)
-        if why:  # the shadow could never be exact for this runner: touch nothing
-            registry.stand_down(self, f"{why}: the host cannot know this runner's step state", logging.INFO)
             return
         si = self.share_inputs
         try:
