@@ -398,6 +398,8 @@ class Scenario:
     #: the unpatched run's engine lag: 1 for the overlap schedule, whose outputs reach the engine
     #: one step later (``DriverConfig.engine_lag``); every message and output is then identical
     base_engine_lag: int = 0
+    #: environment variables while the plugin is enabled (``Variant.env``, e.g. the overlap count)
+    env: tuple = ()
 
     def differences(self, base: DecodeResult, plugin: DecodeResult) -> list:
         """``base.differences(plugin)``; under the overlap schedule without the executed-step count
@@ -481,7 +483,7 @@ def _unpatched_run(scenario: Scenario, backend: str, max_steps: int) -> VariantR
 
 
 def _plugin_run(scenario: Scenario, backend: str, max_steps: int) -> VariantRun:
-    on = Variant(f"{scenario.replica}-plugin", ROOTS[scenario.replica], True, scenario.features)
+    on = Variant(f"{scenario.replica}-plugin", ROOTS[scenario.replica], True, scenario.features, env=scenario.env)
     return run_variant(on, scenario.config, scenario.requests, backend=backend, max_steps=max_steps,
                        arrivals=scenario.arrivals)
 
