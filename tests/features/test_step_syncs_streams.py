@@ -8,10 +8,10 @@ between steps two copies into one buffer are in flight at once, the older can la
 FastDeploy sizes a step from a stale count. The fix: before FastDeploy's next copies, the current
 stream waits (on the device) for the last step's skipped event.
 
-The test backend is the simulator with several streams (``ManyStreams``): a copy goes on the
-current stream, each stream's copies land in issue order, and the streams in the worst order
-nothing forbids: the stream with the newest copy first (an older copy of another stream into the
-same buffer lands last). ``stream_wait_event`` (what the plugin's order asks for) lands the
+The test backend is the simulator with several streams (``testing/many_streams.py``): a copy goes
+on the current stream, each stream's copies land in issue order, and the streams in the worst
+order nothing forbids: the stream with the newest copy first (an older copy of another stream into
+the same buffer lands last). ``stream_wait_event`` (what the plugin's order asks for) lands the
 event's stream's copies before the current stream issues more. The fake CUDA
 runtime of the copy-path work, with its stream-changing mode, is to run this same scenario once it
 lands (``tests/runtime/``).
@@ -19,14 +19,13 @@ lands (``tests/runtime/``).
 
 from __future__ import annotations
 
-import numpy as np
+import contextlib
+
 import pytest
 
-from fd_async_copy_plugin import runtime
 from fd_async_copy_plugin.patches import step_syncs
-from fd_async_copy_plugin.runtime.backend import host_view
-from fd_async_copy_plugin.runtime.simulated import SimulatedBackend
 from fd_async_copy_plugin.testing.harness import Variant, run_variant
+from fd_async_copy_plugin.testing.many_streams import streams_per_step
 from fd_async_copy_plugin.testing.reference import ROOTS
 from fd_async_copy_plugin.testing.reference.driver import DriverConfig, Request
 
@@ -36,90 +35,12 @@ FD25 = ROOTS["fd25"]
 RUNNER = "worker.gpu_model_runner"
 
 
-class ManyStreams(SimulatedBackend):
-    """The simulator with ``streams`` streams; ``stream`` is the current one (the test changes it
-    between steps). Events are recorded on the current stream and cover its copies only."""
-
-    def __init__(self, glue=None) -> None:
-        super().__init__(glue)
-        self.stream = 0
-        self.queue: list = []  # (seq, stream, id(dst), view, data): copies not landed, issue order
-        self.ordered = 0  # stream_wait_event calls
-        self.newest: dict = {}  # id(dst) -> (label, data) of the newest copy issued into it
-        #: buffers whose copies all landed but hold an older copy's values (the older landed last)
-        self.stale: list[str] = []
-
-    def _copy(self, dst, src, seq, label):
-        super()._copy(dst, src, seq, label)  # poison now; the entry the readability checks use
-        _, data, _, _, view = self._pending[id(dst)]
-        self.queue.append((seq, self.stream, id(dst), view, data))
-        self.newest[id(dst)] = (label, data)
-
-    def _record_native(self, seq, label):
-        return (self.stream, seq)
-
-    def _land_where(self, keep) -> None:
-        landed = [c for c in self.queue if keep(c)]
-        # each stream's copies in issue order; nothing orders the streams: the stream with the newest
-        # copy lands first (an older copy of another stream into the same buffer lands last)
-        newest: dict = {}
-        for seq, stream, *_ in landed:
-            newest[stream] = max(seq, newest.get(stream, seq))
-        for seq, stream, key, view, data in sorted(landed, key=lambda c: (-newest[c[1]], c[0])):
-            view[...] = data
-        self.queue = [c for c in self.queue if not keep(c)]
-        live = {c[2] for c in self.queue}
-        for seq, stream, key, view, data in landed:
-            label, newest = self.newest[key]
-            if key not in live and not np.array_equal(view, newest):
-                self.stale.append(label)
-        for key in [k for k in self._pending if k not in live]:
-            del self._pending[key]
-
-    def _wait_native(self, event) -> None:
-        stream, seq = event.native
-        with self._wait_lock("landing"):  # the GPU may have finished the other streams' older copies too
-            self._land_where(lambda c: c[0] <= seq)
-
-    def _drain_native(self, device: bool = False) -> None:
-        with self._wait_lock("landing"):
-            self._land_where(lambda c: True)
-
-    def stream_wait_event(self, event) -> None:
-        """The current stream's later work runs after ``event``'s copies (they land first)."""
-        stream, seq = event.native
-        self.ordered += 1
-        with self._wait_lock("landing"):
-            self._land_where(lambda c: c[1] == stream and c[0] <= seq)
-
-
-def many_streams(monkeypatch, streams: int):
-    """``sim`` is ``ManyStreams``; every execute_model of the fd25 runner runs on the next stream."""
-    import importlib
-
-    made = []
-    real = runtime.make_backend
-
-    def make_backend(name):
-        if name != "sim":
-            return real(name)
-        made.append(ManyStreams())
-        return made[-1]
-
-    monkeypatch.setattr(runtime, "make_backend", make_backend)
-    module = importlib.import_module(f"{FD25}.{RUNNER}")
-    execute = module.GPUModelRunner.execute_model
-
-    def execute_model(self, *args, **kwargs):
-        from fd_async_copy_plugin.testing.reference import copy_backend
-
-        backend = copy_backend.current()
-        if isinstance(backend, ManyStreams):
-            backend.stream = (backend.stream + 1) % streams
-        return execute(self, *args, **kwargs)
-
-    monkeypatch.setattr(module.GPUModelRunner, "execute_model", execute_model)
-    return made
+@pytest.fixture
+def many_streams():
+    """``many_streams(n)``: backend ``sim`` is ``ManyStreams`` with FD 2.5's runner changing stream
+    at every step; returns the list of backends made."""
+    with contextlib.ExitStack() as stack:
+        yield lambda streams: stack.enter_context(streams_per_step(FD25, streams))
 
 
 def workload():
@@ -157,8 +78,9 @@ def prepare_reads_fall_back(monkeypatch):
 
 @pytest.mark.parametrize("fallback", [False, True], ids=["answered", "prepare-falls-back"])
 @pytest.mark.parametrize("streams", [1, 2, 3])
-def test_the_token_count_stays_exact_when_the_stream_changes_between_steps(monkeypatch, streams, fallback):
-    made = many_streams(monkeypatch, streams)
+def test_the_token_count_stays_exact_when_the_stream_changes_between_steps(monkeypatch, many_streams, streams,
+                                                                           fallback):
+    made = many_streams(streams)
     if fallback:
         prepare_reads_fall_back(monkeypatch)
     cfg, requests, arrivals = workload()
@@ -174,13 +96,13 @@ def test_the_token_count_stays_exact_when_the_stream_changes_between_steps(monke
 
 
 @pytest.mark.parametrize("streams", [1, 2])
-def test_without_the_order_an_older_count_lands_last_on_two_streams_only(monkeypatch, streams):
+def test_without_the_order_an_older_count_lands_last_on_two_streams_only(monkeypatch, many_streams, streams):
     """Planted: the skipped wait's order is dropped. Two streams: FastDeploy's pinned count ends up
     holding an older step's copy (in this replica's schedule that stale count is an upper bound -
     a step after a prefill has fewer tokens - so the outputs still match; a step with more tokens
     would overrun). One stream: stream order is enough (what FD relies on today)."""
     monkeypatch.setattr(step_syncs, "order_after_skipped_waits", lambda state, shadow: setattr(state, "unwaited", []))
-    made = many_streams(monkeypatch, streams)
+    made = many_streams(streams)
     cfg, requests, arrivals = workload()
     run_variant(PLUGIN, cfg, requests, backend="sim", arrivals=arrivals, max_steps=120)
     stale = set(made[-1].stale)

@@ -12,7 +12,11 @@ path. ``harness.judge_scenario`` then runs it:
   (unpatched FastDeploy on ``host``: every copy lands when issued); unpatched FastDeploy's own run
   on ``sim`` is compared with the reference too, and where it differs (FD 2.5's overlap schedule has
   races of its own) that is counted as FastDeploy's, never excused for the plugin;
-- on ``host``: the plugin's run must equal unpatched FastDeploy's, bit for bit.
+- on ``host``: the plugin's run must equal unpatched FastDeploy's, bit for bit;
+- on ``sim`` with two streams and FastDeploy's current stream changed at every step
+  (``testing/many_streams.py``: an older copy of another stream lands last where nothing orders
+  it): the plugin's run must still equal the synchronous reference, and no pinned buffer may end
+  up holding an older copy in the plugin's run unless it does in unpatched FD's.
 
 A case whose reference run itself fails (a workload the replica does not model) is drawn again from
 the next sub-seed. CI runs ``CI_SEEDS`` (bounded to about a minute on two cores); a longer run by
@@ -30,6 +34,7 @@ import pytest
 
 from fd_async_copy_plugin.testing import harness
 from fd_async_copy_plugin.testing.harness import OVERLAP_FEATURES, Scenario
+from fd_async_copy_plugin.testing.many_streams import streams_per_step
 from fd_async_copy_plugin.testing.reference.driver import DriverConfig, Request
 
 pytestmark = pytest.mark.usefixtures("plugin_off")
@@ -156,6 +161,14 @@ def test_plugin_equals_unpatched_and_the_synchronous_reference(seed, monkeypatch
     # host: bit for bit against unpatched FastDeploy on the same backend
     judged = harness.judge_scenario(scenario, "host")
     assert judged.differences == [], f"{scenario.name} [host]: {judged.differences[:5]}"
+    # sim with two streams, the current one changed at every step (testing/many_streams.py)
+    with streams_per_step(harness.ROOTS[scenario.replica], 2) as made:
+        judged = harness.judge_scenario(scenario, "sim")
+    assert judged.differences == [], f"{scenario.name} [sim, 2 streams]: {judged.differences[:5]}"
+    # made: the plugin's run's backend, then unpatched FD's. No pinned buffer may end up holding an
+    # older copy in the plugin's run unless it does in FD's own (an ordering bug with no visible output)
+    assert len(made) == 2, len(made)
+    assert set(made[0].stale) <= set(made[1].stale), (scenario.name, made[0].stale, made[1].stale)
 
 
 def _reuse(reference, real):
