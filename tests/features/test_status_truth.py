@@ -250,3 +250,29 @@ def test_enabled_is_false_when_every_requested_feature_is_skipped():
         assert fd_async_copy_plugin.status()["enabled"] is True and "enabled_reason" not in fd_async_copy_plugin.status()
     finally:
         fd_async_copy_plugin.disable()
+
+
+def test_on_fd25_a_speculative_runner_is_not_reported_as_running_the_logprobs_feature():
+    root = ROOTS["fd25"]
+    fd_async_copy_plugin.enable(features=["logprobs", "sync_scope"], backend="host", root=root)
+    try:
+        runner = _speculative_runner(root)
+        entry = fd_async_copy_plugin.status()["features"]["logprobs"]
+        assert entry["state"] == "passthrough" and "speculative sampler" in entry["reason"], entry
+        plain = _plain_runner(root)  # a plain runner beside it: partial
+        entry = fd_async_copy_plugin.status()["features"]["logprobs"]
+        assert entry["state"] == "partial" and "1 runner(s) decode speculatively" in entry["reason"], entry
+        del runner, plain
+    finally:
+        fd_async_copy_plugin.disable()
+
+
+def _plain_runner(root):
+    import importlib
+
+    from fd_async_copy_plugin.testing.reference.driver import _fd_config, _Modules
+
+    fd_config = _fd_config(_Modules(root), DriverConfig(max_num_seqs=4, vocab_size=64, max_model_len=16,
+                                                        hidden_size=8), 7391)
+    runner_module = importlib.import_module(root + ".worker.gpu_model_runner")
+    return runner_module.GPUModelRunner(fd_config, device="gpu", device_id=0, rank=0, local_rank=0)
