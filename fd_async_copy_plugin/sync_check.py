@@ -35,6 +35,7 @@ import collections
 import functools
 import logging
 import os
+import re
 import sys
 import threading
 from dataclasses import dataclass
@@ -196,6 +197,9 @@ def _fd_relative(filename: str) -> str:
 # ---- settings ---------------------------------------------------------------------------------
 
 
+_ASCII_DIGITS = re.compile(r"[0-9]+", re.ASCII)
+
+
 class SyncCheckConfigError(ValueError):
     """An ``FD_ASYNC_COPY_SYNC_CHECK*`` variable has a bad value (the check then stays off)."""
 
@@ -223,8 +227,10 @@ class Settings:
         numbers = {}
         for name, default in ((ENV_WARMUP, cls.warmup), (ENV_LOG_EVERY, cls.log_every)):
             raw = environ.get(name)
-            try:
-                numbers[name] = default if raw in (None, "") else int(raw)
+            try:  # ASCII digits only, as the ring setting: int() also takes "٣", "1_0", "+3", " 3"
+                if raw not in (None, "") and not _ASCII_DIGITS.fullmatch(raw.strip()):
+                    raise ValueError
+                numbers[name] = default if raw in (None, "") else int(raw.strip())
                 if numbers[name] < (0 if name == ENV_WARMUP else 1):
                     raise ValueError
             except ValueError:
@@ -470,6 +476,14 @@ def install_from_env(root: str = "fastdeploy", environ=None) -> Optional[Checker
         log.error("fd_async_copy: %s", exc)
         return None
     tracing = bool((os.environ if environ is None else environ).get("FD_ASYNC_COPY_TRACE"))
+    if tracing:  # a bad trace setting is found now, before any step runs, and arms nothing
+        from . import trace
+
+        try:
+            trace.settings_from_env(environ)
+        except trace.TraceConfigError as exc:
+            log.error("fd_async_copy: %s", exc)
+            tracing = False
     if tracing and settings.mode == "off":
         settings = Settings("count", settings.warmup, settings.allow, settings.log_every)  # the trace's waits
     if settings.mode == "off" or _checker is not None:
@@ -557,13 +571,14 @@ def _install_op_hooks(root: str, watcher) -> None:
     for short in OP_MODULES:
         name = f"{root}.{short}"
 
-        def hook(name=name) -> None:
+        def hook(name=name, short=short) -> None:
             module = sys.modules[name]
             for op, (mechanism, what, source, arg) in table.items():
-                fn = module.__dict__.get(op)
-                if fn is not None and name + "." + op not in _op_hooked:
-                    setattr(module, op, _wrap_op(fn, mechanism, f"{op} (op: {what}, {source})", arg))
-                    _op_hooked[name + "." + op] = (module, op, fn)
+                if module.__dict__.get(op) is not None and name + "." + op not in _op_hooked:
+                    # a link of the plugin's junction there (innermost: FD's op itself), never a
+                    # setattr over it: the plugin would take that for a module reload (issue 41)
+                    _op_hooked[name + "." + op] = _link(module, op, f"{short}:{op}", lambda nxt, m=mechanism, w=(
+                        f"{op} (op: {what}, {source})"), a=arg: _wrap_op(nxt, m, w, a))
 
         if name in sys.modules:
             hook()
@@ -595,10 +610,22 @@ def _wrap_op(fn, mechanism: str, what: str, arg):
     return wrapper
 
 
+def _link(owner, name: str, key: str, build):
+    """Put the check's wrapper on ``owner.name`` as the ``sync_check`` link of the plugin's one
+    junction there (``registry.patch.Junction``), innermost: armed before or after ``enable()``,
+    the plugin's links and the check's never replace each other, ``disable()`` keeps the check's
+    and ``stop()`` takes only its own out (the last link out puts the original back)."""
+    from .patches.runner import PIPELINE
+    from .registry.patch import Junction
+
+    junction = Junction.on(owner, name, PIPELINE.get(key, ()))
+    junction.attach("sync_check", build)
+    return junction
+
+
 def uninstall_step_hooks() -> None:
-    for key, (module, op, original) in list(_op_hooked.items()):
-        if getattr(module.__dict__.get(op), "__fd_sync_check_original__", None) is original:
-            setattr(module, op, original)
+    for key, junction in list(_op_hooked.items()):
+        junction.detach("sync_check")
         del _op_hooked[key]
     for name, junction in list(_hooked.items()):
         junction.detach("sync_check")
@@ -692,19 +719,21 @@ def install_gpu_source(is_device: Callable = _on_device) -> None:
 
         return wrapper
 
-    def patch(owner, name, replacement):
+    def patch(owner, name, replacement):  # the plugin's own class: no feature patches it
         _gpu_saved.append((owner, name, owner.__dict__.get(name) if isinstance(owner, type) else getattr(owner, name)))
         setattr(owner, name, replacement)
 
+    # Paddle's methods and functions: links of the plugin's junctions (its features may hold them)
     for name in _GPU_SOURCE_READS:
-        fn = getattr(paddle.Tensor, name, None)
-        if fn is not None:
-            patch(paddle.Tensor, name, read_wrapper(name, fn))
-    patch(paddle.Tensor, "copy_", copy_wrapper(paddle.Tensor.copy_))
-    patch(paddle.device, "synchronize", sync_wrapper(paddle.device.synchronize, "paddle.device.synchronize"))
-
+        if getattr(paddle.Tensor, name, None) is not None:
+            _gpu_saved.append(_link(paddle.Tensor, name, f"paddle:Tensor.{name}",
+                                    lambda nxt, name=name: read_wrapper(name, nxt)))
+    _gpu_saved.append(_link(paddle.Tensor, "copy_", "paddle:Tensor.copy_", copy_wrapper))
+    _gpu_saved.append(_link(paddle.device, "synchronize", "paddle.device:synchronize",
+                            lambda nxt: sync_wrapper(nxt, "paddle.device.synchronize")))
     if getattr(paddle.tensor, "top_p_sampling", None) is not None:
-        patch(paddle.tensor, "top_p_sampling", wrap_pageable_input("top_p_sampling", paddle.tensor.top_p_sampling))
+        _gpu_saved.append(_link(paddle.tensor, "top_p_sampling", "paddle.tensor:top_p_sampling",
+                                lambda nxt: wrap_pageable_input("top_p_sampling", nxt)))
     for name, what in (("wait", "event wait"), ("device_synchronize", "device synchronize"),
                        ("stream_synchronize", "stream synchronize")):
         patch(CopyBackend, name, sync_wrapper(getattr(CopyBackend, name), what, skip_runtime=True))
@@ -732,7 +761,11 @@ def uninstall_gpu_source() -> None:
     global _is_device
     _is_device = _on_device
     while _gpu_saved:
-        owner, name, original = _gpu_saved.pop()
+        saved = _gpu_saved.pop()
+        if not isinstance(saved, tuple):  # a junction link
+            saved.detach("sync_check")
+            continue
+        owner, name, original = saved
         if original is None:
             delattr(owner, name)
         else:

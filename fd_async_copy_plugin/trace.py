@@ -15,18 +15,28 @@ replica. Per decode step (``execute_model``, the sync check's step boundary) on 
 
 Phases are found with a per-thread ``sys.setprofile`` hook while a step is traced: it slows the
 traced steps down (a diagnostic, never on unless asked); the trace stops after
-``FD_ASYNC_COPY_TRACE_STEPS`` steps (default 20) following the sync check's warm-up, and the file
+``FD_ASYNC_COPY_TRACE_STEPS`` steps (default 20, at most ``MAX_TRACE_STEPS``: about 10 KB per
+step is held in memory until the file is written) following the sync check's warm-up, and the file
 is written then (and at exit, if fewer steps ran). ``validate()`` checks a file against the
 trace-event format and that the spans of each track nest.
+
+The trace writes regular files only: ``path_problem()`` refuses a path that is a symbolic link, a
+directory, a FIFO, a socket or a device node, or whose directory is missing or not writable - before
+any work (``bench --trace``, ``FD_ASYNC_COPY_TRACE``, ``doctor``) and again right before the file
+is written; the file is written to a temporary file beside it, then renamed onto it.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import logging
 import os
+import re
+import stat
 import sys
+import tempfile
 import threading
 import time
 from typing import Optional
@@ -35,6 +45,79 @@ log = logging.getLogger("fd_async_copy")
 
 ENV_TRACE = "FD_ASYNC_COPY_TRACE"
 ENV_TRACE_STEPS = "FD_ASYNC_COPY_TRACE_STEPS"
+DEFAULT_TRACE_STEPS = 20
+#: about 10 KB of events per traced step stay in memory until the file is written: 1000 steps ~ 10 MB
+MAX_TRACE_STEPS = 1000
+_DIGITS = re.compile(r"[0-9]+", re.ASCII)  # "٣", "1_0", "+3" and " 3" are typos, not counts
+
+
+class TraceConfigError(ValueError):
+    """A bad ``FD_ASYNC_COPY_TRACE``/``FD_ASYNC_COPY_TRACE_STEPS`` or ``--trace`` path: one line,
+    naming the setting, its value and what is allowed."""
+
+
+_KINDS = ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+          (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+
+
+def path_problem(path: str) -> Optional[str]:
+    """Why the trace cannot be written to ``path`` ("" never; None: it can). Only a regular file is
+    ever replaced: a symbolic link (its target would not be written), a directory, a FIFO, a socket
+    or a device node at ``path`` is refused, as is a missing or unwritable directory."""
+    if not path:
+        return "no path given"
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        st = None
+    except OSError as exc:
+        return f"cannot inspect it ({exc.strerror or exc})"
+    if st is not None:
+        kind = next((name for test, name in _KINDS if test(st.st_mode)), None)
+        if kind is None and not stat.S_ISREG(st.st_mode):
+            kind = "not a regular file"
+        if kind is not None:
+            return f"it is {kind}; the trace replaces regular files only: give the path of a new or regular file"
+        if not os.access(path, os.W_OK):
+            return "the file exists and is not writable"
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        return f"its directory {directory} does not exist"
+    if not os.access(directory, os.W_OK | os.X_OK):
+        return f"its directory {directory} is not writable"
+    return None
+
+
+def parse_trace_steps(raw: Optional[str], source: str = ENV_TRACE_STEPS) -> int:
+    """An integer from 1 to ``MAX_TRACE_STEPS`` in ASCII digits; unset or empty: the default."""
+    if raw is None or raw.strip() == "":
+        return DEFAULT_TRACE_STEPS
+    value = raw.strip()
+    if not _DIGITS.fullmatch(value) or not 1 <= int(value) <= MAX_TRACE_STEPS:
+        raise TraceConfigError(f"{source}={raw!r} is not valid; allowed values: an integer from 1 to "
+                               f"{MAX_TRACE_STEPS} (default {DEFAULT_TRACE_STEPS})")
+    return int(value)
+
+
+def settings_from_env(environ=None, pid: Optional[int] = None) -> Optional[tuple[str, int]]:
+    """``(path, steps)`` of ``FD_ASYNC_COPY_TRACE``/``_STEPS`` (``{pid}`` in the path replaced), None
+    when no trace is asked for; raises ``TraceConfigError`` with every problem on one line."""
+    environ = os.environ if environ is None else environ
+    raw_path = environ.get(ENV_TRACE)
+    if not raw_path:
+        return None
+    problems = []
+    try:
+        steps = parse_trace_steps(environ.get(ENV_TRACE_STEPS))
+    except TraceConfigError as exc:
+        problems.append(str(exc))
+    path = raw_path.replace("{pid}", str(os.getpid() if pid is None else pid))
+    problem = path_problem(path)
+    if problem:
+        problems.append(f"{ENV_TRACE}={raw_path!r}: {problem}")
+    if problems:
+        raise TraceConfigError("; ".join(problems) + " (no trace is written)")
+    return path, steps
 
 #: FD functions whose calls are the save phase (2.4 and 2.5 names)
 SAVE_FUNCTIONS = frozenset({"save_output_normal", "save_output_specualate", "_save_model_output",
@@ -88,11 +171,30 @@ class Trace:
                     "otherData": {"producer": "fd-async-copy-plugin step trace"}}
 
     def write(self, path: str) -> None:
+        """Write the trace to ``path`` through a temporary file beside it; raises ``OSError`` (and
+        leaves nothing behind) when ``path`` is not a regular file or cannot be written."""
+        problem = path_problem(path)
+        if problem:
+            raise OSError(f"{path}: {problem}")
         data = self.to_json()
-        tmp = f"{path}.tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(data, f)
-        os.replace(tmp, path)
+        directory, name = os.path.split(os.path.abspath(path))
+        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(data, f)
+            problem = path_problem(path)  # something appeared there while the steps ran
+            if problem:
+                raise OSError(f"{path}: {problem}")
+            try:  # mkstemp makes it 0600: keep a replaced file's mode, else rw-r--r--
+                mode = stat.S_IMODE(os.stat(path).st_mode)
+            except FileNotFoundError:
+                mode = 0o644
+            os.chmod(tmp, mode)
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
 
 
 class StepTracer:
@@ -279,19 +381,14 @@ def install_from_env(environ=None) -> Optional[StepTracer]:
     check's warm-up and write FILE (``{pid}`` in FILE is replaced by the process id: one file per
     worker). Called by ``sync_check.install_from_env`` (which arms the check in ``count`` mode if
     it is off). Never raises: a bad value is logged and nothing is traced."""
-    environ = os.environ if environ is None else environ
-    path = environ.get(ENV_TRACE)
-    if not path:
-        return None
-    raw = environ.get(ENV_TRACE_STEPS) or "20"
     try:
-        steps = int(raw)
-        if steps < 1:
-            raise ValueError
-    except ValueError:
-        log.error("fd_async_copy: %s=%r: expected an integer >= 1; no trace is written", ENV_TRACE_STEPS, raw)
+        settings = settings_from_env(environ)
+    except TraceConfigError as exc:
+        log.error("fd_async_copy: %s", exc)
         return None
-    path = path.replace("{pid}", str(os.getpid()))
+    if settings is None:
+        return None
+    path, steps = settings
     from . import runtime, sync_check
 
     c = sync_check.checker()

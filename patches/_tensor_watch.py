@@ -145,12 +145,14 @@ class DeferredEvent:
         self.event = event
         self.active = True
         self.owed = False
+        self.waited = False  # the host waited on it (FastDeploy's own wait ran)
 
     def record(self, *args, **kwargs):
         return self.event.record(*args, **kwargs)
 
     def synchronize(self):
         if not self.active:
+            self.waited = True
             return self.event.synchronize()
         self.owed = True
         return None
@@ -159,6 +161,7 @@ class DeferredEvent:
         """Run the owed wait (a read the plugin does not answer needs the copies)."""
         if self.owed:
             self.owed = False
+            self.waited = True
             self.event.synchronize()
 
     def answered(self) -> None:

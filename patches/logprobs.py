@@ -27,6 +27,7 @@ import ast
 import inspect
 import logging
 import threading
+import weakref
 
 import numpy as np
 import paddle
@@ -55,6 +56,19 @@ RING_SLOTS = 2  # FD 2.5's overlap schedule still references step N's output whe
 MAX_PINNED_BYTES = 64 << 20
 #: Marks the plugin's gather_logprobs (sync_scope checks it to know prompt results are host-owned).
 _ITEM_BYTES = {field: np.dtype(dtype).itemsize for field, dtype in DTYPES.items()}
+
+#: dtypes a pinned buffer can hold (numpy's: no bfloat16)
+_PINNED_DTYPES = frozenset({"bool", "int8", "uint8", "int16", "int32", "int64", "float16", "float32", "float64"})
+
+
+def _item_bytes(dtypes: dict) -> dict | None:
+    """Bytes per element of each field's dtype; None when one has no pinned buffer."""
+    if dtypes is DTYPES or dtypes == DTYPES:
+        return _ITEM_BYTES
+    if not all(d in _PINNED_DTYPES for d in dtypes.values()):
+        return None
+    return {f: np.dtype(d).itemsize for f, d in dtypes.items()}
+
 
 #: What the statements after the maths may call: the copies the plugin replaces (FastDeploy's
 #: ``.cpu()`` / pinned ``empty_like`` + ``copy_``).
@@ -120,6 +134,13 @@ class LogprobsCopier:
         #: copied blocking and counted in ``capped_steps``.
         self.ring_max_bytes = DEFAULT_RING_MAX_BYTES if ring_max_bytes is None else ring_max_bytes
         self.capped_steps = self.async_steps = 0  # copied blocking (a cap) / non-blocking
+        #: runners built while the feature is applied, by whether they decode speculatively (their
+        #: SpeculativeSampler/MTPSampler gather with FastDeploy's own code: this feature never runs)
+        self.speculative_runners: weakref.WeakSet = weakref.WeakSet()
+        self.plain_runners: weakref.WeakSet = weakref.WeakSet()
+        #: steps copied FastDeploy's blocking way because a result's dtype has no pinned buffer
+        #: (bfloat16: numpy has none), by dtype; a float64 or float16 result gets a ring of its own
+        self.dtype_steps: dict[str, int] = {}
         self.closed = False
 
     def close(self) -> None:
@@ -138,23 +159,25 @@ class LogprobsCopier:
     def _elements(self, rows: int, columns: int) -> dict[str, int]:
         return {"logprob_token_ids": rows * columns, "logprobs": rows * columns, "selected_token_ranks": rows}
 
-    def _reserve(self, rows: int, columns: int, prompt: bool) -> dict[str, int]:
+    def _reserve(self, rows: int, columns: int, prompt: bool, items=_ITEM_BYTES) -> dict[str, int]:
         """What a growing buffer grows to: every sequence's row (decode) if that fits the cap."""
         wanted = self._elements(rows if prompt else max(rows, self.max_rows), columns)
-        return {f: n if n * _ITEM_BYTES[f] <= MAX_PINNED_BYTES else 0 for f, n in wanted.items()}
+        return {f: n if n * items[f] <= MAX_PINNED_BYTES else 0 for f, n in wanted.items()}
 
-    def _ring_for(self, sampler, kind: str, rows: int, columns: int) -> runtime.PinnedRing:
+    def _ring_for(self, sampler, kind: str, rows: int, columns: int, dtypes=DTYPES) -> runtime.PinnedRing:
+        if dtypes != DTYPES:  # FastDeploy's gather on float64 (or fp16 without the fp32 upcast)
+            kind = f"{kind}.{'.'.join(dtypes[f] for f in FIELDS)}"
         ring = self.rings.get(kind)
         if ring is None:
             # FastDeploy's GuidedDecoding keeps max_num_seqs (2.4, 2.5, develop).
             self.max_rows = self.max_rows or int(
                 getattr(getattr(sampler, "guided_decoding", None), "max_num_seqs", 0) or 0
             )
-            prompt = kind == "prompt"
-            capacity = self._reserve(rows, max(columns, DEFAULT_MAX_LOGPROBS + 1), prompt)
+            prompt = kind.startswith("prompt")
+            capacity = self._reserve(rows, max(columns, DEFAULT_MAX_LOGPROBS + 1), prompt, _item_bytes(dtypes))
             capacity = {f: max(1, n) for f, n in capacity.items()}
             ring = runtime.PinnedRing(
-                self.backend, f"logprobs.{kind}", DTYPES, capacity, slots=1 if prompt else RING_SLOTS,
+                self.backend, f"logprobs.{kind}", dict(dtypes), capacity, slots=1 if prompt else RING_SLOTS,
                 max_bytes=self.ring_max_bytes,
             )
             self.rings[kind] = ring
@@ -178,9 +201,18 @@ class LogprobsCopier:
                     self.stand_down(problem)
         if self.unusable:
             return self._blocking(sources)
+        dtypes = {f: str(sources[f].dtype).rsplit(".", 1)[-1] for f in FIELDS}
+        items = _item_bytes(dtypes)
+        if items is None:  # no pinned buffer of that dtype: FastDeploy's own copies, counted
+            other = ",".join(sorted({d for d in dtypes.values() if d not in _PINNED_DTYPES}))
+            self.dtype_steps[other] = self.dtype_steps.get(other, 0) + 1
+            if self.dtype_steps[other] == 1:
+                log.warning("fd_async_copy: %s logprobs have no pinned buffer; such steps are copied "
+                            "FastDeploy's blocking way (counted in status())", other)
+            return self._blocking(sources)
         rows, columns = int(indices.shape[0]), int(indices.shape[-1])
         prompt = prompt_runner() is not None
-        if any(n * _ITEM_BYTES[f] > MAX_PINNED_BYTES for f, n in self._elements(rows, columns).items()):
+        if any(n * items[f] > MAX_PINNED_BYTES for f, n in self._elements(rows, columns).items()):
             log.info("fd_async_copy: %d x %d logprobs exceed the pinned cap; copied blocking", rows, columns)
             self.capped_steps += 1
             return self._blocking(sources)
@@ -190,11 +222,11 @@ class LogprobsCopier:
             if self.closed:  # disable() is restoring FastDeploy: a late call gets host-owned data
                 return self._blocking(sources)
             try:
-                ring = self._ring_for(sampler, "prompt" if prompt else "decode", rows, columns)
+                ring = self._ring_for(sampler, "prompt" if prompt else "decode", rows, columns, dtypes)
                 # A free slot, the three copies, then their event (each source's facts read once). A
                 # wider request (more top logprobs, or -1 = the vocabulary) grows a slot for every row.
                 slot, _ = ring.fill("gather_logprobs", sources, LABELS, "gather_logprobs",
-                                    reserve=lambda: self._reserve(rows, columns, prompt))
+                                    reserve=lambda: self._reserve(rows, columns, prompt, items))
             except runtime.RingFull as exc:
                 # A consumer lags far behind (or the rows are huge): no more page-locked memory; this
                 # step is copied FastDeploy 2.4's blocking way (counted), the ring stays as it is.
@@ -315,6 +347,19 @@ def build_gather_logprobs(original, ctx):
     return gather_logprobs
 
 
+def build_runner_init(original, ctx):
+    """Notes each runner FastDeploy builds: a speculative one never calls ``Sampler.gather_logprobs``
+    (``status()`` then does not claim the feature runs for it)."""
+    copier: LogprobsCopier = ctx.state
+
+    @wraps(original)
+    def __init__(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        (copier.speculative_runners if getattr(self, "speculative_decoding", False) else copier.plain_runners).add(self)
+
+    return __init__
+
+
 def build_post_process_normal(original, ctx):
     copier: LogprobsCopier = ctx.state
 
@@ -337,6 +382,7 @@ class LogprobsFeature(Feature):
     # Consumers first, the producer last: an apply (or revert) never leaves a window where
     # gather_logprobs hands out pinned buffers to an unguarded consumer.
     patches = (
+        Patch(Target(RUNNER, "GPUModelRunner.__init__"), build_runner_init),
         Patch(Target(POSTPROC, "save_output_topk"), build_guard("save_output_topk")),
         Patch(Target(POSTPROC, "post_process_normal"), build_post_process_normal, profiles=("fastdeploy-2.4",)),
         Patch(Target(RUNNER, "GPUModelRunner._get_prompt_logprobs_list"), build_prompt_scope),
@@ -364,11 +410,25 @@ class LogprobsFeature(Feature):
     def report(self, ctx) -> dict | None:
         """Not ``applied`` while steps are copied the blocking way (a ring or buffer cap), counted."""
         copier = ctx.state
-        if not isinstance(copier, LogprobsCopier) or not copier.capped_steps:
+        speculative = len(copier.speculative_runners) if isinstance(copier, LogprobsCopier) else 0
+        if not isinstance(copier, LogprobsCopier) or not (copier.capped_steps or copier.dtype_steps or speculative):
             return None
-        return {"state": "partial" if copier.async_steps else "passthrough", "runners": [], "reason": (
-            f"{copier.capped_steps} of {copier.capped_steps + copier.async_steps} steps copied FastDeploy's blocking "
-            f"way: over the pinned cap (FD_ASYNC_COPY_RING_MAX_BYTES={copier.ring_max_bytes}, or 64 MiB a buffer)")}
+        other = sum(copier.dtype_steps.values())
+        total = copier.capped_steps + other + copier.async_steps
+        reasons = []
+        if speculative:
+            reasons.append(f"{speculative} runner(s) decode speculatively: their speculative sampler gathers logprobs "
+                           "with FastDeploy's own code (left untouched)")
+            if not copier.plain_runners and not copier.async_steps:
+                return {"state": "passthrough", "runners": [], "reason": "; ".join(reasons)}
+        if copier.capped_steps:
+            reasons.append(f"{copier.capped_steps} of {total} steps copied FastDeploy's blocking way: over the "
+                           f"pinned cap (FD_ASYNC_COPY_RING_MAX_BYTES={copier.ring_max_bytes}, or 64 MiB a buffer)")
+        for dtype, n in sorted(copier.dtype_steps.items()):
+            reasons.append(f"{n} of {total} steps copied FastDeploy's blocking way: {dtype} logprobs have no "
+                           "pinned buffer")
+        partial = copier.async_steps or (speculative and len(copier.plain_runners))
+        return {"state": "partial" if partial else "passthrough", "runners": [], "reason": "; ".join(reasons)}
 
     def quiesce(self, ctx) -> None:
         if isinstance(ctx.state, LogprobsCopier):

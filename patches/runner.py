@@ -34,6 +34,9 @@ PIPELINE: dict[str, tuple[str, ...]] = {
     # pinned flags, pinned sampled tokens); step_syncs the syncs part (device seed, host shadow; needs
     # stop); overlap the overlap part (needs stop and syncs)
     _R + "_init_share_inputs": ("overlap", "step_syncs", "stop_flag"),
+    # after FastDeploy's body: step_syncs (FD 2.5+) moves the seed to the device; logprobs notes
+    # whether the runner decodes speculatively (then its own sampler gathers: status() says so)
+    _R + "__init__": ("step_syncs", "logprobs"),
     # overlap: finish the pending step's save first; step_syncs: reload the shadow afterwards;
     # stop_flag: make the flag current, hide the pinned keys from FD's fill_(), reset them after
     _R + "reset_share_inputs": ("overlap", "step_syncs", "stop_flag"),

@@ -357,6 +357,8 @@ class RunnerSyncs:
         self.served = shadow.served if shadow is not None else collections.Counter()
         self.fallbacks = shadow.fallbacks if shadow is not None else collections.Counter()
         self.token_off = ""  # FastDeploy 2.5: why this runner has no token-count shadow ("" when it has)
+        #: FastDeploy 2.5: the last step's token_num_event(s) whose wait the plugin skipped
+        self.unwaited: list = []
 
     def report(self) -> dict:
         return {"reason": getattr(self.shadow, "s1_off", "") or self.token_off, "fallbacks": dict(self.fallbacks),
@@ -405,13 +407,13 @@ def build_init_share_inputs(original, ctx):
     @wraps(original)
     def _init_share_inputs(self, max_num_seqs: int):
         original(self, max_num_seqs)
+        why = own_path_reason(self, runner_module)  # first: the runner's own reason, not stop_flag's
+        if why:  # the shadow could never be exact for this runner: touch nothing
+            registry.stand_down(self, f"{why}: the host cannot know this runner's step state", logging.INFO)
+            return
         if part(self, "stop") is None:
             registry.stand_down(self, "needs stop_flag on this runner (its event covers the step snapshot), "
                                       "which does not run here")
-            return
-        why = own_path_reason(self, runner_module)
-        if why:  # the shadow could never be exact for this runner: touch nothing
-            registry.stand_down(self, f"{why}: the host cannot know this runner's step state", logging.INFO)
             return
         si = self.share_inputs
         try:
@@ -864,6 +866,8 @@ def build_prepare_inputs_tokens_25(original, ctx):
         shadow = state.shadow
         if shadow is None:
             return original(self, *args, **kwargs)
+        if state.unwaited:  # before FastDeploy issues this step's copies into the same pinned buffers
+            order_after_skipped_waits(state, shadow)
         dummy = bool(kwargs.get("is_dummy_or_profile_run", args[1] if len(args) > 1 else False))
         why = "dummy/profile run" if dummy else token_num_off(self, runner_module, postproc, shadow)
         if why:  # FastDeploy's own waits; the step state is unknown until reloaded
@@ -887,9 +891,30 @@ def build_prepare_inputs_tokens_25(original, ctx):
         for event in made:
             if event.close():
                 shadow.served["token_num _prepare_inputs: wait not needed (no read)"] += 1
+        state.unwaited = made  # _postprocess may still wait on them; the next step looks
         return result
 
     return _prepare_inputs
+
+
+def order_after_skipped_waits(state: RunnerSyncs, shadow: TokenShadow) -> None:
+    """FastDeploy waits on every step's ``token_num_event``; that wait also ordered its copies into
+    the pinned ``seq_lens_this_time_cpu``/``is_block_step_cpu`` before the next step's copies into
+    the same buffers. Where the plugin skipped it, the stream this step runs on waits for that
+    event on the device (``cudaStreamWaitEvent``, no host wait): with the current stream changed
+    between steps, the older copy could otherwise land after the newer one and FastDeploy would
+    size a step from a stale count (issue 41). On one stream it is a no-op in effect."""
+    events, state.unwaited = state.unwaited, []
+    for event in events:
+        if event.waited:
+            continue
+        try:
+            stream = paddle.device.current_stream()
+            getattr(stream, "stream_base", stream).wait_event(getattr(event.event, "event_base", event.event))
+            shadow.served["token_num: ordered after the last step's skipped wait (on the device)"] += 1
+        except Exception as exc:  # no device-side order here: FastDeploy's own host wait, counted
+            shadow.fallback(f"token_num: no stream order ({type(exc).__name__}); FastDeploy's wait")
+            event.event.synchronize()
 
 
 class _Owed:

@@ -166,6 +166,10 @@ def build_init_share_inputs(original, ctx):
         original(self, max_num_seqs)
         if not is_cuda_runner(runner_module):
             return  # DCU/Iluvatar subclasses on their platforms keep FastDeploy 2.4's behaviour
+        if getattr(self, "speculative_decoding", False):  # its configuration, not a problem: INFO
+            registry.stand_down(self, "speculative decoding: FastDeploy's speculative path (post_process_specualate, "
+                                      "speculate_update) writes the stop flag and saves the tokens", logging.INFO)
+            return
         on_gpu = self.share_inputs["stop_flags"].place.is_gpu_place()
         if on_gpu != (ctx.backend.name == "cuda"):
             where = "GPU" if on_gpu else "CPU"

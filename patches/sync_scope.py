@@ -15,11 +15,15 @@ Mirrors: fixes flaws of FastDeploy PR #6362.
 FD:     2.5 and 2.6+/develop. FastDeploy 2.4 has neither flaw (``native``).
 Delete: when FastDeploy's ``_get_prompt_logprobs_list`` waits on an event and ``slice_rows`` slices
         before copying.
+Strides: a host field is read with its strides (``host_rows_view``: a column-sliced, transposed or
+        step-sliced field gives its own rows, not its logical shape laid over the pointer); strides
+        it cannot read leave that call to FastDeploy's ``slice_rows``.
 """
 
 from __future__ import annotations
 
 import ast
+import ctypes
 import inspect
 import textwrap
 
@@ -28,7 +32,8 @@ import paddle
 
 from fd_async_copy_plugin import fd_identity
 from fd_async_copy_plugin.registry.patch import JUNCTION_MARK, Feature, IncompatibleError, Patch, Target, wraps
-from fd_async_copy_plugin.runtime.backend import host_view
+from fd_async_copy_plugin.runtime.backend import host_view, np_dtype_of
+from fd_async_copy_plugin.runtime.glue import paddle_glue
 
 from ._consumers import build_prompt_scope, prompt_runner
 
@@ -88,6 +93,29 @@ def check_slice_rows(original, ctx) -> None:  # the replacement is FD's rows: on
         raise IncompatibleError(problem)
 
 
+def host_rows_view(field):
+    """A zero-copy numpy view of a host tensor through its pointer, honouring its strides (Paddle's
+    ``strides`` count elements; ``data_ptr()`` already includes the view's offset). None when the
+    strides cannot be read or are negative (the caller then keeps FastDeploy's path)."""
+    contiguous = getattr(field, "is_contiguous", None)
+    try:
+        if contiguous is None or contiguous():
+            return host_view(field)
+        shape, strides = [int(n) for n in field.shape], [int(n) for n in field.strides]
+    except Exception:
+        return None
+    if len(strides) != len(shape) or any(n < 0 for n in strides):
+        return None
+    dtype = np_dtype_of(paddle_glue().dtype(field))
+    if 0 in shape:
+        return np.empty(shape, dtype=dtype)
+    extent = 1 + sum((n - 1) * st for n, st in zip(shape, strides))  # elements, first to last
+    raw = (ctypes.c_byte * (extent * dtype.itemsize)).from_address(paddle_glue().address(field))
+    base = np.frombuffer(raw, dtype=dtype, count=extent)
+    return np.lib.stride_tricks.as_strided(base, shape=shape, strides=[st * dtype.itemsize for st in strides],
+                                           writeable=False)
+
+
 def build_slice_rows(original, ctx):
     backend = ctx.backend
 
@@ -99,8 +127,12 @@ def build_slice_rows(original, ctx):
                 rows.append(backend.to_host(field, "slice_rows", start, end))
             elif field.place.is_cpu_place() or field.place.is_cuda_pinned_place():
                 # Host memory (FastDeploy's own pinned buffers included): read the rows through the
-                # pointer - a Paddle op here would move a pinned tensor to the GPU.
-                rows.append(paddle.to_tensor(np.array(host_view(field)[start:end], copy=True), place=paddle.CPUPlace()))
+                # pointer - a Paddle op here would move a pinned tensor to the GPU -, with the
+                # field's strides (a column-sliced, transposed or step-sliced field).
+                view = host_rows_view(field)
+                if view is None:  # strides this cannot read: FastDeploy's own rows for this call
+                    return original(self, start, end)
+                rows.append(paddle.to_tensor(np.array(view[start:end], copy=True), place=paddle.CPUPlace()))
             else:
                 rows.append(paddle.to_tensor(field[start:end].numpy(), place=paddle.CPUPlace()))
         return type(self)(*rows)

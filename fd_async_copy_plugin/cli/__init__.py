@@ -27,7 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--root", default="fastdeploy", help="FastDeploy root module (default: fastdeploy)")
 
     selftest = sub.add_parser("selftest", help="decode on the reference FastDeploy replica with the plugin off and on; outputs must be bit-identical")
-    selftest.add_argument("--steps", type=_positive, default=48, help="decode steps per run (default 48)")
+    selftest.add_argument("--steps", type=_selftest_steps, default=48, help="decode steps per run, 1 to 512 (default 48)")
     selftest.add_argument(
         "--backend", default="auto", choices=("auto", "cuda", "host", "sim"),
         help="auto: cuda if usable, else host and sim (default auto)",
@@ -104,6 +104,15 @@ def _positive(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value} must be >= 1")
+    return value
+
+
+def _selftest_steps(text: str) -> int:
+    """1 to ``MAX_SELFTEST_STEPS``: every value sizes the scenarios so that they run (issue 41)."""
+    value = _positive(text)
+    maximum = 512  # harness.MAX_SELFTEST_STEPS (not imported here: it imports Paddle)
+    if value > maximum:
+        raise argparse.ArgumentTypeError(f"{value} is more than {maximum}")
     return value
 
 

@@ -98,6 +98,17 @@ def run(args) -> int:
     )
     from ..runtime.cuda import cuda_available
 
+    if getattr(args, "trace", None) is not None:  # before any work: not a traceback after the benchmark
+        from ..trace import path_problem
+
+        problem = path_problem(args.trace)
+        if problem:
+            error = f"--trace {args.trace!r}: {problem}"
+            if args.json:
+                json.dump({"ok": False, "command": "bench", "error": error}, sys.stdout, indent=2)
+                sys.stdout.write("\n")
+            print(f"fd-async-copy bench FAILED: {error}", file=sys.stderr)
+            return 2
     if getattr(args, "steps", None) is None or getattr(args, "batch", None) is None:  # called without main()
         problem = resolve_sizes(args)
         if problem:
@@ -179,16 +190,21 @@ def run(args) -> int:
 
         report["copy_strategies"] = compare_copy_strategies(batch, top_k, vocab)
     if getattr(args, "trace", None):
-        report["trace"] = write_trace(args.trace, steps=args.trace_steps)
+        try:
+            report["trace"] = write_trace(args.trace, steps=args.trace_steps)
+        except OSError as exc:  # the path changed while the benchmark ran, or the disk is full
+            report["trace"] = {"error": f"cannot write the step trace: {exc}"}
     if args.json:
         json.dump(report, sys.stdout, indent=2, default=str)
         sys.stdout.write("\n")
     else:
         print(format_report(report, format_census))
-        if "trace" in report:
+        if "error" in report.get("trace", {}):
+            print(f"step trace NOT written: {report['trace']['error']}")
+        elif "trace" in report:
             print(f"step trace: {report['trace']['file']} ({report['trace']['events']} events, "
                   f"{', '.join(report['trace']['tracks'])}): open it in https://ui.perfetto.dev")
-    return 0 if met else 1
+    return 0 if met and "error" not in report.get("trace", {}) else 1
 
 
 TRACE_VARIANTS = ("fd24-unpatched", "fd24-backport", "fd24-plugin", "fd24-overlap", "fd25-native")
@@ -200,6 +216,9 @@ def write_trace(path: str, steps: int = 8, variants=TRACE_VARIANTS, batch: int =
     from .. import sync_check, trace
     from ..testing.harness import CENSUS_VARIANTS, run_variant
 
+    problem = trace.path_problem(path)
+    if problem:
+        raise OSError(f"{path}: {problem}")
     config, requests = plain_workload(batch, vocab, steps + 2)
     config = replace(config, block_size=64)
     recorder = trace.Trace("fd-async-copy bench (reference FastDeploy, CPU)")

@@ -50,6 +50,20 @@ def _other_var_errors(environ) -> list[str]:
     return problems
 
 
+def _trace_info(environ) -> dict:
+    """FD_ASYNC_COPY_TRACE and FD_ASYNC_COPY_TRACE_STEPS as a worker would read them (the path with
+    ``{pid}`` as written: each worker puts its own id there)."""
+    from .. import trace
+
+    if not environ.get(trace.ENV_TRACE):
+        return {"on": False}
+    try:
+        path, steps = trace.settings_from_env(environ, pid=0)
+    except trace.TraceConfigError as exc:
+        return {"on": False, "config_error": str(exc)}
+    return {"on": True, "path": environ[trace.ENV_TRACE], "steps": steps}
+
+
 def _paddle_info() -> dict:
     try:
         import paddle
@@ -73,6 +87,7 @@ def diagnose(root: str = "fastdeploy", environ=None) -> dict:
     import fd_async_copy_plugin
 
     environ = os.environ if environ is None else environ
+    trace_info = _trace_info(environ)  # first: a bad value is a one-line error whatever comes next
     report: dict = {
         "enabled": False,
         "doctor": True,
@@ -100,6 +115,7 @@ def diagnose(root: str = "fastdeploy", environ=None) -> dict:
     report["ops"] = _ops_info(report["paddle"])
     report["sync_check"] = _sync_check_info(environ)
     report["tensor_parallel"] = dict(TENSOR_PARALLEL)
+    report["trace"] = trace_info
     return report
 
 
@@ -226,6 +242,12 @@ def format_report(report: dict) -> str:
     if tp:
         stands = ", ".join(tp["stands_down"])
         lines += _row("tensor parallel", (f"STANDS DOWN on every rank: {stands}; " if stands else "") + tp["summary"])
+    trace_info = report.get("trace", {})
+    if trace_info.get("config_error"):
+        lines += _row("step trace", f"CONFIG ERROR {trace_info['config_error']}")
+    elif trace_info.get("on"):
+        lines += _row("step trace", f"{trace_info['steps']} decode steps after the sync check's warm-up to "
+                      f"{trace_info['path']} (one file per worker where the path has {{pid}})")
     lines.append("  features")
     previous = None
     for name, entry in report["features"].items():
@@ -252,5 +274,6 @@ def run(args) -> int:
         sys.stdout.write("\n")
     else:
         print(format_report(report))
-    bad = report["config_error"] or report["sync_check"].get("config_error") or report["env_errors"]
+    bad = (report["config_error"] or report["sync_check"].get("config_error") or report["env_errors"]
+           or report["trace"].get("config_error"))
     return 1 if bad or not report["paddle"].get("installed") else 0

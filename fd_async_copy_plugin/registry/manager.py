@@ -21,6 +21,7 @@ from .plan import (
     INCOMPATIBLE,
     NATIVE,
     PADDLE_INSTALL_HINT,
+    PARTIAL,
     PASSTHROUGH,
     PENDING,
     Decision,
@@ -248,15 +249,19 @@ class PatchManager:
 
     def _status(self) -> dict:
         profile = self.profile or detect_profile(self.root)
-        return {
-            "enabled": self.enabled,
+        features = self._feature_report()
+        # enabled: enable() ran AND some feature's patches are in place or waiting for FD's import;
+        # with every feature skipped, native, incompatible or failed nothing of the plugin runs
+        active = any(e.get("state") in (APPLIED, PENDING, PARTIAL, PASSTHROUGH) for e in features.values())
+        out = {
+            "enabled": self.enabled and active,
             "fastdeploy_version": profile.version,
             "profile": profile.profile,
             "profile_reason": profile.reason,
             "root": self.root,
             "backend": self.backend.name if self.backend is not None else "none",
             "strict": self.strict,
-            "features": self._feature_report(),
+            "features": features,
             "ops": ops_report(),
             # the cuda backend's startup probe per device (runtime/probe.py); {} before first use
             "accessor_probe": {str(d): r for d, r in getattr(self.backend, "probes", {}).items()},
@@ -267,6 +272,10 @@ class PatchManager:
             # FD_ASYNC_COPY_SYNC_CHECK: host waits per decode step by site ({"mode": "off"} when off)
             "sync_check": _sync_check_status(),
         }
+        if self.enabled and not active:
+            out["enabled_reason"] = ("enable() ran, but no feature is applied or pending: each requested feature is "
+                                     "skipped, native, incompatible or failed (see features); FastDeploy runs as is")
+        return out
 
 
     def _feature_report(self) -> dict:

@@ -398,6 +398,8 @@ class Scenario:
     #: the unpatched run's engine lag: 1 for the overlap schedule, whose outputs reach the engine
     #: one step later (``DriverConfig.engine_lag``); every message and output is then identical
     base_engine_lag: int = 0
+    #: environment variables while the plugin is enabled (``Variant.env``, e.g. the overlap count)
+    env: tuple = ()
 
     def differences(self, base: DecodeResult, plugin: DecodeResult) -> list:
         """``base.differences(plugin)``; under the overlap schedule without the executed-step count
@@ -410,11 +412,24 @@ class Scenario:
         return diffs
 
 
+#: ``selftest --steps`` accepts 1 to this many decode steps per run (each value sizes its scenarios)
+MAX_SELFTEST_STEPS = 512
+
+
+def _kv_blocks(requests, block_size: int = 16) -> int:
+    return sum(-(-(len(r.prompt_token_ids) + r.max_tokens) // block_size) for r in requests)
+
+
 def selftest_scenarios(steps: int = 48) -> list[Scenario]:
     """Mixed workloads covering the patched paths: every logprob width, eos, stop sequences,
     max_tokens=1, chunked prefill, prompt logprobs, block steps, mid-run arrivals, both output
     paths (save ops and the ZMQ thread), FastDeploy 2.5's overlap schedule, preemption mid-flight,
-    and the opt-in ``overlap`` feature (against FD 2.4 with its engine one step behind)."""
+    and the opt-in ``overlap`` feature (against FD 2.4 with its engine one step behind).
+
+    Sized by ``steps`` (1 to ``MAX_SELFTEST_STEPS``): the model length fits the longest request,
+    and the block-step workload never stalls with every request waiting for a KV block."""
+    if not 1 <= int(steps) <= MAX_SELFTEST_STEPS:
+        raise ValueError(f"steps={steps}: expected 1 to {MAX_SELFTEST_STEPS}")
     eos = [2]
 
     def req(i, n_prompt, max_tokens, **kw):
@@ -432,7 +447,13 @@ def selftest_scenarios(steps: int = 48) -> list[Scenario]:
         req(6, 7, steps, logprobs=20),
     )
     later = {3: (req(7, 11, steps // 2, logprobs=5),), 9: (req(8, 4, 3, logprobs=1),)}
-    base = dict(max_num_seqs=8, vocab_size=1024, max_model_len=128, enable_logprob=True, chunk_size=8)
+    model_len = max(128, -(-(steps + 40) // 16) * 16)  # the longest prompt (30) and its tokens, in blocks
+    base = dict(max_num_seqs=8, vocab_size=1024, max_model_len=model_len, enable_logprob=True, chunk_size=8)
+    # 14 KV blocks: requests wait for blocks (block steps), and up to 59 steps one always finishes
+    # (checked for every value). Beyond, a deadlock-free count: each request holding all but one of
+    # its blocks still leaves one free
+    everyone = mixed + tuple(r for rs in later.values() for r in rs)
+    blocks = 14 if steps <= 59 else _kv_blocks(everyone) - len(everyone) + 1
     zmq = (
         req(10, 17, steps // 2, logprobs=-1, prompt_logprobs=5),
         req(11, 25, steps // 2, logprobs=3, prompt_logprobs=-1),
@@ -440,11 +461,11 @@ def selftest_scenarios(steps: int = 48) -> list[Scenario]:
     )
     return [
         Scenario("fd24 save ops: logprobs 0/1/5/20, chunked prefill, arrivals, block steps", "fd24",
-                 DriverConfig(**base, num_gpu_blocks=14), mixed, later),
+                 DriverConfig(**base, num_gpu_blocks=blocks), mixed, later),
         Scenario("fd24 ZMQ output thread: logprobs -1, prompt logprobs", "fd24",
                  DriverConfig(**base, save_output_v1=True), zmq),
         Scenario("fd24 no logprobs, legacy scheduler", "fd24",
-                 DriverConfig(max_num_seqs=8, vocab_size=1024, max_model_len=128, use_v1_scheduler=False),
+                 DriverConfig(max_num_seqs=8, vocab_size=1024, max_model_len=model_len, use_v1_scheduler=False),
                  tuple(req(20 + i, 4 + i, steps // 2 + i) for i in range(5))),
         Scenario("fd25 overlap schedule, ZMQ, prompt logprobs", "fd25",
                  DriverConfig(**base, save_output_v1=True, overlap=True), zmq),
@@ -454,12 +475,62 @@ def selftest_scenarios(steps: int = 48) -> list[Scenario]:
     ]
 
 
-def run_scenario(scenario: Scenario, backend: str, max_steps: int = 400) -> tuple[VariantRun, VariantRun]:
-    root = ROOTS[scenario.replica]
-    off = Variant(f"{scenario.replica}-unpatched", root, False)
-    on = Variant(f"{scenario.replica}-plugin", root, True, scenario.features)
-    kwargs = dict(max_steps=max_steps, arrivals=scenario.arrivals)
+def _unpatched_run(scenario: Scenario, backend: str, max_steps: int) -> VariantRun:
+    off = Variant(f"{scenario.replica}-unpatched", ROOTS[scenario.replica], False)
     base_config = dataclasses.replace(scenario.config, engine_lag=scenario.base_engine_lag)
-    base = run_variant(off, base_config, scenario.requests, backend=backend, **kwargs)
-    plugin = run_variant(on, scenario.config, scenario.requests, backend=backend, **kwargs)
-    return base, plugin
+    return run_variant(off, base_config, scenario.requests, backend=backend, max_steps=max_steps,
+                       arrivals=scenario.arrivals)
+
+
+def _plugin_run(scenario: Scenario, backend: str, max_steps: int) -> VariantRun:
+    on = Variant(f"{scenario.replica}-plugin", ROOTS[scenario.replica], True, scenario.features, env=scenario.env)
+    return run_variant(on, scenario.config, scenario.requests, backend=backend, max_steps=max_steps,
+                       arrivals=scenario.arrivals)
+
+
+def run_scenario(scenario: Scenario, backend: str, max_steps: int = 400) -> tuple[VariantRun, VariantRun]:
+    return _unpatched_run(scenario, backend, max_steps), _plugin_run(scenario, backend, max_steps)
+
+
+#: backends whose copies are asynchronous with no device behind them: a run there is also compared
+#: with the synchronous reference (unpatched FastDeploy on ``host``: every copy lands when issued)
+RACY_BACKENDS = ("sim",)
+
+
+@dataclass
+class Judgement:
+    """One scenario on one backend. ``differences``: the plugin's run against what it must equal
+    (the synchronous reference on a racy backend, else unpatched FastDeploy on the same backend).
+    ``fastdeploy_race``: unpatched FastDeploy on the racy backend differs from (or fails where) the
+    synchronous reference while the plugin matches it - FastDeploy's own race, not the plugin's."""
+
+    base: VariantRun | None
+    plugin: VariantRun
+    differences: list
+    reference: VariantRun | None = None
+    fastdeploy_race: list = field(default_factory=list)
+
+    @property
+    def truncated(self) -> bool:
+        return bool((self.reference or self.base).result.truncated)
+
+
+def judge_scenario(scenario: Scenario, backend: str, max_steps: int = 400) -> Judgement:
+    """Run ``scenario`` unpatched and with the plugin on ``backend`` and judge the plugin's run. On
+    a racy backend (``sim``) both runs are compared with the synchronous reference: a plugin that
+    equals it is right even where unpatched FastDeploy's own race (FD 2.5's overlap schedule losing
+    a prompt chunk's logprobs, or a step) makes the unpatched run differ or fail."""
+    if backend not in RACY_BACKENDS:
+        base, plugin = run_scenario(scenario, backend, max_steps)
+        return Judgement(base, plugin, scenario.differences(base.result, plugin.result))
+    reference = _unpatched_run(scenario, "host", max_steps)
+    plugin = _plugin_run(scenario, backend, max_steps)
+    differences = scenario.differences(reference.result, plugin.result)
+    try:
+        base = _unpatched_run(scenario, backend, max_steps)
+        own = scenario.differences(reference.result, base.result)
+    except Exception as exc:  # e.g. a step lost to the race leaves every request waiting for a block
+        base, own = None, [f"unpatched FastDeploy failed: {type(exc).__name__}: {exc}"]
+    if own and differences:
+        differences = differences + [f"(unpatched FastDeploy differs too: {own[0]})"]
+    return Judgement(base, plugin, differences, reference, own if not differences else [])

@@ -201,3 +201,78 @@ def test_a_runner_configured_for_speculative_decoding_is_detected_and_left_untou
         del runner
     finally:
         fd_async_copy_plugin.disable()
+
+
+# ---- issue 41 item 8: a speculative runner, and enabled with nothing applied --------------------
+
+def _speculative_runner(root):
+    import importlib
+
+    from fd_async_copy_plugin.testing.reference.driver import _fd_config, _Modules
+
+    fd_config = _fd_config(_Modules(root), DriverConfig(max_num_seqs=4, vocab_size=64, max_model_len=16,
+                                                        hidden_size=8), 7391)
+    fd_config.speculative_config.method = "mtp"
+    runner_module = importlib.import_module(root + ".worker.gpu_model_runner")
+    return runner_module.GPUModelRunner(fd_config, device="gpu", device_id=0, rank=0, local_rank=0)
+
+
+def test_on_a_speculative_runner_stop_flag_sampled_tokens_and_logprobs_are_not_reported_applied():
+    """FD's speculative path (post_process_specualate, the speculative sampler) runs for that runner:
+    stop_flag (with its option sampled_tokens) stands down for it, logprobs says its sampler is FD's."""
+    root = ROOTS["fd24"]
+    fd_async_copy_plugin.enable(features=["stop_flag", "sampled_tokens", "logprobs"], backend="host", root=root)
+    try:
+        runner = _speculative_runner(root)
+        assert runner.speculative_decoding and part(runner, "stop") is None  # nothing made for it
+        reported = fd_async_copy_plugin.status()["features"]
+        for name in ("stop_flag", "sampled_tokens", "logprobs"):
+            assert reported[name]["state"] == "passthrough", (name, reported[name])
+            assert "speculative" in reported[name]["reason"], (name, reported[name])
+        del runner
+    finally:
+        fd_async_copy_plugin.disable()
+
+
+def test_enabled_is_false_when_every_requested_feature_is_skipped():
+    import importlib
+
+    importlib.import_module(f"{FD24}.worker.gpu_model_runner")
+    status = fd_async_copy_plugin.enable(features=["step_syncs"], backend="host", root=FD24)  # needs stop_flag
+    try:
+        assert status["features"]["step_syncs"]["state"] == "skipped"
+        now = fd_async_copy_plugin.status()
+        assert now["enabled"] is False and "no feature is applied or pending" in now["enabled_reason"]
+    finally:
+        fd_async_copy_plugin.disable()
+    status = fd_async_copy_plugin.enable(features=["stop_flag"], backend="host", root=FD24)
+    try:
+        assert fd_async_copy_plugin.status()["enabled"] is True and "enabled_reason" not in fd_async_copy_plugin.status()
+    finally:
+        fd_async_copy_plugin.disable()
+
+
+def test_on_fd25_a_speculative_runner_is_not_reported_as_running_the_logprobs_feature():
+    root = ROOTS["fd25"]
+    fd_async_copy_plugin.enable(features=["logprobs", "sync_scope"], backend="host", root=root)
+    try:
+        runner = _speculative_runner(root)
+        entry = fd_async_copy_plugin.status()["features"]["logprobs"]
+        assert entry["state"] == "passthrough" and "speculative sampler" in entry["reason"], entry
+        plain = _plain_runner(root)  # a plain runner beside it: partial
+        entry = fd_async_copy_plugin.status()["features"]["logprobs"]
+        assert entry["state"] == "partial" and "1 runner(s) decode speculatively" in entry["reason"], entry
+        del runner, plain
+    finally:
+        fd_async_copy_plugin.disable()
+
+
+def _plain_runner(root):
+    import importlib
+
+    from fd_async_copy_plugin.testing.reference.driver import _fd_config, _Modules
+
+    fd_config = _fd_config(_Modules(root), DriverConfig(max_num_seqs=4, vocab_size=64, max_model_len=16,
+                                                        hidden_size=8), 7391)
+    runner_module = importlib.import_module(root + ".worker.gpu_model_runner")
+    return runner_module.GPUModelRunner(fd_config, device="gpu", device_id=0, rank=0, local_rank=0)

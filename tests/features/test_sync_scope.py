@@ -239,3 +239,46 @@ def test_zmq_output_path_reads_each_row_once(features, fd25_logprobs, monkeypatc
     assert patched_elements == tokens * per_row
     assert native_elements == tokens * batch * per_row
     assert sum(step.count("op_on_pinned") for step in run.census.steps) == 0
+
+
+def _strided_fields():
+    """Host fields that are views with strides (issue 41): column-sliced, transposed, step-sliced."""
+    base_ids = paddle.to_tensor(np.arange(12 * 8, dtype="int64").reshape(12, 8))
+    base_lp = paddle.to_tensor((np.arange(8 * 12, dtype="float32") / 7).reshape(8, 12))
+    base_rank = paddle.to_tensor(np.arange(24, dtype="int64") * 3)
+    return {
+        "column-sliced": base_ids[:ROWS, 2:2 + COLS],
+        "transposed": base_lp.transpose([1, 0])[:ROWS, :COLS],
+        "step-sliced": base_rank[::4],
+    }
+
+
+@pytest.mark.parametrize("start,end", [(0, 1), (2, 3), (1, 4), (0, ROWS)])
+def test_slice_rows_of_strided_host_fields_gives_their_own_rows(fd25_sync_scope, start, end):
+    tensors_cls, original, backend = fd25_sync_scope
+    fields = _strided_fields()
+    assert not any(f.is_contiguous() for f in fields.values())  # views with strides, as built
+    tensors = tensors_cls(fields["column-sliced"], fields["transposed"], fields["step-sliced"])
+    got, want = tensors.slice_rows(start, end), original(tensors, start, end)
+    for name, a, b, field in zip(fields, got, want, fields.values()):
+        assert np.array_equal(b.numpy(), field.numpy()[start:end])  # FD's own rows: the reference
+        assert a.dtype == b.dtype and np.array_equal(a.numpy(), b.numpy()), name
+
+
+def test_slice_rows_reads_strided_fields_through_the_pointer(fd25_sync_scope, monkeypatch):
+    """The patched path ran: no Paddle op on the field (a Paddle op would move a pinned one)."""
+    tensors_cls, original, backend = fd25_sync_scope
+    fields = _strided_fields()
+    tensors = tensors_cls(fields["column-sliced"], fields["transposed"], fields["step-sliced"])
+    calls = []
+    for name in ("__getitem__", "cpu", "numpy"):
+        method = getattr(paddle.Tensor, name)
+
+        def op(t, *args, _m=method, _n=name, **kwargs):
+            if any(t is f for f in fields.values()):
+                calls.append(_n)
+            return _m(t, *args, **kwargs)
+
+        monkeypatch.setattr(paddle.Tensor, name, op)
+    tensors.slice_rows(1, 3)
+    assert calls == []

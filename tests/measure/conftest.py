@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from fd_async_copy_plugin import runtime, sync_check
+from fd_async_copy_plugin.testing.reference import copy_backend as replica_backend
 
 
 @pytest.fixture(autouse=True)
@@ -18,6 +19,8 @@ def sync_check_off():
 
 @pytest.fixture
 def host_backend():
-    previous = runtime.use(runtime.HostBackend())
-    yield runtime.current()
-    runtime.use(previous)
+    """The replica's copy backend is the synchronous host backend (``runtime.use`` is gone: the
+    replica keeps its own current backend)."""
+    previous = replica_backend.use(runtime.HostBackend())
+    yield replica_backend.current()
+    replica_backend.use(previous)

@@ -159,6 +159,11 @@ def test_count_logs_a_line_every_k_steps(log_lines):
      "FD_ASYNC_COPY_SYNC_CHECK_WARMUP='-1': expected an integer >= 0"),
     ({"FD_ASYNC_COPY_SYNC_CHECK": "count", "FD_ASYNC_COPY_SYNC_CHECK_LOG_EVERY": "x"},
      "FD_ASYNC_COPY_SYNC_CHECK_LOG_EVERY='x': expected an integer >= 1"),
+    # issue 41: ASCII digits only, as FD_ASYNC_COPY_RING_MAX_BYTES (int() takes both)
+    ({"FD_ASYNC_COPY_SYNC_CHECK": "count", "FD_ASYNC_COPY_SYNC_CHECK_WARMUP": "\u0663"},
+     "FD_ASYNC_COPY_SYNC_CHECK_WARMUP='\u0663': expected an integer >= 0"),
+    ({"FD_ASYNC_COPY_SYNC_CHECK": "count", "FD_ASYNC_COPY_SYNC_CHECK_LOG_EVERY": "1_0"},
+     "FD_ASYNC_COPY_SYNC_CHECK_LOG_EVERY='1_0': expected an integer >= 1"),
 ])
 def test_a_bad_value_is_an_error_and_the_check_stays_off(env, message):
     with pytest.raises(sync_check.SyncCheckConfigError, match=message.replace("(", r"\(")):
@@ -308,3 +313,76 @@ def test_with_the_check_off_register_does_not_even_import_it():
             "p.status()['sync_check'])")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.stdout.strip().splitlines()[-1] == "False False {'mode': 'off'}", out.stderr[-2000:]
+
+
+def test_the_measure_host_backend_fixture_makes_the_host_backend_current(host_backend):
+    """issue 41: the fixture called the removed ``runtime.use`` (an AttributeError at setup)."""
+    from fd_async_copy_plugin import runtime
+    from fd_async_copy_plugin.testing.reference import copy_backend
+
+    assert isinstance(host_backend, runtime.HostBackend) and copy_backend.current() is host_backend
+
+
+# ---- issue 41: the check armed after enable() (FD imported, the plugin applied, then the check) ----
+
+def _arm_after_enable(monkeypatch, mode="count", is_device=None):
+    """run_variant with the check armed right after enable(): its op hooks and Paddle wrappers go
+    onto attributes the plugin's junctions already hold."""
+    import contextlib
+    import importlib
+
+    from fd_async_copy_plugin.testing import harness
+    from fd_async_copy_plugin.testing.reference import device_tracking
+
+    module = importlib.import_module(TOP_P_MODULE)
+    monkeypatch.setattr(module, "top_p_sampling", sync_check.wrap_pageable_input("top_p_sampling", module.top_p_sampling))
+    original_state = harness.plugin_state
+    seen = {}
+
+    @contextlib.contextmanager
+    def state_then_check(variant, backend):
+        with original_state(variant, backend) as status:
+            sync_check.start(sync_check.Settings(mode, 2))
+            sync_check.install_gpu_source(is_device=is_device or device_tracking.on_device_for_host_code)
+            sync_check.install_step_hook(variant.root)
+            seen["after_arming"] = fd_async_copy_plugin.status()
+            yield status
+            seen["after_run"] = fd_async_copy_plugin.status()
+
+    monkeypatch.setattr(harness, "plugin_state", state_then_check)
+    return seen
+
+
+@pytest.mark.parametrize("config, requests", [(PLAIN, REQUESTS), (LOGPROBS, LP_REQUESTS)], ids=["plain", "logprobs"])
+def test_arming_the_check_after_enable_leaves_every_feature_applied(config, requests, monkeypatch):
+    seen = _arm_after_enable(monkeypatch)
+    run = run_variant(CENSUS_VARIANTS["fd24-plugin"], config, requests, max_steps=40, track="marks")
+    for when in ("after_arming", "after_run"):  # pending: until FD imports the sampler's module
+        states = {name: e["state"] for name, e in seen[when]["features"].items()}
+        ok = ("applied", "native", "pending") if when == "after_arming" else ("applied", "native")
+        assert all(s in ok for s in states.values()), (when, seen[when]["features"])
+    # the patched paths ran: one wait a step (the save event), as with the check armed first
+    assert sync_check.status()["waits_per_step"] == 1, sync_check.status()
+    baseline = run_variant(CENSUS_VARIANTS["fd24-unpatched"], config, requests, max_steps=40)
+    run.result.assert_same(baseline.result)
+
+
+def test_disable_keeps_the_checks_wrappers_and_stop_leaves_paddle_as_it_was(monkeypatch):
+    names = ("numpy", "__getitem__", "__setitem__", "tolist", "item")
+    originals = {name: paddle.Tensor.__dict__.get(name) for name in names}
+    sync_before = paddle.device.synchronize
+    device = paddle.to_tensor([1, 2, 3])
+    _arm_after_enable(monkeypatch, is_device=lambda t: t is device)
+    run_variant(CENSUS_VARIANTS["fd24-plugin"], PLAIN, REQUESTS, max_steps=40)
+    assert not fd_async_copy_plugin.status()["enabled"]  # run_variant's disable() ran
+    checker = sync_check.checker()
+    checker._local.waits = None
+    checker.step_begin()
+    device.numpy()  # the check's wrapper still counts this host read of a "device" tensor
+    assert [w.what for w in checker._local.waits] == [".numpy()"]
+    checker.step_end()
+    sync_check.uninstall_step_hooks()
+    sync_check.stop()
+    after = {name: paddle.Tensor.__dict__.get(name) for name in names}
+    assert after == originals  # no dead junction (nor wrapper) left on Paddle's methods
+    assert paddle.device.synchronize is sync_before

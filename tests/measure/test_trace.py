@@ -159,3 +159,98 @@ def test_bench_cli_accepts_trace(tmp_path):
 
     args = build_parser().parse_args(["bench", "--smoke", "--trace", str(tmp_path / "t.json"), "--trace-steps", "3"])
     assert args.trace == str(tmp_path / "t.json") and args.trace_steps == 3
+
+
+# ---- issue 41: the trace writes regular files only, and says so before any work ----------------
+
+import os  # noqa: E402
+import stat  # noqa: E402
+
+
+def _special_paths(tmp_path):
+    """A symlink (to a file whose content must stay), a FIFO, a directory and a device node."""
+    target = tmp_path / "target.json"
+    target.write_text("keep")
+    link = tmp_path / "link.json"
+    link.symlink_to(target)
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    directory = tmp_path / "dir.json"
+    directory.mkdir()
+    return {"a symbolic link": link, "a FIFO": fifo, "a directory": directory, "a character device": "/dev/null"}
+
+
+def test_trace_write_never_replaces_a_path_that_is_not_a_regular_file(tmp_path):
+    recorder = trace.Trace("t")
+    for kind, path in _special_paths(tmp_path).items():
+        before = os.lstat(path)
+        assert kind in trace.path_problem(str(path))
+        with pytest.raises(OSError, match=kind):
+            recorder.write(str(path))
+        after = os.lstat(path)
+        assert stat.S_IFMT(after.st_mode) == stat.S_IFMT(before.st_mode) and after.st_ino == before.st_ino, kind
+    assert (tmp_path / "target.json").read_text() == "keep"  # the link's target untouched
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dir.json", "fifo.json", "link.json", "target.json"]
+    assert list((tmp_path / "dir.json").iterdir()) == []  # no PATH.tmp left behind anywhere
+
+
+def test_trace_write_replaces_a_regular_file_and_keeps_its_mode(tmp_path):
+    path = tmp_path / "t.json"
+    path.write_text("old")
+    path.chmod(0o640)
+    trace.Trace("t").write(str(path))
+    assert json.loads(path.read_text())["traceEvents"] and stat.S_IMODE(path.stat().st_mode) == 0o640
+    new = tmp_path / "new.json"
+    trace.Trace("t").write(str(new))
+    assert stat.S_IMODE(new.stat().st_mode) == 0o644
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["new.json", "t.json"]
+
+
+@pytest.mark.parametrize("bad", ["missing-dir/t.json", "dir.json", "fifo.json", "link.json"])
+def test_bench_refuses_a_bad_trace_path_before_any_work(tmp_path, bad, monkeypatch, capsys):
+    from fd_async_copy_plugin.cli import main
+    from fd_async_copy_plugin.testing import harness
+
+    _special_paths(tmp_path)
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("the benchmark ran before the trace path was checked")
+
+    monkeypatch.setattr(harness, "run_variant", no_work)
+    assert main(["bench", "--smoke", "--trace", str(tmp_path / bad)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("fd-async-copy bench FAILED: --trace") and "\n" not in err and "Traceback" not in err
+    assert not any(p.name.endswith(".tmp") for p in tmp_path.rglob("*"))
+
+
+@pytest.mark.parametrize("steps", ["0", "1001", "\u0663", "1_0", "+3", "ten"])
+def test_trace_steps_is_ascii_digits_from_1_to_the_bound(steps):
+    with pytest.raises(trace.TraceConfigError, match="an integer from 1 to 1000"):
+        trace.parse_trace_steps(steps)
+    assert trace.parse_trace_steps("1000") == trace.MAX_TRACE_STEPS and trace.parse_trace_steps(None) == 20
+
+
+def test_a_bad_trace_env_arms_nothing_and_logs_one_line(tmp_path, caplog):
+    paths = _special_paths(tmp_path)
+    env = {"FD_ASYNC_COPY_TRACE": str(paths["a FIFO"])}
+    with caplog.at_level("ERROR", logger="fd_async_copy"):
+        assert sync_check.install_from_env(root=ROOTS["fd24"], environ=env) is None
+    assert trace.tracer() is None and sync_check.checker() is None  # the trace alone armed nothing
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 1 and "FD_ASYNC_COPY_TRACE=" in errors[0] and "a FIFO" in errors[0] and "\n" not in errors[0]
+
+
+def test_doctor_shows_and_validates_the_trace_settings(tmp_path, capsys):
+    from fd_async_copy_plugin.cli import doctor
+
+    paths = _special_paths(tmp_path)
+    good = doctor.diagnose(environ={"FD_ASYNC_COPY_TRACE": str(tmp_path / "w-{pid}.json"),
+                                    "FD_ASYNC_COPY_TRACE_STEPS": "5"})
+    assert good["trace"] == {"on": True, "path": str(tmp_path / "w-{pid}.json"), "steps": 5}
+    assert good["env"]["FD_ASYNC_COPY_TRACE_STEPS"] == "5"
+    assert "step trace        5 decode steps" in doctor.format_report(good)
+    bad = doctor.diagnose(environ={"FD_ASYNC_COPY_TRACE": str(paths["a symbolic link"]),
+                                   "FD_ASYNC_COPY_TRACE_STEPS": "1_0"})
+    error = bad["trace"]["config_error"]
+    assert "FD_ASYNC_COPY_TRACE_STEPS='1_0'" in error and "a symbolic link" in error
+    assert "CONFIG ERROR" in doctor.format_report(bad)

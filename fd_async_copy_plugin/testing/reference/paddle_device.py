@@ -13,6 +13,10 @@ FastDeploy 2.5's ``token_num_event`` is ``paddle.device.cuda.create_event()`` wi
 the backend (the census counts the wait at the caller's line). When the plugin has a junction on
 ``create_event`` (``step_syncs``' scoped event), the routing goes beneath its links (``set_bottom``).
 
+``paddle.device.current_stream()`` on the CPU build returns a ``ReplicaStream`` whose
+``wait_event`` reaches a backend that models several streams (a test's), and does nothing on the
+simulator's one stream.
+
 Installed only while asked for - ``routed()``, which ``driver.run_decode`` enters for every run -
 and only on a CPU build: on a CUDA build Paddle's own function is left alone. Importing the
 replica changes nothing in Paddle.
@@ -52,6 +56,26 @@ class ReplicaEvent:
 
     def query(self) -> bool:
         return self.event is None or replica_backend.current().query(self.event)
+
+
+class ReplicaStream:
+    """``paddle.device.current_stream()`` on the CPU build: ``wait_event(event)`` (what the stream
+    issues from now on runs after ``event``) goes to the backend's ``stream_wait_event`` where it
+    models several streams; the simulator's one modelled stream is ordered already (a no-op)."""
+
+    def wait_event(self, event) -> None:
+        backend = replica_backend.current()
+        order = getattr(backend, "stream_wait_event", None)
+        native = getattr(event, "event", event)  # a ReplicaEvent's backend event
+        if order is not None and native is not None:
+            order(native)
+
+
+def _current_stream(device=None):
+    return ReplicaStream()
+
+
+_current_stream.fd_async_copy_replica = True
 
 
 def _create_event(enable_timing=False, blocking=False, interprocess=False):
@@ -96,6 +120,9 @@ def install() -> bool:
     if paddle.is_compiled_with_cuda():
         return False
     _install_create_event()
+    if not getattr(paddle.device.current_stream, "fd_async_copy_replica", False):
+        _current_stream.__wrapped__ = paddle.device.current_stream
+        paddle.device.current_stream = _current_stream
     current = paddle.device.synchronize
     if getattr(current, "fd_async_copy_replica", False):
         return True
@@ -109,6 +136,8 @@ def install() -> bool:
 def uninstall() -> None:
     if not paddle.is_compiled_with_cuda():
         _uninstall_create_event()
+        if getattr(paddle.device.current_stream, "fd_async_copy_replica", False):
+            paddle.device.current_stream = paddle.device.current_stream.__wrapped__
     current = paddle.device.synchronize
     if getattr(current, "fd_async_copy_replica", False):
         paddle.device.synchronize = current.__wrapped__
