@@ -735,16 +735,24 @@ def run_decode(
     arrivals: Optional[dict] = None,
     max_steps: int = 256,
     on_step: Optional[Callable] = None,
+    modules=None,
 ) -> DecodeResult:
-    """Run decode steps until every request finished (or ``max_steps``). See the module doc."""
-    mod = _Modules(root)
+    """Run decode steps until every request finished (or ``max_steps``). See the module doc.
+
+    ``modules``: another package's runner for the same loop (``real_steps.modules.FastDeployModules``:
+    a real FastDeploy tree), with ``config``, ``request``, ``sampling_params`` and
+    ``build_runner(config, port)``; ``root`` is then only a label."""
+    mod = modules if modules is not None else _Modules(root)
     port = next(_QUEUE_IDS)
     arrivals = {int(k): list(v) for k, v in (arrivals or {}).items()}
     arrivals.setdefault(0, [])
     arrivals[0] = list(requests) + arrivals[0]
     with _environment(config), paddle_device.routed():
-        fd_config = _fd_config(mod, config, port)
-        runner = mod.runner.GPUModelRunner(fd_config, device="gpu", device_id=0, rank=0, local_rank=0)
+        if modules is not None:
+            fd_config, runner = None, modules.build_runner(config, port)
+        else:
+            fd_config = _fd_config(mod, config, port)
+            runner = mod.runner.GPUModelRunner(fd_config, device="gpu", device_id=0, rank=0, local_rank=0)
         try:
             runner.load_model()
             sched = _Scheduler(mod, config, fd_config)
