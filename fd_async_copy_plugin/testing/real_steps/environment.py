@@ -14,6 +14,8 @@
   call-time tests (``Sampler``, ``rebuild_padding``, the penalty op) take their CUDA branch.
   So the plugin is enabled after the runner module was imported (the worker's order is the
   reverse; ``tools/enable_on_real_fastdeploy.py`` covers that order).
+- FastDeploy's Triton kernels on the step (``ops.TRITON_KERNELS``: the logprob ranks' count)
+  are our ports (Triton has no CPU driver).
 - ``paddle.tensor.top_p_sampling`` (Paddle's sampling kernel, which FastDeploy's
   ``top_k_top_p_sampling`` calls with ``FD_SAMPLING_CLASS=base``) is the replica's stand-in:
   greedy for ``top_p`` 0 rows, seeded otherwise, with the host-input transform device tracking
@@ -111,6 +113,12 @@ def prepare(fd_root: str | None = None, line: str | None = None) -> Prepared:
         def is_cuda(self) -> bool:
             return True
 
+    from .ops import TRITON_KERNELS
+
+    for (module_name, name), port in TRITON_KERNELS.items():
+        module = importlib.import_module(module_name)
+        if hasattr(module, name):
+            setattr(module, name, port)
     earlier = platforms.current_platform
     platforms._current_platform = CudaOnCpu()
     for name, module in list(sys.modules.items()):  # the modules that bound the platform at import

@@ -22,6 +22,9 @@ class RealStepsModel(TinyModel):
     def __init__(self, share_inputs: dict, **kwargs) -> None:
         super().__init__(**kwargs)
         self.share_inputs = share_inputs
+        for weight in (self.embedding, self.position_embedding, self.lm_head, self.mix):
+            if weight is not None:  # the weights live on the GPU (loaded there by FastDeploy's loader)
+                as_device(weight)
 
     def _position_ids(self, rows: int) -> paddle.Tensor:
         with device_code():

@@ -132,3 +132,23 @@ def op_namespace(line: str) -> OpNamespace:
     module.__dict__["get_token_penalty_multi_scores"] = get_token_penalty_multi_scores
     module.__dict__["tolerant_import_error"] = lambda: None
     return module
+
+
+class CountGreaterKernel:
+    """FastDeploy's Triton ``count_greater_kernel`` (``layers/sample/logprobs.py``, the token ranks
+    of ``batched_count_greater_than``): ``kernel[grid](x_ptr=x, y_ptr=y, out_ptr=out, ...)`` writes
+    ``out[b] = count(x[b, :] >= y[b, 0])`` as int64. Triton has no CPU driver; this is our port."""
+
+    def __getitem__(self, grid):
+        return self._launch
+
+    @staticmethod
+    def _run(x_ptr, y_ptr, out_ptr, n_elements=None, BLOCK_SIZE=None, num_warps=None, **_):
+        counts = (x_ptr.numpy() >= y_ptr.numpy().reshape(-1, 1)).sum(-1).astype(np.int64)
+        out_ptr.copy_(paddle.to_tensor(counts.reshape(out_ptr.shape), dtype="int64", place=paddle.CPUPlace()), True)
+
+    _launch = staticmethod(device_op(_run.__func__))
+
+
+#: FastDeploy's Triton kernels a decode step launches, by module and name -> our port
+TRITON_KERNELS = {("fastdeploy.model_executor.layers.sample.logprobs", "count_greater_kernel"): CountGreaterKernel()}
