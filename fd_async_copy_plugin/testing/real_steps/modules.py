@@ -9,6 +9,7 @@ with FastDeploy ``SamplingParams``, inserted through FastDeploy's ``insert_tasks
 
 from __future__ import annotations
 
+import copy
 import importlib
 import inspect
 import time
@@ -56,6 +57,13 @@ class FastDeployModules:
             return request
 
         self.request = types.SimpleNamespace(Request=make_request, RequestType=fd_request.RequestType)
+
+    @staticmethod
+    def to_worker(task):
+        """What the worker receives: FastDeploy's engine sends each scheduled task to the worker
+        process through a queue, so the worker's ``insert_tasks_v1`` gets a copy (it pads
+        ``sampling_params.stop_seqs_len`` in place: the engine's request never sees that)."""
+        return copy.deepcopy(task)
 
     def build_runner(self, config, port):
         return build_runner(config, port)

@@ -784,6 +784,8 @@ def run_decode(
                         "(FastDeploy would preempt a request: DriverConfig(preemption=True) models that)"
                     )
                 if tasks:
+                    if hasattr(mod, "to_worker"):  # another process in FastDeploy: the worker gets copies
+                        tasks = [mod.to_worker(task) for task in tasks]
                     if config.use_v1_scheduler:
                         runner.insert_tasks_v1(tasks, real_bsz)
                     else:

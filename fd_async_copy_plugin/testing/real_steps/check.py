@@ -1,0 +1,240 @@
+"""Real FastDeploy decode steps on CPU: bit-identity per scenario and configuration, and the sync
+check's counts on FastDeploy's own code.
+
+Runs in one process per FastDeploy tree (``environment.prepare`` changes the process for good):
+
+    python -m fd_async_copy_plugin.testing.real_steps [--fd-root TREE] [--json] [--quick]
+
+For each scenario (``scenarios(line)``) the driver (``reference/driver.py``: scheduler, worker
+loop, TokenProcessor) steps FastDeploy's own ``GPUModelRunner`` (``runner.build_runner``):
+
+- **reference**: FastDeploy unpatched on the ``host`` backend - every copy synchronous;
+- then each configuration of ``configurations(line)`` (unpatched included) on the ``sim`` backend,
+  the race-detecting simulator (a copy lands only when its event is waited for: a host read before
+  that raises, a buffer reused while its copy is in flight is detected); each is compared with the
+  reference on every saved token, logprob, prompt logprob and saved message, bit for bit. An
+  unpatched FastDeploy that differs from its own synchronous run has a race of its own
+  (FastDeploy 2.5's copies), told apart from the plugin's by that row.
+
+A plugin configuration counts only when its features applied (``status()``) and its copies ran
+asynchronously (``async_d2h`` > 0 in the census): a stand-down to FastDeploy's path is a failure,
+not a pass.
+
+``counts(line)``: ``FD_ASYNC_COPY_SYNC_CHECK=count`` (the shipped sync check, fed by device
+tracking) over the waits of real steps, unpatched and with the default features, without and with
+logprobs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from dataclasses import dataclass
+
+from ..harness import BACKPORT_FEATURES, OVERLAP_FEATURES, Variant, census_row, run_variant
+from ..reference.driver import DriverConfig, Request
+
+#: FastDeploy 2.4 features of ``all`` (the default) and the opt-in overlap schedule
+ALL = None
+
+
+@dataclass(frozen=True)
+class Configuration:
+    name: str
+    plugin: bool
+    features: tuple | None = None
+    env: tuple = ()
+    #: the unpatched reference's engine lag: the plugin's overlap schedule hands outputs over one step later
+    base_engine_lag: int = 0
+    #: FastDeploy 2.5+'s own overlap schedule (both the reference and this run)
+    fd_overlap: bool = False
+    #: features that must be ``applied`` for the row to count
+    must_apply: tuple = ()
+
+
+def configurations(line: str) -> list[Configuration]:
+    if line == "fd24":
+        return [
+            Configuration("unpatched", False),
+            Configuration("default (all)", True, ALL, must_apply=("logprobs", "stop_flag", "sampled_tokens", "step_syncs")),
+            Configuration("backport", True, BACKPORT_FEATURES, must_apply=BACKPORT_FEATURES),
+            Configuration("all,overlap exact", True, OVERLAP_FEATURES, (("FD_ASYNC_COPY_OVERLAP_COUNT", "exact"),),
+                          base_engine_lag=1, must_apply=OVERLAP_FEATURES),
+            Configuration("all,overlap bound", True, OVERLAP_FEATURES, (("FD_ASYNC_COPY_OVERLAP_COUNT", "bound"),),
+                          base_engine_lag=1, must_apply=OVERLAP_FEATURES),
+        ]
+    return [
+        Configuration("unpatched", False),
+        Configuration("default (all)", True, ALL),
+        Configuration("unpatched, FD overlap schedule", False, fd_overlap=True),
+        Configuration("default (all), FD overlap schedule", True, ALL, fd_overlap=True),
+    ]
+
+
+@dataclass(frozen=True)
+class RealScenario:
+    name: str
+    config: DriverConfig
+    requests: tuple
+    arrivals: dict | None = None
+    #: configurations this scenario is not run with, and why
+    not_with: tuple = ()
+
+
+EOS = [40]
+
+
+def _req(i, n_prompt, max_tokens, **kw):
+    prompt = [(11 * i + 5 * j) % 120 + 3 for j in range(n_prompt)]
+    return Request(f"req{i}", prompt, max_tokens=max_tokens, eos_token_ids=EOS, **kw)
+
+
+def scenarios(line: str, steps: int = 24) -> list[RealScenario]:
+    """Workloads for real steps. Greedy rows (``top_p`` 0) and seeded ones (``top_p`` 0.8, each with
+    its request's seed); eos 40 is in the tiny model's vocabulary, so requests end on eos at
+    different steps (staggered), on ``max_tokens`` or on a stop sequence."""
+    base = dict(max_num_seqs=8, vocab_size=128, max_model_len=96, block_size=16, enable_logprob=True)
+    mixed = (
+        _req(0, 5, steps, logprobs=0, top_p=0.0),
+        _req(1, 9, steps // 2, logprobs=5, top_p=0.8),
+        _req(2, 20, 1, logprobs=5),
+        _req(3, 13, steps, logprobs=20, stop_seqs=[[126, 2], [58, 17]], top_p=0.8),
+        _req(4, 3, steps - 5, top_p=0.0),
+        _req(5, 30, steps // 3, logprobs=5, top_p=0.8),
+        _req(6, 7, steps, logprobs=20, top_p=0.8),
+    )
+    later = {3: (_req(7, 11, steps // 2, logprobs=5, top_p=0.8),), 9: (_req(8, 4, 3, logprobs=0),)}
+    plain = tuple(_req(20 + i, 4 + i, steps // 2 + i, top_p=0.8 if i % 2 else 0.0) for i in range(6))
+    return [
+        RealScenario("save ops: logprobs k 0/5/20, eos, max_tokens, stop sequences, chunked prefill, arrivals",
+                     DriverConfig(**base, chunk_size=8), mixed, later),
+        RealScenario("no logprobs: eos, max_tokens, seeded and greedy rows",
+                     DriverConfig(max_num_seqs=8, vocab_size=128, max_model_len=96, block_size=16), plain),
+    ]
+
+
+@dataclass
+class Row:
+    scenario: str
+    configuration: str
+    ok: bool
+    detail: str
+    steps: int = 0
+    seconds: float = 0.0
+
+
+def _modules():
+    from .modules import FastDeployModules
+
+    return FastDeployModules()
+
+
+def _variant(c: Configuration) -> Variant:
+    return Variant(c.name, "fastdeploy", c.plugin, c.features, overlap=c.fd_overlap, env=c.env)
+
+
+def _path_ran(c: Configuration, run) -> str:
+    """'' when the plugin's path ran in ``run``; else why not."""
+    if not c.plugin:
+        return ""
+    features = (run.status or {}).get("features", {})
+    not_applied = [n for n in c.must_apply if features.get(n, {}).get("state") != "applied"]
+    if not_applied:
+        return "not applied: " + ", ".join(f"{n}={features.get(n, {}).get('state')} ({features.get(n, {}).get('reason')})"
+                                           for n in not_applied)
+    if census_row(run, skip=0)["async_d2h"] <= 0:
+        return "the plugin's copies did not run (0 non-blocking D2H copies)"
+    return ""
+
+
+def compare(scenario: RealScenario, configs, max_steps: int = 300) -> list[Row]:
+    rows = []
+    references = {}
+    for c in configs:
+        key = (c.base_engine_lag, c.fd_overlap)
+        started = time.perf_counter()
+        try:
+            if key not in references:
+                ref_config = dataclasses.replace(scenario.config, engine_lag=c.base_engine_lag, overlap=c.fd_overlap)
+                references[key] = run_variant(Variant("reference", "fastdeploy", False), ref_config, scenario.requests,
+                                              backend="host", max_steps=max_steps, arrivals=scenario.arrivals,
+                                              modules=_modules())
+            reference = references[key]
+            run = run_variant(_variant(c), dataclasses.replace(scenario.config, overlap=c.fd_overlap), scenario.requests,
+                              backend="sim", max_steps=max_steps, arrivals=scenario.arrivals, modules=_modules())
+        except Exception as exc:  # a failed run is a row, not a crash of the check
+            rows.append(Row(scenario.name, c.name, False, f"ERROR {type(exc).__name__}: {exc}".splitlines()[0][:300],
+                            seconds=round(time.perf_counter() - started, 1)))
+            continue
+        diffs = reference.result.differences(run.result)
+        if c.base_engine_lag:  # the overlap schedule's flush steps send nothing (harness.Scenario)
+            diffs = [d for d in diffs if not d.startswith("executed_steps")]
+        why = _path_ran(c, run)
+        problems = list(diffs[:6]) + ([why] if why else [])
+        if reference.result.truncated:
+            problems.append("the reference run hit max_steps")
+        finished = sum(o.finished for o in run.result.outputs.values())
+        reasons = sorted({o.stop_reason for o in run.result.outputs.values() if o.stop_reason})
+        detail = "; ".join(problems) if problems else (
+            f"bit-identical: {len(run.result.outputs)} requests ({finished} finished: {', '.join(reasons)}), "
+            f"{len(run.result.messages)} saved messages, {run.result.steps} steps")
+        rows.append(Row(scenario.name, c.name, not problems, detail, run.result.steps,
+                        round(time.perf_counter() - started, 1)))
+    return rows
+
+
+# --- the sync check's counts ---------------------------------------------------------------------
+
+COUNT_CONFIG = DriverConfig(max_num_seqs=3, vocab_size=128, max_model_len=64, block_size=64)
+
+
+def _count_requests(logprobs):
+    return [Request(f"r{i}", [3 + i, 4, 5 + i], max_tokens=8, eos_token_ids=[100], logprobs=logprobs) for i in range(3)]
+
+
+def counts(line: str, warmup: int = 2) -> list[dict]:
+    """Waits per counted step (``status()["sync_check"]``), unpatched and default, without and with
+    logprobs (k=2), with the label of each site."""
+    from ... import sync_check
+
+    sync_check.install_step_hook("fastdeploy")
+    out = []
+    for plugin in (False, True):
+        for logprobs in (None, 2):
+            config = dataclasses.replace(COUNT_CONFIG, enable_logprob=logprobs is not None)
+            sync_check.start(sync_check.Settings("count", warmup, ()))
+            try:
+                run = run_variant(Variant("count", "fastdeploy", plugin), config, _count_requests(logprobs),
+                                  backend="sim", max_steps=40, track=True, modules=_modules())
+                report = sync_check.status()
+            finally:
+                sync_check.stop()
+            out.append({
+                "configuration": "default (all)" if plugin else "unpatched",
+                "logprobs": logprobs,
+                "waits_per_step": report.get("waits_per_step"),
+                "steps_counted": report.get("steps_counted"),
+                "sites": [(s["label"], s["site"], s["per_step"]) for s in report.get("sites", [])],
+                "features": {n: f["state"] for n, f in ((run.status or {}).get("features") or {}).items()},
+            })
+    return out
+
+
+def format_counts(rows: list[dict]) -> list[str]:
+    lines = []
+    for r in rows:
+        labels = {}
+        for label, _site, per_step in r["sites"]:
+            labels[label or "?"] = labels.get(label or "?", 0) + per_step
+        shown = ", ".join(f"{k} {v:g}" for k, v in labels.items())
+        lp = "no logprobs" if r["logprobs"] is None else f"logprobs k={r['logprobs']}"
+        lines.append(f"  {r['configuration']:14s} {lp:14s} {r['waits_per_step']} waits/step "
+                     f"({r['steps_counted']} steps counted): {shown}")
+    return lines
+
+
+def environment_line() -> str:
+    import fastdeploy
+
+    return os.path.dirname(os.path.dirname(os.path.abspath(fastdeploy.__file__)))
