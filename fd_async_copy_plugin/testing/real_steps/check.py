@@ -64,11 +64,12 @@ def configurations(line: str) -> list[Configuration]:
             Configuration("all,overlap bound", True, OVERLAP_FEATURES, (("FD_ASYNC_COPY_OVERLAP_COUNT", "bound"),),
                           base_engine_lag=1, must_apply=OVERLAP_FEATURES),
         ]
+    must = ("logprobs", "step_syncs") if line == "fd25" else ("logprobs",)
     return [
         Configuration("unpatched", False),
-        Configuration("default (all)", True, ALL),
+        Configuration("default (all)", True, ALL, must_apply=must),
         Configuration("unpatched, FD overlap schedule", False, fd_overlap=True),
-        Configuration("default (all), FD overlap schedule", True, ALL, fd_overlap=True),
+        Configuration("default (all), FD overlap schedule", True, ALL, fd_overlap=True, must_apply=must),
     ]
 
 
@@ -124,6 +125,12 @@ class Row:
     seconds: float = 0.0
 
 
+def _modules_line():
+    from .environment import _PREPARED
+
+    return _PREPARED
+
+
 def _modules():
     from .modules import FastDeployModules
 
@@ -134,8 +141,9 @@ def _variant(c: Configuration) -> Variant:
     return Variant(c.name, "fastdeploy", c.plugin, c.features, overlap=c.fd_overlap, env=c.env)
 
 
-def _path_ran(c: Configuration, run) -> str:
-    """'' when the plugin's path ran in ``run``; else why not."""
+def _path_ran(c: Configuration, run, copies_expected: bool) -> str:
+    """'' when the plugin's path ran in ``run``; else why not. ``copies_expected``: the plugin's
+    features copy asynchronously in this run (FD 2.4's copies; logprobs on every line)."""
     if not c.plugin:
         return ""
     features = (run.status or {}).get("features", {})
@@ -143,9 +151,14 @@ def _path_ran(c: Configuration, run) -> str:
     if not_applied:
         return "not applied: " + ", ".join(f"{n}={features.get(n, {}).get('state')} ({features.get(n, {}).get('reason')})"
                                            for n in not_applied)
-    if census_row(run, skip=0)["async_d2h"] <= 0:
+    if copies_expected and census_row(run, skip=0)["async_d2h"] <= 0:
         return "the plugin's copies did not run (0 non-blocking D2H copies)"
     return ""
+
+
+def _applied(run) -> str:
+    features = (run.status or {}).get("features", {})
+    return ",".join(n for n, f in features.items() if f.get("state") == "applied") or "none"
 
 
 def compare(scenario: RealScenario, configs, max_steps: int = 300) -> list[Row]:
@@ -170,7 +183,8 @@ def compare(scenario: RealScenario, configs, max_steps: int = 300) -> list[Row]:
         diffs = reference.result.differences(run.result)
         if c.base_engine_lag:  # the overlap schedule's flush steps send nothing (harness.Scenario)
             diffs = [d for d in diffs if not d.startswith("executed_steps")]
-        why = _path_ran(c, run)
+        line = getattr(_modules_line(), "line", "fd24")
+        why = _path_ran(c, run, line == "fd24" or scenario.config.enable_logprob)
         problems = list(diffs[:6]) + ([why] if why else [])
         if reference.result.truncated:
             problems.append("the reference run hit max_steps")
@@ -178,7 +192,8 @@ def compare(scenario: RealScenario, configs, max_steps: int = 300) -> list[Row]:
         reasons = sorted({o.stop_reason for o in run.result.outputs.values() if o.stop_reason})
         detail = "; ".join(problems) if problems else (
             f"bit-identical: {len(run.result.outputs)} requests ({finished} finished: {', '.join(reasons)}), "
-            f"{len(run.result.messages)} saved messages, {run.result.steps} steps")
+            f"{len(run.result.messages)} saved messages, {run.result.steps} steps"
+            + (f"; applied: {_applied(run)}" if c.plugin else ""))
         rows.append(Row(scenario.name, c.name, not problems, detail, run.result.steps,
                         round(time.perf_counter() - started, 1)))
     return rows
@@ -204,15 +219,19 @@ def counts(line: str, warmup: int = 2) -> list[dict]:
         for logprobs in (None, 2):
             config = dataclasses.replace(COUNT_CONFIG, enable_logprob=logprobs is not None)
             sync_check.start(sync_check.Settings("count", warmup, ()))
+            entry = {"configuration": "default (all)" if plugin else "unpatched", "logprobs": logprobs}
             try:
                 run = run_variant(Variant("count", "fastdeploy", plugin), config, _count_requests(logprobs),
                                   backend="sim", max_steps=40, track=True, modules=_modules())
                 report = sync_check.status()
+            except Exception as exc:  # a row that says why, not a crash of the check
+                out.append({**entry, "error": f"{type(exc).__name__}: {exc}".splitlines()[0][:300],
+                            "waits_per_step": None, "steps_counted": 0, "sites": [], "features": {}})
+                continue
             finally:
                 sync_check.stop()
             out.append({
-                "configuration": "default (all)" if plugin else "unpatched",
-                "logprobs": logprobs,
+                **entry,
                 "waits_per_step": report.get("waits_per_step"),
                 "steps_counted": report.get("steps_counted"),
                 "sites": [(s["label"], s["site"], s["per_step"]) for s in report.get("sites", [])],
@@ -229,6 +248,9 @@ def format_counts(rows: list[dict]) -> list[str]:
             labels[label or "?"] = labels.get(label or "?", 0) + per_step
         shown = ", ".join(f"{k} {v:g}" for k, v in labels.items())
         lp = "no logprobs" if r["logprobs"] is None else f"logprobs k={r['logprobs']}"
+        if r.get("error"):
+            lines.append(f"  {r['configuration']:14s} {lp:14s} ERROR {r['error']}")
+            continue
         lines.append(f"  {r['configuration']:14s} {lp:14s} {r['waits_per_step']} waits/step "
                      f"({r['steps_counted']} steps counted): {shown}")
     return lines

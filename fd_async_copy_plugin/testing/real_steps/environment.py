@@ -14,6 +14,8 @@
   call-time tests (``Sampler``, ``rebuild_padding``, the penalty op) take their CUDA branch.
   So the plugin is enabled after the runner module was imported (the worker's order is the
   reverse; ``tools/enable_on_real_fastdeploy.py`` covers that order).
+- FastDeploy's ``pin_memory()`` and ``copy_(src, False)`` into pinned buffers go through the
+  run's copy backend (``pinned.py``).
 - FastDeploy's Triton kernels on the step (``ops.TRITON_KERNELS``: the logprob ranks' count)
   are our ports (Triton has no CPU driver).
 - ``paddle.tensor.top_p_sampling`` (Paddle's sampling kernel, which FastDeploy's
@@ -93,7 +95,10 @@ def prepare(fd_root: str | None = None, line: str | None = None) -> Prepared:
 
     if fd_root and not os.path.abspath(fastdeploy.__file__).startswith(fd_root + os.sep):
         raise RuntimeError(f"fastdeploy was already imported from {fastdeploy.__file__}, not {fd_root}")
+    from . import pinned
     from .ops import op_namespace
+
+    pinned.install(os.path.dirname(os.path.abspath(fastdeploy.__file__)))
 
     sys.modules["fastdeploy.model_executor.ops.gpu"] = op_namespace(line)
     import fastdeploy.model_executor.ops as ops_package

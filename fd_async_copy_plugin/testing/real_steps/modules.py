@@ -44,11 +44,13 @@ class FastDeployModules:
 
         def make_request(request_id, prompt_token_ids, eos_token_ids, sampling_params, idx=None, task_type=None,
                          block_tables=None):
-            request = fd_request.Request(
+            given = dict(
                 request_id=request_id, prompt=None, prompt_token_ids=list(prompt_token_ids),
                 prompt_token_ids_len=len(prompt_token_ids), messages=None, history=None, tools=None, system=None,
                 eos_token_ids=list(eos_token_ids), arrival_time=time.time(), sampling_params=sampling_params,
             )
+            accepted = inspect.signature(fd_request.Request.__init__).parameters  # 2.4 and 2.5 differ
+            request = fd_request.Request(**{k: v for k, v in given.items() if k in accepted})
             request.idx = idx
             if task_type is not None:
                 request.task_type = task_type

@@ -34,7 +34,8 @@ PORTED_HERE = ("get_token_penalty_multi_scores",)
 
 
 def token_penalty_multi_scores_np(pre_ids, prompt_ids, prompt_len, logits, penalty_scores, frequency_score,
-                                  presence_score, temperatures, bad_tokens, cur_len, min_len, eos_token_id):
+                                  presence_score, temperatures, bad_tokens, cur_len, min_len, eos_token_id,
+                                  bad_tokens_len=None):
     """``get_token_penalty_multi_scores`` on numpy arrays (float32 logits, in place; returned).
 
     Per slot ``bi`` (``cur_len`` is ``step_idx``; a negative one leaves the slot's min-length and
@@ -45,7 +46,11 @@ def token_penalty_multi_scores_np(pre_ids, prompt_ids, prompt_len, logits, penal
     2. repeat counts over ``pre_ids[bi]`` (ids >= 0; the full row) and ``prompt_ids[bi, :prompt_len]``;
     3. every logit: repeated (in either) -> ``x * alpha`` if negative else ``x / alpha``; generated
        ``times`` -> ``x - times * beta - gamma``; then ``/ temperature`` (float32 throughout);
-    4. bad words: ``bad_tokens[0, :]`` (the kernel reads the first row for every slot) in range -> ``-1e10``.
+    4. bad words, in range -> ``-1e10``: FD 2.4 (``bad_tokens_len`` None) reads ``bad_tokens[0, :]`` for
+       every slot; FD 2.5+ reads row ``bi``'s first ``min(bad_tokens_len[bi], width)`` ids.
+
+    FD 2.5+'s kernels return early for a slot with no penalty (and, for the last step, temperature
+    1): the same bits as applying the identities, so one port serves both lines.
     """
     bs, vocab = logits.shape
     cur = cur_len.reshape(-1)
@@ -81,9 +86,13 @@ def token_penalty_multi_scores_np(pre_ids, prompt_ids, prompt_len, logits, penal
         hit = times != 0
         x[hit] = x[hit] - times[hit].astype(np.float32) * beta[bi] - gamma[bi]
         logits[bi] = x / temp[bi]
-    bad = bad_tokens.reshape(bad_tokens.shape[0], -1)[0] if bad_tokens.size else np.zeros([0], np.int64)
-    bad = bad[(bad >= 0) & (bad < vocab)]
-    logits[:, bad] = np.float32(-1e10)
+    rows = bad_tokens.reshape(bad_tokens.shape[0], -1) if bad_tokens.size else np.zeros([bs, 0], np.int64)
+    for bi in range(bs):
+        if bad_tokens_len is None:
+            bad = rows[0]
+        else:
+            bad = rows[bi, : max(0, min(int(bad_tokens_len.reshape(-1)[bi]), rows.shape[1]))]
+        logits[bi, bad[(bad >= 0) & (bad < vocab)]] = np.float32(-1e10)
     return logits
 
 
@@ -101,6 +110,23 @@ def get_token_penalty_multi_scores(pre_ids, prompt_ids, prompt_len, logits, pena
 
 
 get_token_penalty_multi_scores = device_op(get_token_penalty_multi_scores)
+
+
+def get_token_penalty_multi_scores_v25(pre_ids, prompt_ids, prompt_len, logits, penalty_scores, frequency_score,
+                                       presence_score, temperatures, bad_tokens, bad_tokens_len, cur_len, min_len,
+                                       eos_token_id):
+    """FD 2.5+'s signature: ``bad_tokens_len`` after ``bad_tokens`` (per-slot bad words)."""
+    if logits.dtype != paddle.float32:
+        raise NotImplementedError("get_token_penalty_multi_scores is ported for float32 logits only")
+    out = token_penalty_multi_scores_np(
+        pre_ids.numpy(), prompt_ids.numpy(), prompt_len.numpy(), np.array(logits.numpy()), penalty_scores.numpy(),
+        frequency_score.numpy(), presence_score.numpy(), temperatures.numpy(), bad_tokens.numpy(), cur_len.numpy(),
+        min_len.numpy(), eos_token_id.numpy(), bad_tokens_len=bad_tokens_len.numpy())
+    logits.copy_(paddle.to_tensor(out, dtype="float32", place=paddle.CPUPlace()), True)
+    return as_device(logits)
+
+
+get_token_penalty_multi_scores_v25 = device_op(get_token_penalty_multi_scores_v25)
 
 
 class _NotPorted:
@@ -127,9 +153,10 @@ def op_namespace(line: str) -> OpNamespace:
     module.__file__ = __file__
     module.__dict__["fd_async_copy_real_steps_line"] = line
     for name, value in vars(replica).items():
-        if not name.startswith("_") and callable(value) and getattr(value, "__module__", "") == replica.__name__:
+        if not name.startswith("_") and callable(value) and getattr(value, "__module__", "").endswith(".model_executor.ops.gpu"):
             module.__dict__[name] = value
-    module.__dict__["get_token_penalty_multi_scores"] = get_token_penalty_multi_scores
+    module.__dict__["get_token_penalty_multi_scores"] = (
+        get_token_penalty_multi_scores if line == "fd24" else get_token_penalty_multi_scores_v25)
     module.__dict__["tolerant_import_error"] = lambda: None
     return module
 

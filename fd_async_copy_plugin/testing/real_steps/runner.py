@@ -50,24 +50,25 @@ def _config(config: DriverConfig, port: int):
         max_encoder_cache=0, num_cpu_blocks=0, cache_dtype="float32", max_block_num_per_seq=None,
     )
     scheduler = N(max_num_seqs=config.max_num_seqs, splitwise_role="mixed", name="local",
-                  enable_overlap_schedule=config.overlap, max_num_batched_tokens=config.max_num_seqs * config.max_model_len)
+                  enable_overlap_schedule=config.overlap, max_num_batched_tokens=config.max_num_seqs * config.max_model_len,
+                  max_extra_num_batched_tokens=0)
     parallel = N(
         engine_worker_queue_port=port, msg_queue_id=port, local_data_parallel_id=0, tensor_parallel_rank=0,
         tensor_parallel_size=1, data_parallel_rank=0, data_parallel_size=1, use_ep=False, enable_expert_parallel=False,
         enable_chunked_moe=False, chunked_moe_size=0, shutdown_comm_group_if_worker_idle=False, tp_group=None,
-        expert_parallel_size=1,
+        expert_parallel_size=1, local_engine_worker_queue_port=port,
     )
     speculative = N(method=None, num_speculative_tokens=0, benchmark_mode=False, enable_draft_logprob=False,
                     max_candidate_len=1, num_gpu_block_expand_ratio=1, verify_window=1, model_type="main")
-    graph = N(use_cudagraph=False, cudagraph_capture_sizes=[], sot_warmup_sizes=[], cudagraph_only_prefill=False,
-              graph_opt_level=0, use_unique_memory_pool=False)
+    graph = N(use_cudagraph=False, cudagraph_capture_sizes=[], cudagraph_capture_sizes_prefill=[], sot_warmup_sizes=[],
+              cudagraph_only_prefill=False, graph_opt_level=0, use_unique_memory_pool=False, full_cuda_graph=False)
     return N(
         model_config=model, cache_config=cache, scheduler_config=scheduler, parallel_config=parallel,
         speculative_config=speculative, graph_opt_config=graph, load_config=N(dynamic_load_weight=False),
         device_config=N(device_type="gpu"), quant_config=None, early_stop_config=N(enable_early_stop=False),
         structured_outputs_config=N(guided_decoding_backend="off", logits_processors=None, reasoning_parser=None),
         routing_replay_config=N(enable_routing_replay=False), plas_attention_config=None, eplb_config=N(),
-        lora_config=None, cache_transfer_config=None,
+        lora_config=None, cache_transfer_config=None, enable_mm_runtime=False,
     )
 
 
