@@ -69,6 +69,8 @@ def _config(config: DriverConfig, port: int):
         structured_outputs_config=N(guided_decoding_backend="off", logits_processors=None, reasoning_parser=None),
         routing_replay_config=N(enable_routing_replay=False), plas_attention_config=None, eplb_config=N(),
         lora_config=None, cache_transfer_config=None, enable_mm_runtime=False,
+        # develop: FDConfig.get_max_chunk_tokens, whose answer without multimodal inputs on a mixed node
+        get_max_chunk_tokens=lambda mm_max_tokens_per_item=None: scheduler.max_num_batched_tokens,
     )
 
 
