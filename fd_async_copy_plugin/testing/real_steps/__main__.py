@@ -44,7 +44,7 @@ def main(argv=None) -> int:
                     report["ok"] &= row.ok
         if not args.no_counts:
             print("real-steps: sync check counts ...", file=sys.stderr, flush=True)
-            report["counts"] = check.counts(prepared.line)
+            report["counts"] = check.counts()
     report["seconds"] = round(time.perf_counter() - started, 1)
     if args.json:
         json.dump(report, sys.stdout, indent=2, default=str)

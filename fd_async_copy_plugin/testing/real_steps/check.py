@@ -27,6 +27,7 @@ logprobs.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import os
 import time
@@ -137,8 +138,50 @@ def _modules():
     return FastDeployModules()
 
 
-def _variant(c: Configuration) -> Variant:
-    return Variant(c.name, "fastdeploy", c.plugin, c.features, overlap=c.fd_overlap, env=c.env)
+def _variant(c: Configuration, root: str) -> Variant:
+    return Variant(c.name, root, c.plugin, c.features, overlap=c.fd_overlap, env=c.env)
+
+
+@dataclass(frozen=True)
+class Target:
+    """What the driver steps: a real FastDeploy (``root`` "fastdeploy", FastDeploy's modules) or, in
+    CI, a replica root (``modules`` None: the driver's own)."""
+
+    root: str = "fastdeploy"
+    line: str = "fd24"
+    real: bool = True
+
+    def modules(self):
+        return _modules() if self.real else ReplicaModules(self.root)
+
+
+class ReplicaModules:
+    """The driver's own view of a replica root, plus what FastDeploy's engine-worker boundary does:
+    the worker gets copies of the scheduled tasks (``FastDeployModules.to_worker``), so one driver
+    loop means the same on the replica and on FastDeploy."""
+
+    def __init__(self, root: str) -> None:
+        from ..reference import driver
+
+        self._driver = driver
+        self._mod = driver._Modules(root)
+        self.root, self.config, self.request = root, self._mod.config, self._mod.request
+        self.sampling_params, self.runner = self._mod.sampling_params, self._mod.runner
+
+    @staticmethod
+    def to_worker(task):
+        return copy.deepcopy(task)
+
+    def build_runner(self, config, port):
+        fd_config = self._driver._fd_config(self._mod, config, port)
+        return self.runner.GPUModelRunner(fd_config, device="gpu", device_id=0, rank=0, local_rank=0)
+
+
+def real_target() -> Target:
+    prepared = _modules_line()
+    if prepared is None:
+        raise RuntimeError("environment.prepare() has not run: no FastDeploy to step")
+    return Target("fastdeploy", prepared.line, True)
 
 
 def _path_ran(c: Configuration, run, copies_expected: bool) -> str:
@@ -161,7 +204,8 @@ def _applied(run) -> str:
     return ",".join(n for n, f in features.items() if f.get("state") == "applied") or "none"
 
 
-def compare(scenario: RealScenario, configs, max_steps: int = 300) -> list[Row]:
+def compare(scenario: RealScenario, configs, max_steps: int = 300, target: Target | None = None) -> list[Row]:
+    target = target or real_target()
     rows = []
     references = {}
     for c in configs:
@@ -170,12 +214,13 @@ def compare(scenario: RealScenario, configs, max_steps: int = 300) -> list[Row]:
         try:
             if key not in references:
                 ref_config = dataclasses.replace(scenario.config, engine_lag=c.base_engine_lag, overlap=c.fd_overlap)
-                references[key] = run_variant(Variant("reference", "fastdeploy", False), ref_config, scenario.requests,
+                references[key] = run_variant(Variant("reference", target.root, False), ref_config, scenario.requests,
                                               backend="host", max_steps=max_steps, arrivals=scenario.arrivals,
-                                              modules=_modules())
+                                              modules=target.modules())
             reference = references[key]
-            run = run_variant(_variant(c), dataclasses.replace(scenario.config, overlap=c.fd_overlap), scenario.requests,
-                              backend="sim", max_steps=max_steps, arrivals=scenario.arrivals, modules=_modules())
+            run = run_variant(_variant(c, target.root), dataclasses.replace(scenario.config, overlap=c.fd_overlap),
+                              scenario.requests, backend="sim", max_steps=max_steps, arrivals=scenario.arrivals,
+                              modules=target.modules())
         except Exception as exc:  # a failed run is a row, not a crash of the check
             rows.append(Row(scenario.name, c.name, False, f"ERROR {type(exc).__name__}: {exc}".splitlines()[0][:300],
                             seconds=round(time.perf_counter() - started, 1)))
@@ -183,8 +228,7 @@ def compare(scenario: RealScenario, configs, max_steps: int = 300) -> list[Row]:
         diffs = reference.result.differences(run.result)
         if c.base_engine_lag:  # the overlap schedule's flush steps send nothing (harness.Scenario)
             diffs = [d for d in diffs if not d.startswith("executed_steps")]
-        line = getattr(_modules_line(), "line", "fd24")
-        why = _path_ran(c, run, line == "fd24" or scenario.config.enable_logprob)
+        why = _path_ran(c, run, target.line == "fd24" or scenario.config.enable_logprob)
         problems = list(diffs[:6]) + ([why] if why else [])
         if reference.result.truncated:
             problems.append("the reference run hit max_steps")
@@ -208,12 +252,13 @@ def _count_requests(logprobs):
     return [Request(f"r{i}", [3 + i, 4, 5 + i], max_tokens=8, eos_token_ids=[100], logprobs=logprobs) for i in range(3)]
 
 
-def counts(line: str, warmup: int = 2) -> list[dict]:
+def counts(target: Target | None = None, warmup: int = 2) -> list[dict]:
     """Waits per counted step (``status()["sync_check"]``), unpatched and default, without and with
     logprobs (k=2), with the label of each site."""
     from ... import sync_check
 
-    sync_check.install_step_hook("fastdeploy")
+    target = target or real_target()
+    sync_check.install_step_hook(target.root)
     out = []
     for plugin in (False, True):
         for logprobs in (None, 2):
@@ -221,8 +266,8 @@ def counts(line: str, warmup: int = 2) -> list[dict]:
             sync_check.start(sync_check.Settings("count", warmup, ()))
             entry = {"configuration": "default (all)" if plugin else "unpatched", "logprobs": logprobs}
             try:
-                run = run_variant(Variant("count", "fastdeploy", plugin), config, _count_requests(logprobs),
-                                  backend="sim", max_steps=40, track=True, modules=_modules())
+                run = run_variant(Variant("count", target.root, plugin), config, _count_requests(logprobs),
+                                  backend="sim", max_steps=40, track=True, modules=target.modules())
                 report = sync_check.status()
             except Exception as exc:  # a row that says why, not a crash of the check
                 out.append({**entry, "error": f"{type(exc).__name__}: {exc}".splitlines()[0][:300],

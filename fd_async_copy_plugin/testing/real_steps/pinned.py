@@ -81,3 +81,10 @@ def install(fastdeploy_dir: str) -> None:
     paddle.Tensor.pin_memory = pin_memory
     paddle.Tensor.copy_ = copy_
     _INSTALLED.update(pin_memory=original_pin, copy_=original_copy)
+
+
+def uninstall() -> None:
+    """Paddle's own methods back (tests; a real-steps process keeps the routing)."""
+    for name, original in _INSTALLED.items():
+        setattr(paddle.Tensor, name, original)
+    _INSTALLED.clear()
