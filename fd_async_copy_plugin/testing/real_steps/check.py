@@ -102,7 +102,7 @@ def scenarios(line: str, steps: int = 24) -> list[RealScenario]:
         _req(1, 9, steps // 2, logprobs=5, top_p=0.8),
         _req(2, 20, 1, logprobs=5),
         _req(3, 13, steps, logprobs=20, stop_seqs=[[126, 2], [58, 17]], top_p=0.8),
-        _req(4, 3, steps - 5, top_p=0.0),
+        _req(4, 3, steps - 5, top_p=0.0, stop_seqs=[[41, 30]]),
         _req(5, 30, steps // 3, logprobs=5, top_p=0.8),
         _req(6, 7, steps, logprobs=20, top_p=0.8),
     )

@@ -36,10 +36,16 @@ class RealStepsModel(TinyModel):
         return as_device(paddle.to_tensor(flat))
 
     def __call__(self, ids_remove_padding, forward_meta):
+        if isinstance(ids_remove_padding, dict):  # develop hands the model a dict of inputs
+            ids_remove_padding = ids_remove_padding["ids_remove_padding"]
         class _Meta:
             position_ids = self._position_ids(int(ids_remove_padding.shape[0]))
 
         return super().__call__(ids_remove_padding, _Meta)
+
+
+    def compute_logits(self, hidden_states, forward_meta=None):  # develop passes forward_meta too
+        return super().compute_logits(hidden_states)
 
 
 class NoAttention:

@@ -30,7 +30,7 @@ from ..reference import ROOTS
 from ..reference.placement import as_device, device_op
 
 #: our ports, by the names FastDeploy imports, on top of the replica's op module
-PORTED_HERE = ("get_token_penalty_multi_scores",)
+PORTED_HERE = ("get_token_penalty_multi_scores", "custom_numpy_to_tensor")
 
 
 def token_penalty_multi_scores_np(pre_ids, prompt_ids, prompt_len, logits, penalty_scores, frequency_score,
@@ -129,6 +129,82 @@ def get_token_penalty_multi_scores_v25(pre_ids, prompt_ids, prompt_len, logits, 
 get_token_penalty_multi_scores_v25 = device_op(get_token_penalty_multi_scores_v25)
 
 
+def get_token_penalty_multi_scores_dev(token_ids_all, logits, penalty_scores, frequency_score, presence_score,
+                                       temperatures, bad_tokens, bad_tokens_len, prompt_len, cur_len, min_len,
+                                       eos_token_id):
+    """develop's signature: one ``token_ids_all`` row per slot (prompt, then generated ids): the
+    prompt part marks repeated ids, the rest counts generated ones - the 2.5 kernel's counts."""
+    if logits.dtype != paddle.float32:
+        raise NotImplementedError("get_token_penalty_multi_scores is ported for float32 logits only")
+    ids_all, lens = token_ids_all.numpy(), prompt_len.numpy().reshape(-1)
+    width = ids_all.shape[1]
+    generated = np.full_like(ids_all, -1)
+    for bi in range(ids_all.shape[0]):
+        n = int(lens[bi]) if bi < lens.shape[0] else 0
+        generated[bi, : width - n] = ids_all[bi, n:]
+    out = token_penalty_multi_scores_np(
+        generated, ids_all, prompt_len.numpy(), np.array(logits.numpy()), penalty_scores.numpy(),
+        frequency_score.numpy(), presence_score.numpy(), temperatures.numpy(), bad_tokens.numpy(), cur_len.numpy(),
+        min_len.numpy(), eos_token_id.numpy(), bad_tokens_len=bad_tokens_len.numpy())
+    logits.copy_(paddle.to_tensor(out, dtype="float32", place=paddle.CPUPlace()), True)
+    return as_device(logits)
+
+
+get_token_penalty_multi_scores_dev = device_op(get_token_penalty_multi_scores_dev)
+
+
+def set_stop_value_multi_ends_dev(topk_ids, stop_flags, seq_lens, end_ids, next_tokens, token_ids_all, prompt_lens,
+                                  step_idx, stop_seqs, stop_seqs_len, min_tokens, beam_search):
+    """develop's signature: stop sequences matched against the generated part of ``token_ids_all``
+    (from ``prompt_lens``); otherwise the 2.5 kernel (``reference/kernels.set_stop_value_multi_ends``)."""
+    import os
+
+    from ..reference import kernels
+
+    ids_all, lens = token_ids_all.numpy(), prompt_lens.numpy().reshape(-1)
+    pre_ids = np.full_like(ids_all, -1)
+    for bi in range(min(ids_all.shape[0], lens.shape[0])):
+        pre_ids[bi, : ids_all.shape[1] - int(lens[bi])] = ids_all[bi, int(lens[bi]):]
+    topk, stop, nxt = np.array(topk_ids.numpy()), np.array(stop_flags.numpy()), np.array(next_tokens.numpy())
+    kernels.set_stop_value_multi_ends(
+        topk, stop, seq_lens.numpy(), end_ids.numpy(), nxt, pre_ids, step_idx.numpy(), stop_seqs.numpy(),
+        stop_seqs_len.numpy(), beam_search, os.getenv("PREFILL_NODE_ONE_STEP_STOP", "")[:1] == "1",
+        min_tokens=min_tokens.numpy())
+    for t, a in ((topk_ids, topk), (stop_flags, stop), (next_tokens, nxt)):
+        t.copy_(paddle.to_tensor(a, dtype=t.dtype, place=paddle.CPUPlace()), True)
+
+
+set_stop_value_multi_ends_dev = device_op(set_stop_value_multi_ends_dev)
+
+
+def custom_numpy_to_tensor(numpy_array, tensor):
+    """develop's ``custom_numpy_to_tensor`` (``cpp_extensions.cc``): the array's bytes copied to the
+    tensor's data pointer (an H2D ``cudaMemcpyAsync`` on the GPU; here a memmove, which is what the
+    copy leaves behind once it ran). Returns ``tensor``."""
+    import ctypes
+
+    array = np.ascontiguousarray(numpy_array)
+    ctypes.memmove(tensor.data_ptr(), array.ctypes.data, array.nbytes)
+    return tensor
+
+
+def set_value_by_flags_and_idx_dev(token_ids_all, input_ids, seq_lens_this_time, seq_lens_encoder, seq_lens_decoder,
+                                   prompt_lens, step_idx, stop_flags):
+    """develop's ``set_value_by_flags_and_idx``: the step's input token into ``token_ids_all`` (prompt
+    and outputs in one row) at ``prompt_lens + step_idx``, for running slots with a context."""
+    ids_all = np.array(token_ids_all.numpy())
+    inputs, enc, dec = input_ids.numpy(), seq_lens_encoder.numpy().reshape(-1), seq_lens_decoder.numpy().reshape(-1)
+    prompt, step, stop = prompt_lens.numpy().reshape(-1), step_idx.numpy().reshape(-1), stop_flags.numpy().reshape(-1)
+    for i in range(int(seq_lens_this_time.shape[0])):
+        if stop[i] or (dec[i] == 0 and enc[i] == 0) or step[i] <= 0:
+            continue
+        ids_all[i, prompt[i] + step[i]] = inputs[i, enc[i] - 1] if enc[i] > 0 else inputs[i, 0]
+    token_ids_all.copy_(paddle.to_tensor(ids_all, place=paddle.CPUPlace()), True)
+
+
+set_value_by_flags_and_idx_dev = device_op(set_value_by_flags_and_idx_dev)
+
+
 class _NotPorted:
     def __init__(self, name: str) -> None:
         self.__name__ = name
@@ -158,6 +234,11 @@ def op_namespace(line: str) -> OpNamespace:
     module.__dict__["get_token_penalty_multi_scores"] = (
         get_token_penalty_multi_scores if line == "fd24" else get_token_penalty_multi_scores_v25)
     module.__dict__["tolerant_import_error"] = lambda: None
+    if line == "fddev":
+        module.__dict__["custom_numpy_to_tensor"] = custom_numpy_to_tensor
+        module.__dict__["set_value_by_flags_and_idx"] = set_value_by_flags_and_idx_dev
+        module.__dict__["get_token_penalty_multi_scores"] = get_token_penalty_multi_scores_dev
+        module.__dict__["set_stop_value_multi_ends"] = set_stop_value_multi_ends_dev
     return module
 
 
