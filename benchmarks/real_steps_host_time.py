@@ -17,7 +17,11 @@ our ports of its compiled ops, the tiny model). Per configuration (unpatched, de
   (Paddle's Python, numpy, builtins, the standard library) is charged to its callers in proportion
   to the time each caller spent in it, up the call graph: so "plugin" is time in plugin-owned
   frames with the Paddle calls they make, and "fastdeploy" FastDeploy's own Python with its Paddle
-  calls (the stand-ins' own time excluded). Per executed step; the ratio plugin / fastdeploy of the
+  calls (the stand-ins' own time excluded). Plugin code is the plugin's where FastDeploy (or the
+  plugin) calls it, the stand-ins' where a stand-in does: the replica's op ports, FastDeploy 2.5's
+  pinned copies and events (``real_steps/pinned.py``, ``reference/paddle_device.py``) and the sync
+  census go through the plugin's copy backend and census modules, which on a GPU would be
+  FastDeploy's own CUDA calls or nothing at all. Per executed step; the ratio plugin / fastdeploy of the
   same run is the figure (the profiler's per-call overhead inflates both; the plain figures are
   exact).
 
@@ -60,20 +64,26 @@ def attribute(stats: pstats.Stats, fd_dir, plugin_dir, testing_dir) -> dict:
     memo: dict = {}
 
     def shares(f, seen=()):
-        if owners.get(f):
-            return {owners[f]: 1.0}
+        owner = owners.get(f)
+        if owner in ("fastdeploy", "stand-ins"):
+            return {owner: 1.0}
         if f in memo:
             return memo[f]
         if f in seen:
             return {}
         callers = raw.get(f, (0, 0, 0, 0, {}))[4]
-        total = sum(v[3] for v in callers.values()) or sum(v[2] for v in callers.values())
+        by_ct = sum(v[3] for v in callers.values())
+        total = by_ct or sum(v[2] for v in callers.values())
+        if owner == "plugin" and total <= 0:
+            return {"plugin": 1.0}
         out: dict = {}
         if total > 0:
             for caller, v in callers.items():
-                weight = (v[3] if sum(x[3] for x in callers.values()) else v[2]) / total
-                for owner, share in shares(caller, seen + (f,)).items():
-                    out[owner] = out.get(owner, 0.0) + weight * share
+                weight = (v[3] if by_ct else v[2]) / total
+                for who, share in shares(caller, seen + (f,)).items():
+                    if owner == "plugin" and who == "fastdeploy":
+                        who = "plugin"  # FastDeploy calling into the plugin (a junction, a patched name)
+                    out[who] = out.get(who, 0.0) + weight * share
         memo[f] = out
         return out
 

@@ -46,3 +46,23 @@ def test_unowned_time_goes_to_callers_by_their_time_in_it():
 
     totals = bench.attribute(Fake(), "/p/fd/", "/p/plugin/", "/p/plugin/testing/")
     assert totals["plugin"] == pytest.approx(1.0 + 3.0 / 3) and totals["fastdeploy"] == pytest.approx(2.0 + 2 * 3.0 / 3)
+
+
+def test_plugin_code_a_stand_in_calls_is_the_stand_ins():
+    """The replica's ops and FD 2.5's routed copies call the plugin's copy backend: that is the
+    stand-ins' cost; a junction FastDeploy calls is the plugin's."""
+    bench = _bench()
+
+    class Fake:
+        stats = {
+            ("/p/plugin/testing/op.py", 1, "op"): (1, 1, 1.0, 3.0, {}),
+            ("/p/fd/run.py", 1, "run"): (1, 1, 1.0, 5.0, {}),
+            ("/p/plugin/runtime/backend.py", 1, "copy"): (2, 2, 2.0, 2.0, {
+                ("/p/plugin/testing/op.py", 1, "op"): (1, 1, 1.0, 1.0),
+                ("/p/plugin/patches/junction.py", 1, "link"): (1, 1, 1.0, 1.0)}),
+            ("/p/plugin/patches/junction.py", 1, "link"): (1, 1, 1.0, 2.0, {("/p/fd/run.py", 1, "run"): (1, 1, 1.0, 2.0)}),
+        }
+
+    totals = bench.attribute(Fake(), "/p/fd/", "/p/plugin/", "/p/plugin/testing/")
+    assert totals["plugin"] == pytest.approx(1.0 + 1.0) and totals["stand-ins"] == pytest.approx(1.0 + 1.0)
+    assert totals["fastdeploy"] == pytest.approx(1.0)
