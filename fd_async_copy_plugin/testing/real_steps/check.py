@@ -107,10 +107,18 @@ def scenarios(line: str, steps: int = 24) -> list[RealScenario]:
         _req(6, 7, steps, logprobs=20, top_p=0.8),
     )
     later = {3: (_req(7, 11, steps // 2, logprobs=5, top_p=0.8),), 9: (_req(8, 4, 3, logprobs=0),)}
+    zmq = (
+        _req(10, 17, steps // 2, logprobs=-1, prompt_logprobs=5, top_p=0.8),
+        _req(11, 25, steps // 2, logprobs=3, prompt_logprobs=-1),
+        _req(12, 6, steps, logprobs=20, top_p=0.8),
+        _req(13, 9, steps, logprobs=0, prompt_logprobs=0),
+    )
     plain = tuple(_req(20 + i, 4 + i, steps // 2 + i, top_p=0.8 if i % 2 else 0.0) for i in range(6))
     return [
         RealScenario("save ops: logprobs k 0/5/20, eos, max_tokens, stop sequences, chunked prefill, arrivals",
                      DriverConfig(**base, chunk_size=8), mixed, later),
+        RealScenario("ZMQ output thread (FD_USE_GET_SAVE_OUTPUT_V1): logprobs k -1/3/20/0, prompt logprobs 5/-1/0",
+                     DriverConfig(**base, save_output_v1=True, chunk_size=8), zmq),
         RealScenario("no logprobs: eos, max_tokens, seeded and greedy rows",
                      DriverConfig(max_num_seqs=8, vocab_size=128, max_model_len=96, block_size=16), plain),
     ]

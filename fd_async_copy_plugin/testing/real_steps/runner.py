@@ -6,9 +6,11 @@ as on a GPU worker) with:
 
 - ``fd_config``: a plain namespace carrying the attributes FastDeploy's runner, sampler and
   post-process read (``_config``), from the driver's ``DriverConfig``; no model files;
-- three stand-ins, swapped in for the duration of ``__init__`` only and restored after:
+- stand-ins, swapped in for the duration of ``__init__`` only and restored after:
   ``_initialize_attn_backend`` (one ``NoAttention``: the tiny model has no attention),
-  ``GPUMemoryChecker`` (no NVML here) and ``IPCSignal`` (no engine's shared memory here);
+  ``GPUMemoryChecker`` (no NVML here), ``IPCSignal`` (no engine's shared memory here), and for
+  the output thread of ``FD_USE_GET_SAVE_OUTPUT_V1`` the replica's in-process ``ZmqIpcClient``
+  (the driver reads its sink) and a ``queue.Queue`` that counts its puts;
 - the model: ``RealStepsModel`` (the replica's tiny deterministic model), bound as
   ``runner.model``; ``load_model`` (FastDeploy's loader reads model files) is replaced on the
   instance by a no-op.
@@ -109,6 +111,14 @@ def build_runner(config: DriverConfig, port: int):
         self.attn_backends = [NoAttention()]
 
     stand_ins = {name: _Quiet for name in ("GPUMemoryChecker", "IPCSignal") if hasattr(module, name)}
+    # the output thread's transport (FD_USE_GET_SAVE_OUTPUT_V1): the replica's in-process ZMQ client,
+    # whose sink the driver reads, and a queue that counts puts (so the driver waits for the sends)
+    from ..reference import zmq_sink
+
+    if hasattr(module, "ZmqIpcClient"):
+        stand_ins["ZmqIpcClient"] = zmq_sink.ZmqIpcClient
+    if hasattr(module, "queue"):
+        stand_ins["queue"] = types.SimpleNamespace(Queue=zmq_sink.OutputQueue)
     with _swapped(cls, _initialize_attn_backend=_initialize_attn_backend), _swapped(module, **stand_ins):
         runner = cls(_config(config, port), device="gpu", device_id=0, rank=0, local_rank=0)
     runner.model = RealStepsModel(
@@ -117,4 +127,23 @@ def build_runner(config: DriverConfig, port: int):
     if "caches" not in runner.share_inputs:  # initialize_kv_cache's entry: the tiny model keeps no KV cache
         runner.share_inputs["caches"] = []
     runner.load_model = lambda: None  # the model is bound above; FastDeploy's loader reads files
+    runner.close = lambda: _end_output_thread(runner)  # the driver calls it when the run ends
     return runner
+
+
+class _EndOutputThread:
+    """Put on the output queue at the end of a run: pickling it raises ``SystemExit``, which
+    FastDeploy's ``_async_output_busy_loop`` (``except Exception``) lets through, so the thread - and
+    the runner it holds - goes away (else every run's runner stays alive in ``status()``)."""
+
+    def __reduce__(self):
+        raise SystemExit
+
+
+def _end_output_thread(runner) -> None:
+    thread = getattr(runner, "async_output_copy_thread", None)
+    queue = getattr(runner, "async_output_queue", None)
+    if thread is None or queue is None or not thread.is_alive():
+        return
+    queue.put(_EndOutputThread())
+    thread.join(timeout=10)

@@ -650,7 +650,7 @@ def _plain_payload(rows) -> list:
                 "tokens": None if row.tokens is None else np.asarray(row.tokens),
                 "logprobs": _plain_logprobs(row.logprobs),
                 "prompt_logprobs": _plain_logprobs(row.prompt_logprobs),
-                "sampling_mask": None if row.sampling_mask is None else np.asarray(row.sampling_mask),
+                "sampling_mask": None if getattr(row, "sampling_mask", None) is None else np.asarray(row.sampling_mask),
             }
         )
     return out
