@@ -8,7 +8,8 @@ our ports of its compiled ops, the tiny model). Per configuration (unpatched, de
 
 - **plain**: wall time per loop iteration (the driver's step: schedule, insert, ``execute_model``,
   outputs) from the second iteration to the end of the run (the runner's construction, the plugin's
-  enabling and the first, prefill step excluded), nothing instrumented; configurations alternate
+  enabling and the first, prefill step excluded; the garbage collector off in the window, in both
+  kinds of run: a collection's pause would land in whichever frame runs), nothing instrumented; configurations alternate
   over ``--rounds``, median of rounds.
 - **attributed** (a separate run, the same window under ``cProfile``): each function's own time goes to its owner
   by file - ``plugin`` (``fd_async_copy_plugin/`` outside ``testing/``), ``fastdeploy`` (the
@@ -23,10 +24,10 @@ our ports of its compiled ops, the tiny model). Per configuration (unpatched, de
   census go through the plugin's copy backend and census modules, which on a GPU would be
   FastDeploy's own CUDA calls or nothing at all. Per executed step; the ratio plugin / fastdeploy of the
   same run is the figure (the profiler's per-call overhead inflates both; the plain figures are
-  exact).
+  exact). Under each plugin row, where its time goes: its largest functions (``--top``).
 
     python benchmarks/real_steps_host_time.py --fd-root /path/to/FastDeploy [--batches 8,128]
-        [--steps 32] [--rounds 3] [--vocab 1024] [--json FILE]
+        [--steps 32] [--rounds 3] [--vocab 1024] [--top 6] [--json FILE]
     python benchmarks/real_steps_host_time.py --replica fd24     # the replica (CI smoke)
 
 The result is a measurement (RESULT: MEASURED), not a pass/fail check.
@@ -37,6 +38,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import cProfile
+import gc
 import json
 import os
 import pstats
@@ -88,6 +90,7 @@ def attribute(stats: pstats.Stats, fd_dir, plugin_dir, testing_dir) -> dict:
         return out
 
     totals: dict = {"plugin": 0.0, "fastdeploy": 0.0, "stand-ins": 0.0, "unattributed": 0.0}
+    where: dict = {}
     for f, (cc, nc, tt, ct, callers) in raw.items():
         s = shares(f)
         charged = 0.0
@@ -95,7 +98,21 @@ def attribute(stats: pstats.Stats, fd_dir, plugin_dir, testing_dir) -> dict:
             totals[owner] += tt * share
             charged += share
         totals["unattributed"] += tt * max(0.0, 1.0 - charged)
+        if s.get("plugin"):
+            where[f] = tt * s["plugin"]
+    totals["_plugin_functions"] = where
     return totals
+
+
+def top_plugin_functions(where: dict, plugin_dir: str, steps: int, n: int) -> list[str]:
+    """The plugin's time by function (own time, and unowned callees' share) per step, largest first."""
+    rows = sorted(where.items(), key=lambda kv: -kv[1])[:n]
+    out = []
+    for (filename, line, name), seconds in rows:
+        shown = os.path.relpath(filename, os.path.dirname(plugin_dir.rstrip(os.sep))) if filename.startswith(
+            plugin_dir) else (os.path.basename(filename) if filename != "~" else "")
+        out.append(f"{seconds / steps * 1e6:8.1f} us  {shown}:{line} {name}")
+    return out
 
 
 def workload(batch: int, steps: int, vocab: int, logprobs: bool):
@@ -142,6 +159,8 @@ class StepWindow:
             return original(*args, **kwargs)
 
         census.begin_step = begin_step
+        gc.collect()
+        gc.disable()  # a collection's pause lands in whichever frame runs: noise in every column
         try:
             yield self
         finally:
@@ -149,6 +168,7 @@ class StepWindow:
                 self.profiler.disable()
             self.ended = time.perf_counter()
             census.begin_step = original
+            gc.enable()
 
     @property
     def steps(self) -> int:
@@ -182,6 +202,7 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=32, help="tokens per request (default 32)")
     parser.add_argument("--vocab", type=int, default=1024)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--top", type=int, default=6, help="the plugin's largest functions per row (default 6; 0: none)")
     parser.add_argument("--json", metavar="FILE")
     args = parser.parse_args(argv)
 
@@ -231,6 +252,7 @@ def main(argv=None) -> int:
                 run, window = one_run(target, c, config, requests, profile=True)
                 steps = window.steps
                 totals = attribute(pstats.Stats(window.profiler), fd_dir, plugin_dir, testing_dir)
+                where = totals.pop("_plugin_functions")
                 per_step = {k: v / steps * 1e6 for k, v in totals.items()}
                 row = {
                     "batch": batch, "logprobs": logprobs, "configuration": c.name,
@@ -246,6 +268,10 @@ def main(argv=None) -> int:
                       f"{per_step['plugin']:8.0f} us, fastdeploy {per_step['fastdeploy']:8.0f} us, stand-ins "
                       f"{per_step['stand-ins']:8.0f} us, other {per_step['unattributed']:6.0f} us | plugin/fastdeploy "
                       f"{'-' if ratio is None else f'{100 * ratio:.1f}%'}")
+                if c.plugin and args.top:
+                    row["plugin_top"] = top_plugin_functions(where, plugin_dir, steps, args.top)
+                    for line in row["plugin_top"]:
+                        print(f"      {line}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)
