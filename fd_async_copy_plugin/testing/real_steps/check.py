@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import os
 import time
 from dataclasses import dataclass
 
@@ -80,8 +79,6 @@ class RealScenario:
     config: DriverConfig
     requests: tuple
     arrivals: dict | None = None
-    #: configurations this scenario is not run with, and why
-    not_with: tuple = ()
 
 
 EOS = [40]
@@ -309,9 +306,3 @@ def format_counts(rows: list[dict]) -> list[str]:
         lines.append(f"  {r['configuration']:14s} {lp:14s} {r['waits_per_step']} waits/step "
                      f"({r['steps_counted']} steps counted): {shown}")
     return lines
-
-
-def environment_line() -> str:
-    import fastdeploy
-
-    return os.path.dirname(os.path.dirname(os.path.abspath(fastdeploy.__file__)))
