@@ -32,7 +32,7 @@ import dataclasses
 import time
 from dataclasses import dataclass
 
-from ..harness import BACKPORT_FEATURES, OVERLAP_FEATURES, Variant, census_row, run_variant
+from ..harness import BACKPORT_FEATURES, OVERLAP_FEATURES, Variant, census_row, preemption_workload, run_variant
 from ..reference.driver import DriverConfig, Request
 
 #: FastDeploy 2.4 features of ``all`` (the default) and the opt-in overlap schedule
@@ -89,11 +89,8 @@ def _req(i, n_prompt, max_tokens, **kw):
     return Request(f"req{i}", prompt, max_tokens=max_tokens, eos_token_ids=EOS, **kw)
 
 
-def scenarios(line: str, steps: int = 24) -> list[RealScenario]:
-    """Workloads for real steps. Greedy rows (``top_p`` 0) and seeded ones (``top_p`` 0.8, each with
-    its request's seed); eos 40 is in the tiny model's vocabulary, so requests end on eos at
-    different steps (staggered), on ``max_tokens`` or on a stop sequence."""
-    base = dict(max_num_seqs=8, vocab_size=128, max_model_len=96, block_size=16, enable_logprob=True)
+def _mixed(steps: int):
+    """The save-ops workload: logprob widths, stop sequences, seeded and greedy rows, arrivals."""
     mixed = (
         _req(0, 5, steps, logprobs=0, top_p=0.0),
         _req(1, 9, steps // 2, logprobs=5, top_p=0.8),
@@ -104,6 +101,15 @@ def scenarios(line: str, steps: int = 24) -> list[RealScenario]:
         _req(6, 7, steps, logprobs=20, top_p=0.8),
     )
     later = {3: (_req(7, 11, steps // 2, logprobs=5, top_p=0.8),), 9: (_req(8, 4, 3, logprobs=0),)}
+    return mixed, later
+
+
+def scenarios(line: str, steps: int = 24) -> list[RealScenario]:
+    """Workloads for real steps. Greedy rows (``top_p`` 0) and seeded ones (``top_p`` 0.8, each with
+    its request's seed); eos 40 is in the tiny model's vocabulary, so requests end on eos at
+    different steps (staggered), on ``max_tokens`` or on a stop sequence."""
+    base = dict(max_num_seqs=8, vocab_size=128, max_model_len=96, block_size=16, enable_logprob=True)
+    mixed, later = _mixed(steps)
     zmq = (
         _req(10, 17, steps // 2, logprobs=-1, prompt_logprobs=5, top_p=0.8),
         _req(11, 25, steps // 2, logprobs=3, prompt_logprobs=-1),
@@ -116,6 +122,10 @@ def scenarios(line: str, steps: int = 24) -> list[RealScenario]:
                      DriverConfig(**base, chunk_size=8), mixed, later),
         RealScenario("ZMQ output thread (FD_USE_GET_SAVE_OUTPUT_V1): logprobs k -1/3/20/0, prompt logprobs 5/-1/0",
                      DriverConfig(**base, save_output_v1=True, chunk_size=8), zmq),
+        RealScenario("block steps: the save-ops workload (24 tokens) with 8 KV blocks of 16 tokens",
+                     DriverConfig(**base, chunk_size=8, num_gpu_blocks=8), *_mixed(24)),
+        RealScenario("preemption mid-flight (12 KV blocks, 9 requests; harness.preemption_workload)",
+                     *preemption_workload()),
         RealScenario("no logprobs: eos, max_tokens, seeded and greedy rows",
                      DriverConfig(max_num_seqs=8, vocab_size=128, max_model_len=96, block_size=16), plain),
     ]
@@ -244,6 +254,7 @@ def compare(scenario: RealScenario, configs, max_steps: int = 300, target: Targe
         detail = "; ".join(problems) if problems else (
             f"bit-identical: {len(run.result.outputs)} requests ({finished} finished: {', '.join(reasons)}), "
             f"{len(run.result.messages)} saved messages, {run.result.steps} steps"
+            + (f", {run.result.preemptions} preemptions" if run.result.preemptions else "")
             + (f"; applied: {_applied(run)}" if c.plugin else ""))
         rows.append(Row(scenario.name, c.name, not problems, detail, run.result.steps,
                         round(time.perf_counter() - started, 1)))
