@@ -94,3 +94,31 @@ def test_real_steps_says_in_one_line_when_no_fastdeploy_can_step(tmp_path):
     assert done.returncode == 2, done.stdout + done.stderr
     assert done.stdout.strip().startswith("real-steps: cannot step this FastDeploy:") and "Traceback" not in done.stdout
     assert len(done.stdout.strip().splitlines()) == 1
+
+
+def test_the_runners_output_thread_is_ended_at_the_end_of_a_run():
+    """FastDeploy's ``_async_output_busy_loop`` catches ``Exception`` and loops for ever, holding its
+    runner; ``runner.close`` (called by the driver) ends it."""
+    import queue
+    import threading
+    import types
+
+    from fd_async_copy_plugin.testing.real_steps.runner import _end_output_thread
+
+    sent = []
+    runner = types.SimpleNamespace(async_output_queue=queue.Queue())
+
+    def busy_loop():  # the shape of FastDeploy's loop
+        while True:
+            try:
+                import pickle
+
+                sent.append(pickle.dumps(runner.async_output_queue.get()))
+            except Exception:
+                pass
+
+    runner.async_output_copy_thread = threading.Thread(target=busy_loop, daemon=True)
+    runner.async_output_copy_thread.start()
+    runner.async_output_queue.put([1, 2])
+    _end_output_thread(runner)
+    assert not runner.async_output_copy_thread.is_alive() and len(sent) == 1
