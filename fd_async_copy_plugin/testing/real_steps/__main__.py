@@ -45,6 +45,7 @@ def main(argv=None) -> int:
         if not args.no_counts:
             print("real-steps: sync check counts ...", file=sys.stderr, flush=True)
             report["counts"] = check.counts()
+            report["ok"] &= not any(r.get("error") for r in report["counts"])  # the figures inform; a failed run fails
     report["seconds"] = round(time.perf_counter() - started, 1)
     if args.json:
         json.dump(report, sys.stdout, indent=2, default=str)
