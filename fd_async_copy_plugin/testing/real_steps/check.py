@@ -79,6 +79,8 @@ class RealScenario:
     config: DriverConfig
     requests: tuple
     arrivals: dict | None = None
+    #: {configuration name: why it is not run on this scenario} (its feature keeps FD's path here by design)
+    not_with: dict | None = None
 
 
 EOS = [40]
@@ -121,7 +123,9 @@ def scenarios(line: str, steps: int = 24) -> list[RealScenario]:
         RealScenario("save ops: logprobs k 0/5/20, eos, max_tokens, stop sequences, chunked prefill, arrivals",
                      DriverConfig(**base, chunk_size=8), mixed, later),
         RealScenario("ZMQ output thread (FD_USE_GET_SAVE_OUTPUT_V1): logprobs k -1/3/20/0, prompt logprobs 5/-1/0",
-                     DriverConfig(**base, save_output_v1=True, chunk_size=8), zmq),
+                     DriverConfig(**base, save_output_v1=True, chunk_size=8), zmq,
+                     not_with={name: "overlap keeps FastDeploy's schedule on the ZMQ output path (patches/overlap.py)"
+                               for name in ("all,overlap exact", "all,overlap bound")}),
         RealScenario("block steps: the save-ops workload (24 tokens) with 8 KV blocks of 16 tokens",
                      DriverConfig(**base, chunk_size=8, num_gpu_blocks=8), *_mixed(24)),
         RealScenario("preemption mid-flight (12 KV blocks, 9 requests; harness.preemption_workload)",
@@ -211,6 +215,15 @@ def _path_ran(c: Configuration, run, copies_expected: bool) -> str:
                                            for n in not_applied)
     if copies_expected and census_row(run, skip=0)["async_d2h"] <= 0:
         return "the plugin's copies did not run (0 non-blocking D2H copies)"
+    final = (run.final_status or {}).get("features", {})
+    for name in c.must_apply:  # a feature that reports its runners: one of them applied, and served
+        runners = (final.get(name) or {}).get("runners")
+        if runners is None:
+            continue
+        serving = [r for r in runners if r.get("state") == "applied"
+                   and ("served" not in r or sum((r.get("served") or {}).values()) > 0)]
+        if not serving:
+            return f"{name}: no runner applied and served at the end of the run ({runners})"
     return ""
 
 
@@ -224,6 +237,9 @@ def compare(scenario: RealScenario, configs, max_steps: int = 300, target: Targe
     rows = []
     references = {}
     for c in configs:
+        if scenario.not_with and c.name in scenario.not_with:
+            rows.append(Row(scenario.name, c.name, True, f"not run: {scenario.not_with[c.name]}"))
+            continue
         # the engine's lag models the msg-queue path (the TokenProcessor's read); ZMQ payloads carry no lag
         lag = 0 if scenario.config.save_output_v1 else c.base_engine_lag
         key = (lag, c.fd_overlap)
