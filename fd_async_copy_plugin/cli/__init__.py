@@ -37,6 +37,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="exit 0 even when a feature was not tested (skipped, e.g. custom ops not built)",
     )
     selftest.add_argument("--json", action="store_true", help="machine-readable output")
+    selftest.add_argument(
+        "--real-steps", action="store_true",
+        help="step FastDeploy's own GPUModelRunner on CPU (our ports of its ops, a tiny model): plugin off vs on, "
+        "bit for bit, and the sync check's counts (a child process)",
+    )
+    selftest.add_argument("--fd-root", metavar="TREE", default=None,
+                          help="with --real-steps: the folder holding fastdeploy/ (default: the installed FastDeploy)")
 
     bench = sub.add_parser("bench", help="side-by-side host time per decode step and sync census, plugin off vs on")
     # None: the default of the mode (--smoke or not); a size given explicitly is used as given

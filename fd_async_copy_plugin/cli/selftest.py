@@ -32,6 +32,8 @@ def _backends(requested: str) -> tuple[list[str], str]:
 
 
 def run(args) -> int:
+    if getattr(args, "real_steps", False):
+        return run_real_steps(args)
     from ..testing import harness
     from ..testing.harness import census_row, selftest_scenarios
 
@@ -187,3 +189,20 @@ def _wrapped(lines: list[str], width: int = 100) -> list[str]:
         indent = " " * (len(line) - len(line.lstrip()) + 2)
         out += textwrap.wrap(line, width, subsequent_indent=indent) if len(line) > width else [line]
     return out
+
+
+def run_real_steps(args) -> int:
+    """``--real-steps``: ``testing/real_steps`` in a child process (it rebinds FastDeploy's ops module
+    and platform for good), its report on stdout, its exit status returned."""
+    import os
+    import subprocess
+
+    if args.fd_root and not os.path.isdir(os.path.join(args.fd_root, "fastdeploy")):
+        print(f"selftest --real-steps: --fd-root {args.fd_root!r} holds no fastdeploy/ folder", file=sys.stderr)
+        return 2
+    command = [sys.executable, "-m", "fd_async_copy_plugin.testing.real_steps", "--steps", str(min(args.steps, 48))]
+    if args.fd_root:
+        command += ["--fd-root", args.fd_root]
+    if args.json:
+        command.append("--json")
+    return subprocess.call(command)

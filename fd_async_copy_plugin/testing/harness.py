@@ -149,11 +149,13 @@ class VariantRun:
 
 
 def run_variant(variant: Variant, config: DriverConfig, requests, *, backend: str = "host",
-                max_steps: int = 256, arrivals=None, track: bool = False, census: SyncCensus | None = None) -> VariantRun:
+                max_steps: int = 256, arrivals=None, track: bool = False, census: SyncCensus | None = None,
+                modules=None) -> VariantRun:
     """Run ``variant``; ``track`` adds device-value tracking (``host_wait`` census records: every
     blocking point of each step, see ``reference/device_tracking.py``; slower, tests/bench only);
     ``track="marks"``: tensors are marked, nothing recorded (the shipped sync check's GPU source
-    counts, with ``is_device=device_tracking.is_marked``); ``census``: the census to collect into (the step trace's, which also emits instant events)."""
+    counts, with ``is_device=device_tracking.is_marked``); ``census``: the census to collect into (the step trace's, which also emits instant events);
+    ``modules``: ``run_decode``'s (a real FastDeploy tree: ``real_steps.modules.FastDeployModules``)."""
     times: list[float] = []
     last = [time.perf_counter()]
 
@@ -174,7 +176,8 @@ def run_variant(variant: Variant, config: DriverConfig, requests, *, backend: st
         tracking = tracking(recording=track != "marks")
     with device_for(backend), plugin_state(variant, backend) as status, collecting(census) as census, tracking:
         last[0] = time.perf_counter()
-        result = run_decode(variant.root, config, requests, arrivals=arrivals, max_steps=max_steps, on_step=on_step)
+        result = run_decode(variant.root, config, requests, arrivals=arrivals, max_steps=max_steps, on_step=on_step,
+                            modules=modules)
         final = plugin_status() if variant.plugin else None
         runners.clear()
     return VariantRun(variant, result, census, times, status, final)

@@ -547,7 +547,10 @@ def _function_targets() -> list[tuple[object, str, object]]:
             obj = getattr(module, name, None)
             if not (inspect.isfunction(obj) or inspect.isbuiltin(obj)):
                 continue
-            if not (getattr(obj, "__module__", None) or "").startswith(_FUNCTION_MODULES):
+            if not (getattr(obj, "__module__", None) or "").startswith(_FUNCTION_MODULES) and not (
+                    module is paddle and name in CREATION):
+                # a creation op another package replaced (PaddleFormers, a FastDeploy dependency, swaps
+                # ``paddle.to_tensor`` for its own wrapper) still allocates on the device
                 continue
             targets.append((module, name, obj))
     for name in dir(paddle._C_ops):

@@ -650,7 +650,7 @@ def _plain_payload(rows) -> list:
                 "tokens": None if row.tokens is None else np.asarray(row.tokens),
                 "logprobs": _plain_logprobs(row.logprobs),
                 "prompt_logprobs": _plain_logprobs(row.prompt_logprobs),
-                "sampling_mask": None if row.sampling_mask is None else np.asarray(row.sampling_mask),
+                "sampling_mask": None if getattr(row, "sampling_mask", None) is None else np.asarray(row.sampling_mask),
             }
         )
     return out
@@ -735,16 +735,24 @@ def run_decode(
     arrivals: Optional[dict] = None,
     max_steps: int = 256,
     on_step: Optional[Callable] = None,
+    modules=None,
 ) -> DecodeResult:
-    """Run decode steps until every request finished (or ``max_steps``). See the module doc."""
-    mod = _Modules(root)
+    """Run decode steps until every request finished (or ``max_steps``). See the module doc.
+
+    ``modules``: another package's runner for the same loop (``real_steps.modules.FastDeployModules``:
+    a real FastDeploy tree), with ``config``, ``request``, ``sampling_params`` and
+    ``build_runner(config, port)``; ``root`` is then only a label."""
+    mod = modules if modules is not None else _Modules(root)
     port = next(_QUEUE_IDS)
     arrivals = {int(k): list(v) for k, v in (arrivals or {}).items()}
     arrivals.setdefault(0, [])
     arrivals[0] = list(requests) + arrivals[0]
     with _environment(config), paddle_device.routed():
-        fd_config = _fd_config(mod, config, port)
-        runner = mod.runner.GPUModelRunner(fd_config, device="gpu", device_id=0, rank=0, local_rank=0)
+        if modules is not None:
+            fd_config, runner = None, modules.build_runner(config, port)
+        else:
+            fd_config = _fd_config(mod, config, port)
+            runner = mod.runner.GPUModelRunner(fd_config, device="gpu", device_id=0, rank=0, local_rank=0)
         try:
             runner.load_model()
             sched = _Scheduler(mod, config, fd_config)
@@ -776,6 +784,8 @@ def run_decode(
                         "(FastDeploy would preempt a request: DriverConfig(preemption=True) models that)"
                     )
                 if tasks:
+                    if hasattr(mod, "to_worker"):  # another process in FastDeploy: the worker gets copies
+                        tasks = [mod.to_worker(task) for task in tasks]
                     if config.use_v1_scheduler:
                         runner.insert_tasks_v1(tasks, real_bsz)
                     else:

@@ -1,0 +1,283 @@
+#!/usr/bin/env python3
+"""The plugin's own host time per decode step on FastDeploy's own code, beside FastDeploy's own
+Python time per step, in the same run (issue 38).
+
+FastDeploy's ``GPUModelRunner`` steps on CPU Paddle (``fd_async_copy_plugin/testing/real_steps``:
+our ports of its compiled ops, the tiny model). Per configuration (unpatched, default features,
+``all,overlap`` on 2.4), with and without logprobs, at each batch size:
+
+- **plain**: wall time per loop iteration (the driver's step: schedule, insert, ``execute_model``,
+  outputs) from the second iteration to the end of the run (the runner's construction, the plugin's
+  enabling and the first, prefill step excluded; the garbage collector off in the window, in both
+  kinds of run: a collection's pause would land in whichever frame runs), nothing instrumented; configurations alternate
+  over ``--rounds``, median of rounds.
+- **attributed** (a separate run, the same window under ``cProfile``): each function's own time goes to its owner
+  by file - ``plugin`` (``fd_async_copy_plugin/`` outside ``testing/``), ``fastdeploy`` (the
+  tree's ``fastdeploy/``), ``stand-ins`` (``fd_async_copy_plugin/testing/``: our op ports, the
+  tiny model, the driver - what a GPU or the engine does in a server); a function of anyone else
+  (Paddle's Python, numpy, builtins, the standard library) is charged to its callers in proportion
+  to the time each caller spent in it, up the call graph: so "plugin" is time in plugin-owned
+  frames with the Paddle calls they make, and "fastdeploy" FastDeploy's own Python with its Paddle
+  calls (the stand-ins' own time excluded). Plugin code is the plugin's where FastDeploy (or the
+  plugin) calls it, the stand-ins' where a stand-in does: the replica's op ports, FastDeploy 2.5's
+  pinned copies and events (``real_steps/pinned.py``, ``reference/paddle_device.py``) and the sync
+  census go through the plugin's copy backend and census modules, which on a GPU would be
+  FastDeploy's own CUDA calls or nothing at all. Per executed step; the ratio plugin / fastdeploy of the
+  same run is the figure (the profiler's per-call overhead inflates both; the plain figures are
+  exact). Under each plugin row, where its time goes: its largest functions (``--top``).
+
+    python benchmarks/real_steps_host_time.py --fd-root /path/to/FastDeploy [--batches 8,128]
+        [--steps 32] [--rounds 3] [--vocab 1024] [--top 6] [--json FILE]
+    python benchmarks/real_steps_host_time.py --replica fd24     # the replica (CI smoke)
+
+The result is a measurement (RESULT: MEASURED), not a pass/fail check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import cProfile
+import gc
+import json
+import os
+import pstats
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def owner_of(filename: str, fd_dir: str | None, plugin_dir: str, testing_dir: str) -> str | None:
+    if filename.startswith(testing_dir):
+        return "stand-ins"
+    if filename.startswith(plugin_dir):
+        return "plugin"
+    if fd_dir and filename.startswith(fd_dir):
+        return "fastdeploy"
+    return None
+
+
+def attribute(stats: pstats.Stats, fd_dir, plugin_dir, testing_dir) -> dict:
+    """Own time per owner; unowned functions' own time charged to callers by their time in it."""
+    raw = stats.stats  # func -> (cc, nc, tt, ct, callers{func: (cc, nc, tt, ct)})
+    owners = {f: owner_of(os.path.abspath(f[0]), fd_dir, plugin_dir, testing_dir) if f[0] != "~" else None for f in raw}
+    memo: dict = {}
+
+    def shares(f, seen=()):
+        owner = owners.get(f)
+        if owner in ("fastdeploy", "stand-ins"):
+            return {owner: 1.0}
+        if f in memo:
+            return memo[f]
+        if f in seen:
+            return {}
+        callers = raw.get(f, (0, 0, 0, 0, {}))[4]
+        by_ct = sum(v[3] for v in callers.values())
+        total = by_ct or sum(v[2] for v in callers.values())
+        if owner == "plugin" and total <= 0:
+            return {"plugin": 1.0}
+        out: dict = {}
+        if total > 0:
+            for caller, v in callers.items():
+                weight = (v[3] if by_ct else v[2]) / total
+                for who, share in shares(caller, seen + (f,)).items():
+                    if owner == "plugin" and who == "fastdeploy":
+                        who = "plugin"  # FastDeploy calling into the plugin (a junction, a patched name)
+                    out[who] = out.get(who, 0.0) + weight * share
+        memo[f] = out
+        return out
+
+    totals: dict = {"plugin": 0.0, "fastdeploy": 0.0, "stand-ins": 0.0, "unattributed": 0.0}
+    where: dict = {}
+    for f, (cc, nc, tt, ct, callers) in raw.items():
+        s = shares(f)
+        charged = 0.0
+        for owner, share in s.items():
+            totals[owner] += tt * share
+            charged += share
+        totals["unattributed"] += tt * max(0.0, 1.0 - charged)
+        if s.get("plugin"):
+            where[f] = tt * s["plugin"]
+    totals["_plugin_functions"] = where
+    return totals
+
+
+def top_plugin_functions(where: dict, plugin_dir: str, steps: int, n: int) -> list[str]:
+    """The plugin's time by function (own time, and unowned callees' share) per step, largest first."""
+    rows = sorted(where.items(), key=lambda kv: -kv[1])[:n]
+    out = []
+    for (filename, line, name), seconds in rows:
+        shown = os.path.relpath(filename, os.path.dirname(plugin_dir.rstrip(os.sep))) if filename.startswith(
+            plugin_dir) else (os.path.basename(filename) if filename != "~" else "")
+        out.append(f"{seconds / steps * 1e6:8.1f} us  {shown}:{line} {name}")
+    return out
+
+
+def workload(batch: int, steps: int, vocab: int, logprobs: bool):
+    from fd_async_copy_plugin.testing.reference.driver import DriverConfig, Request
+
+    config = DriverConfig(max_num_seqs=batch, vocab_size=vocab, max_model_len=steps + 16, block_size=16,
+                          enable_logprob=logprobs)
+    requests = [Request(f"b{i}", [(7 * i + j) % (vocab - 3) + 3 for j in range(8)], max_tokens=steps,
+                        eos_token_ids=[vocab + 1], logprobs=5 if logprobs else None) for i in range(batch)]
+    return config, requests
+
+
+def configurations(line: str):
+    from fd_async_copy_plugin.testing.harness import OVERLAP_FEATURES
+    from fd_async_copy_plugin.testing.real_steps.check import Configuration
+
+    out = [Configuration("unpatched", False), Configuration("default", True, None)]
+    if line == "fd24":
+        out.append(Configuration("all,overlap", True, OVERLAP_FEATURES, (("FD_ASYNC_COPY_OVERLAP_COUNT", "exact"),)))
+    return out
+
+
+class StepWindow:
+    """Starts at the driver's second ``census.begin_step()`` (the first step prefills) and ends when
+    the run returns: the steady loop only, without building the runner or enabling the plugin."""
+
+    def __init__(self, profiler) -> None:
+        self.profiler = profiler
+        self.begins = 0
+        self.started = None
+
+    @contextlib.contextmanager
+    def installed(self):
+        from fd_async_copy_plugin.runtime import census
+
+        original = census.begin_step
+
+        def begin_step(*args, **kwargs):
+            self.begins += 1
+            if self.begins == 2:
+                self.started = time.perf_counter()
+                if self.profiler is not None:
+                    self.profiler.enable()
+            return original(*args, **kwargs)
+
+        census.begin_step = begin_step
+        gc.collect()
+        gc.disable()  # a collection's pause lands in whichever frame runs: noise in every column
+        try:
+            yield self
+        finally:
+            if self.profiler is not None:
+                self.profiler.disable()
+            self.ended = time.perf_counter()
+            census.begin_step = original
+            gc.enable()
+
+    @property
+    def steps(self) -> int:
+        return max(1, self.begins - 1)
+
+    @property
+    def seconds(self) -> float:
+        return (self.ended - self.started) if self.started is not None else 0.0
+
+
+def one_run(target, c, config, requests, profile: bool):
+    """One run as a server runs: the plugin enabled (or not) on the ``host`` backend, no sync census
+    collecting and no device tracking (``harness.run_variant`` collects a census: test cost)."""
+    from fd_async_copy_plugin.testing.harness import device_for, plugin_state
+    from fd_async_copy_plugin.testing.real_steps.check import _variant
+    from fd_async_copy_plugin.testing.reference.driver import run_decode
+
+    window = StepWindow(cProfile.Profile() if profile else None)
+    variant = _variant(c, target.root)
+    with contextlib.redirect_stdout(sys.stderr), device_for("host"), plugin_state(variant, "host"), window.installed():
+        result = run_decode(variant.root, config, requests, max_steps=4 * len(requests) + 200, modules=target.modules())
+    return result, window
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--fd-root", help="folder holding fastdeploy/")
+    where.add_argument("--replica", choices=("fd24", "fd25"), help="the replica instead (smoke)")
+    parser.add_argument("--batches", default="8,128")
+    parser.add_argument("--steps", type=int, default=32, help="tokens per request (default 32)")
+    parser.add_argument("--vocab", type=int, default=1024)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--top", type=int, default=6, help="the plugin's largest functions per row (default 6; 0: none)")
+    parser.add_argument("--json", metavar="FILE")
+    args = parser.parse_args(argv)
+
+    from fd_async_copy_plugin.testing.real_steps import check
+
+    if args.fd_root:
+        with contextlib.redirect_stdout(sys.stderr):
+            from fd_async_copy_plugin.testing.real_steps.environment import prepare
+
+            prepared = prepare(args.fd_root)
+        target = check.real_target()
+        fd_dir = os.path.dirname(prepared.fastdeploy_file) + os.sep
+    else:
+        from fd_async_copy_plugin.testing.reference import ROOTS
+
+        target = check.Target(ROOTS[args.replica], args.replica, real=False)
+        fd_dir = None
+    import fd_async_copy_plugin
+
+    plugin_dir = os.path.dirname(os.path.abspath(fd_async_copy_plugin.__file__)) + os.sep
+    testing_dir = os.path.join(plugin_dir, "testing") + os.sep
+    if fd_dir is None:  # the replica stands for FastDeploy: its files are "fastdeploy", not stand-ins
+        fd_dir = os.path.join(testing_dir, "reference", target.line) + os.sep
+        testing_dir_for = testing_dir
+
+        def owner(filename, *_):
+            if filename.startswith(fd_dir):
+                return "fastdeploy"
+            if filename.startswith(testing_dir_for):
+                return "stand-ins"
+            return "plugin" if filename.startswith(plugin_dir) else None
+
+        globals()["owner_of"] = owner
+    results = []
+    print(f"real-steps host time: {'FastDeploy ' + target.line + ' at ' + fd_dir if args.fd_root else 'replica ' + target.line}; "
+          f"backend host, {args.steps} tokens per request, vocab {args.vocab}, logprobs k=5 where on")
+    for batch in [int(b) for b in args.batches.split(",")]:
+        for logprobs in (False, True):
+            config, requests = workload(batch, args.steps, args.vocab, logprobs)
+            configs = configurations(target.line)
+            plain: dict = {c.name: [] for c in configs}
+            for _ in range(args.rounds):
+                for c in configs:
+                    run, window = one_run(target, c, config, requests, profile=False)
+                    plain[c.name].append(window.seconds / window.steps)
+            for c in configs:
+                run, window = one_run(target, c, config, requests, profile=True)
+                steps = window.steps
+                totals = attribute(pstats.Stats(window.profiler), fd_dir, plugin_dir, testing_dir)
+                where = totals.pop("_plugin_functions")
+                per_step = {k: v / steps * 1e6 for k, v in totals.items()}
+                row = {
+                    "batch": batch, "logprobs": logprobs, "configuration": c.name,
+                    "plain_us_per_step": statistics.median(plain[c.name]) * 1e6,
+                    "profiled_us_per_step": {k: round(v, 1) for k, v in per_step.items()},
+                    "plugin_over_fastdeploy": per_step["plugin"] / per_step["fastdeploy"] if per_step["fastdeploy"] else None,
+                    "steps": steps,
+                }
+                results.append(row)
+                ratio = row["plugin_over_fastdeploy"]
+                print(f"  B={batch:<4d} {'logprobs' if logprobs else 'no logprobs':11s} {c.name:12s} "
+                      f"plain {row['plain_us_per_step']:9.0f} us/step | profiled per step: plugin "
+                      f"{per_step['plugin']:8.0f} us, fastdeploy {per_step['fastdeploy']:8.0f} us, stand-ins "
+                      f"{per_step['stand-ins']:8.0f} us, other {per_step['unattributed']:6.0f} us | plugin/fastdeploy "
+                      f"{'-' if ratio is None else f'{100 * ratio:.1f}%'}")
+                if c.plugin and args.top:
+                    row["plugin_top"] = top_plugin_functions(where, plugin_dir, steps, args.top)
+                    for line in row["plugin_top"]:
+                        print(f"      {line}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+    print("RESULT: MEASURED")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,68 @@
+"""``benchmarks/real_steps_host_time.py`` on the replica (CI has no FastDeploy tree): it runs, prints
+one row per batch, logprobs setting and configuration, and attributes the plugin's frames."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+
+pytestmark = pytest.mark.usefixtures("plugin_off")
+
+PATH = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "real_steps_host_time.py")
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("real_steps_host_time", PATH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_smoke_on_the_replica(capsys):
+    bench = _bench()
+    assert bench.main(["--replica", "fd24", "--batches", "2", "--steps", "3", "--rounds", "1"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    rows = [line for line in out if line.strip().startswith("B=2")]
+    assert len(rows) == 6 and out[-1] == "RESULT: MEASURED"
+    unpatched = [r for r in rows if " unpatched " in r]
+    default = [r for r in rows if " default " in r]
+    # nothing of the plugin runs unpatched; with it, its frames are charged to it
+    assert all("plugin/fastdeploy" in r for r in rows)
+    assert float(default[0].split("plugin")[1].split("us")[0]) > float(unpatched[0].split("plugin")[1].split("us")[0])
+
+
+def test_unowned_time_goes_to_callers_by_their_time_in_it():
+    bench = _bench()
+
+    class Fake:
+        stats = {
+            ("/p/plugin/a.py", 1, "a"): (1, 1, 1.0, 4.0, {}),
+            ("/p/fd/b.py", 1, "b"): (1, 1, 2.0, 4.0, {}),
+            ("/lib/x.py", 1, "x"): (2, 2, 3.0, 3.0, {("/p/plugin/a.py", 1, "a"): (1, 1, 1.0, 1.0),
+                                                     ("/p/fd/b.py", 1, "b"): (1, 1, 2.0, 2.0)}),
+        }
+
+    totals = bench.attribute(Fake(), "/p/fd/", "/p/plugin/", "/p/plugin/testing/")
+    assert totals["plugin"] == pytest.approx(1.0 + 3.0 / 3) and totals["fastdeploy"] == pytest.approx(2.0 + 2 * 3.0 / 3)
+
+
+def test_plugin_code_a_stand_in_calls_is_the_stand_ins():
+    """The replica's ops and FD 2.5's routed copies call the plugin's copy backend: that is the
+    stand-ins' cost; a junction FastDeploy calls is the plugin's."""
+    bench = _bench()
+
+    class Fake:
+        stats = {
+            ("/p/plugin/testing/op.py", 1, "op"): (1, 1, 1.0, 3.0, {}),
+            ("/p/fd/run.py", 1, "run"): (1, 1, 1.0, 5.0, {}),
+            ("/p/plugin/runtime/backend.py", 1, "copy"): (2, 2, 2.0, 2.0, {
+                ("/p/plugin/testing/op.py", 1, "op"): (1, 1, 1.0, 1.0),
+                ("/p/plugin/patches/junction.py", 1, "link"): (1, 1, 1.0, 1.0)}),
+            ("/p/plugin/patches/junction.py", 1, "link"): (1, 1, 1.0, 2.0, {("/p/fd/run.py", 1, "run"): (1, 1, 1.0, 2.0)}),
+        }
+
+    totals = bench.attribute(Fake(), "/p/fd/", "/p/plugin/", "/p/plugin/testing/")
+    assert totals["plugin"] == pytest.approx(1.0 + 1.0) and totals["stand-ins"] == pytest.approx(1.0 + 1.0)
+    assert totals["fastdeploy"] == pytest.approx(1.0)
