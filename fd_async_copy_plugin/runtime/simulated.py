@@ -26,8 +26,9 @@ changed (a test moves FastDeploy to the next stream at every step: FD 2.5 change
 guard). ``stream_wait_event`` is ``cudaStreamWaitEvent`` (the device orders; nothing lands), what
 ``paddle.device.current_stream().wait_event`` reaches in the replica. FastDeploy's own copies in the
 replica go through ``framework_copy_d2h``: as Paddle's ``copy_``, with no host wait ordering them
-after a copy on another stream - two such copies into one buffer are reported, not hidden. ``run_ahead(seed)``: from now on a random prefix of each stream's pending copies
-lands at each runtime call (``run_ahead(None)`` stops it).
+after a copy on another stream - two such copies into one buffer are reported, not hidden.
+``run_ahead(seed)``: from now on a random prefix of each stream's pending copies lands at each
+runtime call (``run_ahead(None)`` stops it).
 """
 
 from __future__ import annotations
