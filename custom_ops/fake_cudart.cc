@@ -21,9 +21,12 @@
  * - 9003: cudaFreeHost of an allocation a pending copy still writes (a free with a copy in flight);
  * - 9004: fake_report_reuse: a copy set about to overwrite a destination its reader still holds
  *   (reference counts are Python's: the ring reports it here, so every race lands in one place).
- * Current stream: fake_current_stream() answers kStreamA; with fake_stream_switch set it alternates
- * between kStreamA and kStreamB from one call to the next (FD 2.5 may change streams under a
- * stream guard; a test of ordering across streams sets it).
+ * cudaStreamWaitEvent orders, as on a device: the stream's later copies and records run after the
+ * event's work (transitively), so a copy it orders is no 9002, a wait covering the later work lands
+ * the earlier first, and nothing lands when it is called.
+ * Current stream: fake_current_stream() answers kStreamA, or stream number fake_stream_index (a
+ * test moves it between steps: FD 2.5 may change streams under a stream guard); with
+ * fake_stream_switch set it alternates between kStreamA and kStreamB from one call to the next.
  * fake_immediate set: every copy lands when issued and nothing is checked (a runtime whose calls cost
  * nothing, for benchmarks/host_cost_local.py).
  * Every copy, record and batch call is logged (fake_log) and a call can be made to fail
@@ -42,8 +45,11 @@
 namespace {
 struct Alloc { uintptr_t ptr; size_t nbytes; int itemsize; char kind; };
 struct Pending { uintptr_t dst; size_t nbytes; uintptr_t stream; uint64_t seq; std::vector<unsigned char> data; };
-struct Stream { uintptr_t handle; uint64_t issued; };
+/* A cudaStreamWaitEvent: the stream's work after position `at` runs after `other`'s up to `upto`. */
+struct Wait { uint64_t at; uintptr_t other; uint64_t upto; };
+struct Stream { uintptr_t handle; uint64_t issued; std::vector<Wait> waits; };
 struct Event { uintptr_t stream; uint64_t seq; bool recorded; };
+typedef std::unordered_map<uintptr_t, uint64_t> Reach;  /* stream -> its work up to this position */
 std::recursive_mutex mu;
 std::vector<Alloc> allocs;
 std::vector<Pending> pending;  // in issue order
@@ -68,6 +74,8 @@ int fake_copies = 0;
 int fake_errors = 0;       /* races reported so far (9001-9004) */
 int fake_allocations = 0, fake_frees = 0;
 int fake_stream_switch = 0;
+int fake_stream_index = 0;  /* the current stream when fake_stream_switch is 0: kStreamA + 0x100 * index */
+int fake_stream_waits = 0;  /* cudaStreamWaitEvent calls that ordered something */
 int fake_random_landing = 0;
 int fake_immediate = 0;  /* 1: a D2H copy lands when issued (no checks; benchmarks/host_cost_local.py) */
 char fake_error_text[1024] = "";
@@ -93,20 +101,49 @@ static bool overlaps(const Pending& p, uintptr_t ptr, size_t nbytes) {
 static Stream& stream_of(uintptr_t handle) {
   for (auto& s : streams)
     if (s.handle == handle) return s;
-  streams.push_back({handle, 0});
+  streams.push_back({handle, 0, {}});
   return streams.back();
 }
 
-/* Lands, in issue order, the pending copies of `stream` (all streams: any_stream) up to `upto`. */
+/* `stream`'s work up to `upto` and, through the cudaStreamWaitEvent calls it is ordered after
+ * (transitively), the other streams' work it runs after. */
+static Reach reach(uintptr_t stream, uint64_t upto) {
+  Reach r{{stream, upto}};
+  for (bool grew = true; grew;) {
+    grew = false;
+    for (auto& s : streams) {
+      auto it = r.find(s.handle);
+      if (it == r.end()) continue;
+      for (auto& w : s.waits) {
+        if (w.at > it->second) continue;
+        uint64_t& have = r[w.other];
+        if (w.upto > have) { have = w.upto; grew = true; }
+        it = r.find(s.handle);  /* (r may have rehashed) */
+      }
+    }
+  }
+  return r;
+}
+
+static bool within(const Reach& r, const Pending& p) {
+  auto it = r.find(p.stream);
+  return it != r.end() && p.seq <= it->second;
+}
+
+/* Lands, in issue order, the pending copies of `stream` (all streams: any_stream) up to `upto`,
+ * and first those of other streams that work runs after (cudaStreamWaitEvent). */
 static void land(uintptr_t stream, uint64_t upto, bool any_stream) {
+  Reach r = any_stream ? Reach{} : reach(stream, upto);
   std::vector<Pending> left;
   for (auto& p : pending) {
-    if ((any_stream || p.stream == stream) && p.seq <= upto)
+    if (any_stream || within(r, p))
       std::memcpy(reinterpret_cast<void*>(p.dst), p.data.data(), p.nbytes);
     else
       left.push_back(std::move(p));
   }
   pending.swap(left);
+  if (pending.empty())
+    for (auto& s : streams) s.waits.clear();  /* nothing left to order */
 }
 
 static void maybe_run_ahead() {
@@ -157,8 +194,9 @@ static int issue_d2h(void* dst, const void* src, size_t nbytes, void* stream) {
   std::lock_guard<std::recursive_mutex> lock(mu);
   maybe_run_ahead();
   uintptr_t d = reinterpret_cast<uintptr_t>(dst), s = reinterpret_cast<uintptr_t>(stream);
+  Reach before = reach(s, UINT64_MAX);  /* what this copy runs after */
   for (auto& p : pending)
-    if (p.stream != s && overlaps(p, d, nbytes))
+    if (p.stream != s && overlaps(p, d, nbytes) && !within(before, p))
       return report(kUnordered, "a copy into bytes a pending copy on another stream still writes, with no wait "
                     "between them (which one lands last is up to the device)", d, nbytes, s);
   Pending p{d, nbytes, s, ++stream_of(s).issued, {}};
@@ -225,8 +263,10 @@ int cudaEventQuery(void* event) {
   std::lock_guard<std::recursive_mutex> lock(mu);
   maybe_run_ahead();
   Event* e = event_of(event);
+  if (!e->recorded) return 0;
+  Reach r = reach(e->stream, e->seq);
   for (auto& p : pending)
-    if (e->recorded && p.stream == e->stream && p.seq <= e->seq) return 600;
+    if (within(r, p)) return 600;
   return 0;
 }
 int cudaEventSynchronize(void* event) {
@@ -236,6 +276,17 @@ int cudaEventSynchronize(void* event) {
   return 0;
 }
 int cudaEventDestroy(void* event) { return 0; }
+/* The stream's later work (copies, records) runs after the event's: no host wait, nothing lands. */
+int cudaStreamWaitEvent(void* stream, void* event, unsigned flags) {
+  std::lock_guard<std::recursive_mutex> lock(mu);
+  maybe_run_ahead();
+  Event* e = event_of(event);
+  if (!e->recorded) return 0;
+  Stream& s = stream_of(reinterpret_cast<uintptr_t>(stream));
+  s.waits.push_back({++s.issued, e->stream, e->seq});
+  ++fake_stream_waits;
+  return 0;
+}
 int cudaStreamSynchronize(void* stream) {
   std::lock_guard<std::recursive_mutex> lock(mu);
   land(reinterpret_cast<uintptr_t>(stream), UINT64_MAX, false);
@@ -297,7 +348,8 @@ void fake_seed(unsigned long long seed) { std::lock_guard<std::recursive_mutex> 
 void* fake_current_stream(void) {
   static int calls = 0;
   std::lock_guard<std::recursive_mutex> lock(mu);
-  return reinterpret_cast<void*>(fake_stream_switch && (calls++ & 1) ? kStreamB : kStreamA);
+  if (fake_stream_switch) return reinterpret_cast<void*>((calls++ & 1) ? kStreamB : kStreamA);
+  return reinterpret_cast<void*>(kStreamA + 0x100 * static_cast<uintptr_t>(fake_stream_index));
 }
 
 #ifdef FAKE_BATCH_ABI

@@ -21,9 +21,14 @@ is otherwise synchronous, so an ordering bug could never show; the fake makes it
 
 Every race the fake saw is counted (``errors()``), also where a caller swallowed the exception (the
 free path logs and goes on). ``switch_streams(True)``: the current stream alternates between two
-streams from one call to the next (FD 2.5 changes it under a stream guard) - for tests of ordering
-across streams. ``run_ahead(seed)``: from now on a random prefix of each stream's pending copies
-lands at each runtime call (``run_ahead(None)`` stops it).
+streams from one call to the next; ``use_stream(i)``: the current stream is stream ``i`` until
+changed (a test moves FastDeploy to the next stream at every step: FD 2.5 changes it under a stream
+guard). ``stream_wait_event`` is ``cudaStreamWaitEvent`` (the device orders; nothing lands), what
+``paddle.device.current_stream().wait_event`` reaches in the replica. FastDeploy's own copies in the
+replica go through ``framework_copy_d2h``: as Paddle's ``copy_``, with no host wait ordering them
+after a copy on another stream - two such copies into one buffer are reported, not hidden.
+``run_ahead(seed)``: from now on a random prefix of each stream's pending copies lands at each
+runtime call (``run_ahead(None)`` stops it).
 """
 
 from __future__ import annotations
@@ -82,7 +87,8 @@ class FakeRuntime(CudaRuntime):
         for name, args, res in (("fake_check_read", [P, S], ctypes.c_int), ("fake_pending", [P, S], ctypes.c_int),
                                 ("fake_report_reuse", [P, S], ctypes.c_int), ("fake_current_stream", [], P),
                                 ("fake_set_kind", [P, ctypes.c_int, ctypes.c_char], None),
-                                ("fake_seed", [ctypes.c_ulonglong], None)):
+                                ("fake_seed", [ctypes.c_ulonglong], None),
+                                ("cudaStreamWaitEvent", [P, P, ctypes.c_uint], ctypes.c_int)):
             fn = getattr(lib, name)
             fn.argtypes, fn.restype = args, res
         self.use_batch(lib)  # the production C call, with its cudaMemcpyBatchAsync branch
@@ -132,6 +138,21 @@ class FakeRuntime(CudaRuntime):
     def switch_streams(self, on: bool) -> None:
         self._var("fake_stream_switch").value = int(on)
 
+    def use_stream(self, index: int) -> None:
+        """The current stream is stream number ``index`` from now on (0: the default one)."""
+        self._var("fake_stream_index").value = index
+
+    @property
+    def stream_waits(self) -> int:
+        """``cudaStreamWaitEvent`` calls that ordered something, since this process loaded the fake."""
+        return self._var("fake_stream_waits").value
+
+    def stream_wait_event(self, stream: int, event: int) -> None:
+        """``stream``'s later work runs after ``event``'s (on the device; no host wait)."""
+        code = self.lib.cudaStreamWaitEvent(stream, event, 0)
+        if code:
+            self._fail("cudaStreamWaitEvent", code)
+
     def run_ahead(self, seed: int | None) -> None:
         if seed is not None:
             self.lib.fake_seed(seed)
@@ -156,6 +177,10 @@ class SimulatedBackend(HostBackend):
     def __init__(self, glue=None) -> None:
         super().__init__(glue=glue, rt=fake_runtime())
         self._labels: dict[int, str] = {}
+        self._framework = threading.local()  # .on: a framework's own copy is being issued
+        #: None: a race between the framework's own copies raises; a list: it is noted here (the
+        #: copy's label) and the copy ordered after the other (a host wait), so the run goes on
+        self.framework_races: list | None = None
 
     def new_pinned(self, shape, dtype, label):
         t = super().new_pinned(shape, dtype, label)
@@ -170,6 +195,38 @@ class SimulatedBackend(HostBackend):
 
     def switch_streams(self, on: bool) -> None:
         self.rt.switch_streams(on)
+
+    def use_stream(self, index: int) -> None:
+        """FastDeploy's current stream is stream number ``index`` from now on (0: the default)."""
+        self.rt.use_stream(index)
+
+    def stream_wait_event(self, event) -> None:
+        """``paddle.device.current_stream().wait_event(event)``: the current stream's later work runs
+        after ``event``'s copies, on the device (``cudaStreamWaitEvent``; nothing lands now)."""
+        with self._lock:
+            stream = self._stream(None)
+            for handle in event.native:
+                self.rt.stream_wait_event(stream, handle)
+
+    def framework_copy_d2h(self, dst, src, label: str):
+        """FastDeploy's own ``dst.copy_(src, False)`` (Paddle's copy, not the plugin's): issued on the
+        current stream with no ordering after an unwaited copy into ``dst`` on another stream - the
+        fake runtime reports such a pair (9002), naming the buffer here."""
+        self._framework.on = True
+        try:
+            return self.copy_d2h(dst, src, label)
+        except BufferInUseError as exc:
+            if self.framework_races is None:
+                raise BufferInUseError(f"FastDeploy's copy {label!r} into pinned buffer {self.label_of(dst)!r}: "
+                                       f"{exc}") from None
+            self.framework_races.append(label)
+        finally:
+            self._framework.on = False
+        return self.copy_d2h(dst, src, label)  # noted; now ordered as the plugin's own copies are
+
+    def _order_after(self, earlier, name: str) -> None:
+        if not getattr(self._framework, "on", False):  # Paddle's copy_ does not wait on the host
+            super()._order_after(earlier, name)
 
     def reused_while_referenced(self, message, buffers):
         for buf in buffers.values():

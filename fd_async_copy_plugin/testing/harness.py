@@ -112,6 +112,55 @@ def device_for(backend: str):
 
 
 @contextlib.contextmanager
+def stream_per_step(root: str, streams: int, tolerant: bool = False):
+    """Inside: every ``execute_model`` of ``root``'s runner moves FastDeploy's current stream on
+    backend ``sim`` to the next of ``streams`` streams (the fake CUDA runtime's ``use_stream``; FD 2.5
+    may change it under a stream guard); stream 0 again afterwards. Yields ``.rt``, the fake runtime,
+    ``.backends``, the ``sim`` backends the runner ran on, in order, and ``.steps``, the steps run on
+    each. ``tolerant``: a race between FastDeploy's own copies is noted, not raised: in the backend's
+    ``framework_races`` (labels) and in ``.races``, one list of ``(step, label)`` per backend."""
+    import importlib
+    import types
+
+    from ..runtime.simulated import fake_runtime
+
+    rt = fake_runtime()
+    cls = importlib.import_module(f"{root}.worker.gpu_model_runner").GPUModelRunner
+    had, execute = "execute_model" in vars(cls), cls.execute_model
+    steps, seen = [0], types.SimpleNamespace(rt=rt, backends=[], steps=[], races=[])
+
+    def execute_model(self, *args, **kwargs):
+        backend = replica_backend.current()
+        if getattr(backend, "rt", None) is not rt:
+            return execute(self, *args, **kwargs)
+        if not any(b is backend for b in seen.backends):
+            seen.backends.append(backend)
+            seen.steps.append(0)
+            seen.races.append([])
+            if tolerant:
+                backend.framework_races = []
+        i = next(i for i, b in enumerate(seen.backends) if b is backend)
+        seen.steps[i] += 1
+        steps[0] += 1
+        rt.use_stream(steps[0] % streams)
+        noted = len(backend.framework_races or ())
+        try:
+            return execute(self, *args, **kwargs)
+        finally:
+            seen.races[i] += [(seen.steps[i], label) for label in (backend.framework_races or ())[noted:]]
+
+    cls.execute_model = execute_model
+    try:
+        yield seen
+    finally:
+        rt.use_stream(0)
+        if had:
+            cls.execute_model = execute
+        else:
+            del cls.execute_model
+
+
+@contextlib.contextmanager
 def plugin_state(variant: Variant, backend: str):
     """Enable the plugin for ``variant`` (or make sure it is off); always disabled afterwards."""
     disable()

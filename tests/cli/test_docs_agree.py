@@ -49,7 +49,7 @@ def test_every_relative_link_of_readme_and_docs_resolves():
 
 def test_the_features_page_gives_selftest_backend_as_the_cli_takes_it():
     choices = next(a for a in _subparser("selftest")._actions if "--backend" in a.option_strings).choices
-    usage = re.search(r"`fd-async-copy selftest \[--backend ([^\]]+)\]", (REPO / "docs" / "features.md").read_text())
+    usage = re.search(r"`fd-async-copy selftest (?:\[--[^\]]*\] )*\[--backend ([^\]]+)\]", (REPO / "docs" / "features.md").read_text())
     assert usage, "docs/features.md: no selftest usage with --backend"
     assert usage.group(1).replace("\\|", "|").split("|") == list(choices)
 

@@ -70,9 +70,11 @@ FIGURES = [
     ("docs/gpu-acceptance.md", "`exact` modelled", STEP_MODEL, _target("hostheavy", "exact"), "{}x"),
     # the host cost of the copies (few on purpose: new H200 runs replace these files)
     ("docs/verification.md", "GPU busy, producer:", "cuda_layer_check.txt",
-     r"GPU busy \(~2\.0 ms(?:.*\n)*?    plugin: ring \+ event +(\d+\.\d) us", "{} us"),
+     r"^## run \d+, one copy path(?:.*\n)*?  GPU busy \(~2\.0 ms(?:.*\n)*?    plugin: ring \+ event +(\d+\.\d) us",
+     "{} us"),
     ("docs/verification.md", "GPU busy, producer:", "cuda_layer_check.txt",
-     r"GPU busy \(~2\.0 ms(?:.*\n)*?    FD 2\.4: blocking copies +(\d+\.\d) us", "{} us"),
+     r"^## run \d+, one copy path(?:.*\n)*?  GPU busy \(~2\.0 ms(?:.*\n)*?    FD 2\.4: blocking copies +(\d+\.\d) us",
+     "{} us"),
     ("docs/verification.md", "CPU bench ratio:", "bench-cpu.txt", r"^ratio plugin/unpatched \(median\): (\d\.\d+)", "{}"),
 ]
 

@@ -8,13 +8,13 @@ between steps two copies into one buffer are in flight at once, the older can la
 FastDeploy sizes a step from a stale count. The fix: before FastDeploy's next copies, the current
 stream waits (on the device) for the last step's skipped event.
 
-The test backend is the simulator with several streams (``testing/many_streams.py``): a copy goes
-on the current stream, each stream's copies land in issue order, and the streams in the worst
-order nothing forbids: the stream with the newest copy first (an older copy of another stream into
-the same buffer lands last). ``stream_wait_event`` (what the plugin's order asks for) lands the
-event's stream's copies before the current stream issues more. The fake CUDA
-runtime of the copy-path work, with its stream-changing mode, is to run this same scenario once it
-lands (``tests/runtime/``).
+The backend is ``sim`` - the production copy path over the fake CUDA runtime - with FastDeploy's
+current stream moved to the next stream at every step (``harness.stream_per_step``: the fake's
+``use_stream``). FastDeploy's own copies there are Paddle's ``copy_`` (no host wait orders them), so
+two copies into one pinned buffer on two streams with nothing ordering them are reported by the fake
+runtime when the second is issued (9002, ``BufferInUseError``), whichever would have landed last.
+The plugin's order reaches the fake's ``cudaStreamWaitEvent`` (``paddle.device.current_stream()
+.wait_event`` in the replica), which orders on the device: nothing lands when it is called.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ import contextlib
 import pytest
 
 from fd_async_copy_plugin.patches import step_syncs
-from fd_async_copy_plugin.testing.harness import Variant, run_variant
-from fd_async_copy_plugin.testing.many_streams import streams_per_step
+from fd_async_copy_plugin.runtime import BufferInUseError
+from fd_async_copy_plugin.testing.harness import Variant, run_variant, stream_per_step
 from fd_async_copy_plugin.testing.reference import ROOTS
 from fd_async_copy_plugin.testing.reference.driver import DriverConfig, Request
 
@@ -37,10 +37,10 @@ RUNNER = "worker.gpu_model_runner"
 
 @pytest.fixture
 def many_streams():
-    """``many_streams(n)``: backend ``sim`` is ``ManyStreams`` with FD 2.5's runner changing stream
-    at every step; returns the list of backends made."""
+    """``many_streams(n)``: FD 2.5's runner moves to the next of ``n`` streams at every step on
+    backend ``sim``; returns the fake CUDA runtime."""
     with contextlib.ExitStack() as stack:
-        yield lambda streams: stack.enter_context(streams_per_step(FD25, streams))
+        yield lambda streams: stack.enter_context(stream_per_step(FD25, streams)).rt
 
 
 def workload():
@@ -80,33 +80,38 @@ def prepare_reads_fall_back(monkeypatch):
 @pytest.mark.parametrize("streams", [1, 2, 3])
 def test_the_token_count_stays_exact_when_the_stream_changes_between_steps(monkeypatch, many_streams, streams,
                                                                            fallback):
-    made = many_streams(streams)
+    rt = many_streams(streams)
     if fallback:
         prepare_reads_fall_back(monkeypatch)
     cfg, requests, arrivals = workload()
+    errors = rt.errors()
     reference = run_variant(REFERENCE, cfg, requests, backend="sim", arrivals=arrivals, max_steps=120)
-    assert made[-1].stale == []  # FastDeploy's own waits keep its copies in order
+    assert rt.errors() == errors, rt.last_error()  # FastDeploy's own waits keep its copies in order
+    waits = rt.stream_waits
     run = run_variant(PLUGIN, cfg, requests, backend="sim", arrivals=arrivals, max_steps=120)
     assert run.status["features"]["step_syncs"]["state"] == "applied"
     served = run.final_status["features"]["step_syncs"]["runners"][0]["served"]
     assert served.get("token_num _postprocess", 0) > 0, served  # the shadow answered: waits skipped
-    assert made[-1].ordered > 0  # ... and the next step's copies were ordered after them
-    assert made[-1].stale == []  # no pinned buffer ends up holding an older copy
+    ordered = served.get("token_num: ordered after the last step's skipped wait (on the device)", 0)
+    assert ordered > 0 and rt.stream_waits - waits >= ordered, (served, rt.stream_waits - waits)
+    assert rt.errors() == errors, rt.last_error()  # no unordered pair of copies, no early read
     reference.result.assert_same(run.result)
 
 
 @pytest.mark.parametrize("streams", [1, 2])
-def test_without_the_order_an_older_count_lands_last_on_two_streams_only(monkeypatch, many_streams, streams):
-    """Planted: the skipped wait's order is dropped. Two streams: FastDeploy's pinned count ends up
-    holding an older step's copy (in this replica's schedule that stale count is an upper bound -
-    a step after a prefill has fewer tokens - so the outputs still match; a step with more tokens
-    would overrun). One stream: stream order is enough (what FD relies on today)."""
+def test_without_the_order_two_copies_into_the_pinned_count_race_on_two_streams_only(monkeypatch, many_streams,
+                                                                                      streams):
+    """Planted: the skipped wait's order is dropped. Two streams: FastDeploy's next copy into the
+    pinned count is issued on the other stream while the last step's is still pending, with nothing
+    ordering the two (the older could land last and FastDeploy would size a step from a stale count):
+    the fake runtime reports it. One stream: stream order is enough (what FD relies on today)."""
     monkeypatch.setattr(step_syncs, "order_after_skipped_waits", lambda state, shadow: setattr(state, "unwaited", []))
-    made = many_streams(streams)
+    rt = many_streams(streams)
     cfg, requests, arrivals = workload()
-    run_variant(PLUGIN, cfg, requests, backend="sim", arrivals=arrivals, max_steps=120)
-    stale = set(made[-1].stale)
+    errors = rt.errors()
     if streams == 1:
-        assert stale == set()
+        run_variant(PLUGIN, cfg, requests, backend="sim", arrivals=arrivals, max_steps=120)
+        assert rt.errors() == errors, rt.last_error()
     else:
-        assert "_prepare_inputs.seq_lens_this_time_cpu" in stale, made[-1].stale
+        with pytest.raises(BufferInUseError, match=r"_prepare_inputs\.seq_lens_this_time_cpu.*another stream"):
+            run_variant(PLUGIN, cfg, requests, backend="sim", arrivals=arrivals, max_steps=120)

@@ -72,8 +72,10 @@ SCAFFOLDING = ("testing", "cli", "serving_ab", "runtime.simulated", "ops.build",
 #: "host time per step"). Raised from 5300 for tensor parallelism (issue 39: the step gate shares step
 #: sections across threads, overlap's all-ranks-or-none agreement, a runner's post_process syncing its
 #: own flag: ~37 code lines, ~60 lines with their docs; 8100 physical lines before): a configuration
-#: served (the seeds' TP=2 command), not a cut.
-MAX_RUNTIME_CODE_LINES = 5340
+#: served (the seeds' TP=2 command), not a cut. Raised from 5340 to 5350 when the one copy path,
+#: the reliability fixes (FD 2.5's stream order, speculative runners, enabled truth) and tensor
+#: parallelism met in one tree: 5342 code / 8136 physical lines measured there.
+MAX_RUNTIME_CODE_LINES = 5350
 #: and a ceiling on the physical lines, docs included
 MAX_RUNTIME_LINES = 8160
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import gc
+
 import numpy as np
 import paddle
 import pytest
 
 from fd_async_copy_plugin.runtime import (
+    BufferInUseError,
     HostBackend,
     PendingCopyError,
     SimulatedBackend,
@@ -58,6 +61,36 @@ def test_stream_and_device_synchronize_land_everything(sync):
     bufs = [issue(sim, "float32", [float(i)], f"c{i}") for i in range(3)]
     getattr(sim, sync)("test")
     assert [sim.read(b, "r").tolist() for b in bufs] == [[0.0], [1.0], [2.0]]
+
+
+def test_a_stream_wait_orders_two_streams_copies_into_one_buffer_on_the_device():
+    """FastDeploy's own copies (Paddle's copy_, no host wait between them) into one pinned buffer
+    from two streams: unordered, the second is reported when issued; after the second stream waits
+    on the first copy's event (cudaStreamWaitEvent) it is accepted, nothing lands at the stream
+    wait, and a wait on the second copy alone lands the first, then the second."""
+    sim = SimulatedBackend()
+    buf = sim.new_pinned([2], "int64", "count")
+    try:
+        sim.framework_copy_d2h(buf, paddle.to_tensor([1, 1], dtype="int64"), "step 1")
+        first = sim.event_of(buf)
+        sim.use_stream(1)
+        with pytest.raises(BufferInUseError, match="'step 2' into pinned buffer 'count'.*another stream"):
+            sim.framework_copy_d2h(buf, paddle.to_tensor([2, 2], dtype="int64"), "step 2")
+        waits = sim.rt.stream_waits
+        sim.stream_wait_event(first)
+        assert sim.rt.stream_waits == waits + 1
+        errors = sim.rt.errors()
+        sim.framework_copy_d2h(buf, paddle.to_tensor([2, 2], dtype="int64"), "step 2")
+        second = sim.event_of(buf)
+        assert sim.rt.errors() == errors and second is not first
+        assert not sim.query(first)  # the stream wait landed nothing
+        sim.wait(second, "reader")
+        assert sim.query(first) and sim.read(buf, "reader").tolist() == [2, 2]
+    finally:
+        sim.use_stream(0)
+    del buf
+    gc.collect()
+    sim.release_freed()  # (freed now: the free-path tests count the frees they cause)
 
 
 def test_copy_sees_the_source_as_it_was_when_issued():

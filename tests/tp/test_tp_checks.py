@@ -204,7 +204,7 @@ def test_a_plugin_decision_on_an_event_timing_is_caught_at_different_speeds(monk
                 state.after_forward = True
                 state.flush("after forward")
             elif state.pending and not state.in_step:
-                event = state.backend.covering_event(state.pending[-1][3])
+                event = state.backend.event_of(state.pending[-1][3])
                 if event is not None and not state.backend.query(event):
                     return True  # still in flight: keep the loop going
                 state.flush("landed")  # landed already: save now and answer the flag

@@ -14,8 +14,8 @@ the backend (the census counts the wait at the caller's line). When the plugin h
 ``create_event`` (``step_syncs``' scoped event), the routing goes beneath its links (``set_bottom``).
 
 ``paddle.device.current_stream()`` on the CPU build returns a ``ReplicaStream`` whose
-``wait_event`` reaches a backend that models several streams (a test's), and does nothing on the
-simulator's one stream.
+``wait_event`` reaches the backend's ``stream_wait_event`` where it has one (``sim``: the fake CUDA
+runtime's ``cudaStreamWaitEvent``), and does nothing on ``host`` (every copy lands when issued).
 
 Installed only while asked for - ``routed()``, which ``driver.run_decode`` enters for every run -
 and only on a CPU build: on a CUDA build Paddle's own function is left alone. Importing the
@@ -61,7 +61,7 @@ class ReplicaEvent:
 class ReplicaStream:
     """``paddle.device.current_stream()`` on the CPU build: ``wait_event(event)`` (what the stream
     issues from now on runs after ``event``) goes to the backend's ``stream_wait_event`` where it
-    models several streams; the simulator's one modelled stream is ordered already (a no-op)."""
+    has one (``sim``); elsewhere it is a no-op."""
 
     def wait_event(self, event) -> None:
         backend = replica_backend.current()

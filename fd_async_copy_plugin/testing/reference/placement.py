@@ -113,8 +113,10 @@ def pin_memory(t: paddle.Tensor, site: str) -> paddle.Tensor:
 
 
 def copy_async(dst: paddle.Tensor, src: paddle.Tensor, site: str) -> None:
-    """``dst.copy_(src, False)`` of a device tensor into a pinned buffer: a non-blocking D2H."""
-    replica_backend.current().copy_d2h(dst, src, site)
+    """``dst.copy_(src, False)`` of a device tensor into a pinned buffer: a non-blocking D2H (on the
+    simulator, Paddle's copy: no ordering after another stream's copy, ``framework_copy_d2h``)."""
+    backend = replica_backend.current()
+    getattr(backend, "framework_copy_d2h", backend.copy_d2h)(dst, src, site)
 
 
 #: FastDeploy's names, for replica code the plugin reads (``gather_logprobs``' copies: the plugin

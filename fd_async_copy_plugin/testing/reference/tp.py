@@ -53,6 +53,7 @@ from typing import Iterable, Optional
 
 import numpy as np
 
+from ...runtime.backend import _mark_done
 from ...runtime.simulated import SimulatedBackend
 from . import copy_backend as replica_backend
 from . import paddle_device, tiny_model
@@ -239,27 +240,39 @@ class RankSim(SimulatedBackend):
     def __init__(self, rank: int, speed: int = 1, late: bool = False, late_s: float = 0.002) -> None:
         super().__init__()
         self.rank, self.speed, self.late, self.late_s = rank, int(speed), late, late_s
-        self.records = 0
+        self.records = 0  # ``record`` calls on this rank's device so far
+        self._recorded: dict[int, int] = {}  # event handle -> ``records`` when ``record`` made it
         self.queries = {"complete": 0, "in flight": 0}
 
-    def _record_native(self, seq, label):
+    def _event(self, stream: int, device: int) -> int:
+        handle = super()._event(stream, device)  # (a pooled handle, taken right before it is recorded)
+        self._recorded.pop(handle, None)  # a copy set's event: as if recorded now
+        return handle
+
+    def _record_native(self, label):
         self.records += 1
-        return (super()._record_native(seq, label), self.records)
+        event = super()._record_native(label)
+        for handle in event.native:
+            self._recorded[handle] = self.records
+        return event
 
     def query(self, event) -> bool:
-        if event.seq <= self._completed:
+        if event.done:
             return True
-        recorded = event.native[1] if isinstance(event.native, tuple) else self.records
+        recorded = max((self._recorded.get(h, self.records) for h in event.native), default=self.records)
         done = not self.late and self.records - recorded >= self.speed - 1
         self.queries["complete" if done else "in flight"] += 1
-        if done:
-            self._land(event.seq)  # the device finished them: the data is there, no host wait made
+        if done:  # the device finished them: the data is there, no host wait made
+            for handle in event.native:
+                self.rt.event_synchronize(handle)
+            with self._lock:
+                _mark_done(event)
         return done
 
-    def _wait_native(self, event) -> None:
-        if self.late:
+    def wait(self, event, reason: str) -> None:
+        if self.late and not event.done:
             time.sleep(self.late_s)
-        super()._wait_native(event)
+        super().wait(event, reason)
 
 
 class RankBackends(SimulatedBackend):
