@@ -16,10 +16,11 @@ FEATURES = ("logprobs", "stop_flag", "sampled_tokens", "sync_scope", "step_syncs
 #: features only applied when named (``all,overlap``): they change the step schedule
 OPT_IN_FEATURES = ("overlap",)
 KNOWN_FEATURES = FEATURES + OPT_IN_FEATURES
-#: The one list of backend names (``runtime.make_backend`` builds them). From the environment:
+#: The shipped backends (``runtime.make_backend`` builds them). More are found by name in the
+#: ``fd_async_copy.backends`` entry-point group (``registry.manager.backend_names``), loaded only
+#: when asked for: that is how tests and ``selftest`` select their fake CUDA runtime.
 BACKENDS = ("auto", "cuda", "host")
-#: and from Python (``enable(backend=...)``): ``sim``, the race-detecting simulator, is for tests only.
-API_BACKENDS = BACKENDS + ("sim",)
+API_BACKENDS = BACKENDS  # the name ``runtime`` imports
 
 ENV_ENABLE = "FD_ASYNC_COPY"
 ENV_FEATURES = "FD_ASYNC_COPY_FEATURES"

@@ -161,6 +161,7 @@ def _activate(config: pytest.Config, ns) -> None:
         return
 
     from . import config as fd_config
+    from .registry.manager import backend_names
 
     try:
         features = fd_config.parse_features(
@@ -170,7 +171,7 @@ def _activate(config: pytest.Config, ns) -> None:
         backend = fd_config.parse_backend(
             ns.fd_async_copy_backend or os.environ.get(fd_config.ENV_BACKEND),
             source=_source("--fd-async-copy-backend", ns.fd_async_copy_backend, fd_config.ENV_BACKEND),
-            allowed=fd_config.API_BACKENDS,
+            allowed=backend_names(),
         )
     except fd_config.ConfigError as exc:
         raise pytest.UsageError(str(exc)) from exc

@@ -34,6 +34,27 @@ from .plan import (
 log = logging.getLogger("fd_async_copy")
 
 ENTRY_POINT_GROUP = "fd_async_copy"
+#: backends beyond the shipped ones: ``name = "module:factory"``, imported only when that name is asked for
+BACKEND_GROUP = "fd_async_copy.backends"
+
+
+def backend_names() -> tuple[str, ...]:
+    """Every backend name ``enable(backend=...)`` accepts: the shipped ones, then the entry points'."""
+    from importlib.metadata import entry_points
+
+    from ..config import BACKENDS
+
+    return BACKENDS + tuple(sorted({ep.name for ep in entry_points(group=BACKEND_GROUP)} - set(BACKENDS)))
+
+
+def make_backend(name: str):
+    """The backend ``name``: a shipped one (``runtime.make_backend``) or an entry point's factory."""
+    from importlib.metadata import entry_points
+
+    from ..config import BACKENDS
+
+    found = [] if name in BACKENDS else list(entry_points(group=BACKEND_GROUP, name=name))
+    return found[0].load()() if found else runtime_module().make_backend(name)
 
 
 class StrictModeError(RuntimeError):
@@ -149,7 +170,7 @@ class PatchManager:
 
     def _make_backend(self, backend: str) -> tuple[str, str]:
         try:
-            self.backend = runtime_module().make_backend(backend)
+            self.backend = make_backend(backend)
         except Exception as exc:
             return backend, str(exc)
         return self.backend.name, ""

@@ -29,6 +29,7 @@ changes nothing).
 from __future__ import annotations
 
 import os
+import sys
 from typing import List, Optional
 
 import numpy as np
@@ -53,6 +54,18 @@ from ..model_executor.pre_and_post_process import (
 )
 from .input_batch import InputBatch
 from .output import LogprobsTensors, ModelOutputData
+
+
+class RecordedEvent:
+    """FastDeploy's ``post_process_event`` (``paddle.device.cuda.create_event()`` + ``record()``,
+    gpu_model_runner.py:2606-2610) over the copy backend's event: ``synchronize()`` waits for it
+    (the wait named by the calling function), as FastDeploy's event object does on a GPU."""
+
+    def __init__(self, event) -> None:
+        self.event = event
+
+    def synchronize(self) -> None:
+        current_backend().wait(self.event, f"{sys._getframe(1).f_code.co_name}.post_process_event")
 
 
 class GPUModelRunner(AsyncOutputThread):
@@ -477,12 +490,12 @@ class GPUModelRunner(AsyncOutputThread):
         if not self.speculative_decoding:
             copy_async(si["sampled_token_ids"], sampler_output.sampled_token_ids, "_postprocess.sampled_token_ids")
             copy_async(si["not_need_stop"], si["not_need_stop_device"], "_postprocess.not_need_stop")
-            post_process_event = backend.record("post_process_event")
+            post_process_event = RecordedEvent(backend.record("post_process_event"))
         self.exist_prefill_flag = False
         return model_output_data, sampler_output, post_process_event, token_num
 
     def _save_model_output(self, model_output_data, sampler_output, post_process_event):
-        current_backend().wait(post_process_event, "_save_model_output")
+        current_backend().wait(post_process_event.event, "_save_model_output")
         save_output_normal(
             model_output=model_output_data,
             sampler_output=sampler_output,
