@@ -61,11 +61,15 @@ class RecordedEvent:
     gpu_model_runner.py:2606-2610) over the copy backend's event: ``synchronize()`` waits for it
     (the wait named by the calling function), as FastDeploy's event object does on a GPU."""
 
-    def __init__(self, event) -> None:
-        self.event = event
+    def __init__(self) -> None:
+        self.event = None
+
+    def record(self) -> None:
+        self.event = current_backend().record("post_process_event")
 
     def synchronize(self) -> None:
-        current_backend().wait(self.event, f"{sys._getframe(1).f_code.co_name}.post_process_event")
+        caller = sys._getframe(1).f_code.co_name  # FastDeploy's own wait keeps its census name
+        current_backend().wait(self.event, caller if caller == "_save_model_output" else f"{caller}.post_process_event")
 
 
 class GPUModelRunner(AsyncOutputThread):
@@ -490,12 +494,13 @@ class GPUModelRunner(AsyncOutputThread):
         if not self.speculative_decoding:
             copy_async(si["sampled_token_ids"], sampler_output.sampled_token_ids, "_postprocess.sampled_token_ids")
             copy_async(si["not_need_stop"], si["not_need_stop_device"], "_postprocess.not_need_stop")
-            post_process_event = RecordedEvent(backend.record("post_process_event"))
+            post_process_event = RecordedEvent()
+            post_process_event.record()
         self.exist_prefill_flag = False
         return model_output_data, sampler_output, post_process_event, token_num
 
     def _save_model_output(self, model_output_data, sampler_output, post_process_event):
-        current_backend().wait(post_process_event.event, "_save_model_output")
+        post_process_event.synchronize()
         save_output_normal(
             model_output=model_output_data,
             sampler_output=sampler_output,
