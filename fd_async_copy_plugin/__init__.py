@@ -48,14 +48,16 @@ def _ensure_log_handler() -> None:
 
 
 def _feature_names(features) -> tuple[str, ...]:
+    """The requested names checked against (and ``all`` expanded by) the installed patch sets."""
     from .config import ConfigError, parse_features
 
+    catalog = _get_manager().catalog()
     if features is None or isinstance(features, str):
-        return parse_features(features, source="features")
+        return parse_features(features, source="features", catalog=catalog)
     features = list(features)
     if not features:
         raise ConfigError("features=[] names no feature; pass None or 'all' for every feature")
-    return parse_features(",".join(features), source="features")
+    return parse_features(",".join(features), source="features", catalog=catalog)
 
 
 def plan(features=None, backend: str = "auto", root: str = "fastdeploy") -> dict:
@@ -127,7 +129,7 @@ def register() -> None:
             from .sync_check import install_from_env
         install_from_env()  # also with the plugin inactive; never raises; off: not even imported
     try:
-        config = AsyncCopyConfig.from_env()
+        config = AsyncCopyConfig.from_env(catalog=_get_manager().catalog())
     except Exception as exc:
         log.error("fd_async_copy: %s. FastDeploy runs unpatched.", exc)
         if strict_from_env() and isinstance(exc, ConfigError):

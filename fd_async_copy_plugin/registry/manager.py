@@ -11,7 +11,7 @@ from typing import Any
 import pluggy
 
 from ..profile import ProfileInfo, detect_profile
-from . import hookspecs
+from .catalog import ENTRY_POINT_GROUP, FeatureCatalog, feature_catalog, plugin_manager  # noqa: F401
 from .imports import WATCHER
 from .patch import STEP_GATE, AppliedFeature, Feature, IncompatibleError, PatchContext, apply_feature
 from .plan import (
@@ -33,7 +33,6 @@ from .plan import (
 
 log = logging.getLogger("fd_async_copy")
 
-ENTRY_POINT_GROUP = "fd_async_copy"
 #: backends beyond the shipped ones: ``name = "module:factory"``, imported only when that name is asked for
 BACKEND_GROUP = "fd_async_copy.backends"
 
@@ -59,21 +58,6 @@ def make_backend(name: str):
 
 class StrictModeError(RuntimeError):
     """Raised in strict mode when a requested feature was not applied (see ``plan.REFUSED_IN_STRICT_MODE``)."""
-
-
-def plugin_manager() -> pluggy.PluginManager:
-    """A pluggy manager with every patch set from the ``fd_async_copy`` entry-point group."""
-    pm = pluggy.PluginManager(hookspecs.PROJECT)
-    pm.add_hookspecs(hookspecs)
-    pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP)
-    if not pm.get_plugins():
-        # A source checkout run without `pip install`: the entry points are not registered.
-        # Register the built-in set through the same pluggy path so behaviour is identical.
-        from .. import patches as builtin
-
-        log.debug("fd_async_copy: no entry points in group %r; registering built-ins", ENTRY_POINT_GROUP)
-        pm.register(builtin, name="builtin")
-    return pm
 
 
 def collect_features(pm: pluggy.PluginManager) -> dict[str, Feature]:
@@ -124,6 +108,11 @@ class PatchManager:
         self.requested_backend = "auto"
         self.settings = None  # config.RunSettings of the last enable()
         self._order: dict[str, tuple[str, ...]] = {}
+
+    def catalog(self) -> FeatureCatalog:
+        """The feature names of this manager's patch sets (the entry points' and ``add_plugin``'s)."""
+        self.pm = self.pm or plugin_manager()
+        return feature_catalog(self.pm)
 
     def add_plugin(self, plugin, name: str | None = None) -> None:
         """Register a patch-set plugin object (what an ``fd_async_copy`` entry point provides)."""

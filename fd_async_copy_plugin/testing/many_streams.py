@@ -20,7 +20,6 @@ import importlib
 
 import numpy as np
 
-from .. import runtime
 from ..runtime.simulated import SimulatedBackend
 from .reference import copy_backend
 
@@ -86,12 +85,11 @@ class ManyStreams(SimulatedBackend):
 def streams_per_step(root: str, streams: int):
     """Inside: backend ``sim`` is a new ``ManyStreams`` (the list yielded collects them), and every
     ``execute_model`` of ``root``'s runner runs on the next of ``streams`` streams."""
-    made: list = []
-    real = runtime.make_backend
+    from .backends import sim_made_by
 
-    def make_backend(name):
-        if name != "sim":
-            return real(name)
+    made: list = []
+
+    def make_backend():
         made.append(ManyStreams())
         return made[-1]
 
@@ -104,11 +102,11 @@ def streams_per_step(root: str, streams: int):
             backend.stream = (backend.stream + 1) % streams
         return execute(self, *args, **kwargs)
 
-    runtime.make_backend, cls.execute_model = make_backend, execute_model
+    cls.execute_model = execute_model
     try:
-        yield made
+        with sim_made_by(make_backend):
+            yield made
     finally:
-        runtime.make_backend = real
         if had:
             cls.execute_model = execute
         else:
