@@ -29,7 +29,6 @@ changes nothing).
 from __future__ import annotations
 
 import os
-import sys
 from typing import List, Optional
 
 import numpy as np
@@ -40,6 +39,7 @@ from ...placement import as_device, blocking_d2h, copy_async, count_d2h, device_
 from ...tiny_model import TinyModel
 from ...zmq_sink import AsyncOutputThread
 from ...copy_backend import current as current_backend
+from ...paddle_device import RecordedEvent
 from ..engine.request import Request, RequestType
 from ..model_executor.forward_meta import ForwardMeta
 from ..model_executor.layers.sample.meta_data import SamplingMetadata
@@ -54,22 +54,6 @@ from ..model_executor.pre_and_post_process import (
 )
 from .input_batch import InputBatch
 from .output import LogprobsTensors, ModelOutputData
-
-
-class RecordedEvent:
-    """FastDeploy's ``post_process_event`` (``paddle.device.cuda.create_event()`` + ``record()``,
-    gpu_model_runner.py:2606-2610) over the copy backend's event: ``synchronize()`` waits for it
-    (the wait named by the calling function), as FastDeploy's event object does on a GPU."""
-
-    def __init__(self) -> None:
-        self.event = None
-
-    def record(self) -> None:
-        self.event = current_backend().record("post_process_event")
-
-    def synchronize(self) -> None:
-        caller = sys._getframe(1).f_code.co_name  # FastDeploy's own wait keeps its census name
-        current_backend().wait(self.event, caller if caller == "_save_model_output" else f"{caller}.post_process_event")
 
 
 class GPUModelRunner(AsyncOutputThread):
