@@ -85,8 +85,8 @@ class RunnerState:
         copies = []
         if self.syncs is not None and self.syncs.shadow is not None:
             copies += self.syncs.shadow.snapshot_copies()
-        if self.overlap is not None:
-            copies += self.overlap.step_flag_copies()
+        if self.overlap is not None and self.stop is not None:
+            copies += self.overlap.step_flag_copies(self.stop.device)
         return copies
 
     def save_deferred(self) -> bool:
