@@ -55,8 +55,9 @@ def feature_catalog(pm: pluggy.PluginManager | None = None) -> FeatureCatalog:
     pm = pm or plugin_manager()
     default: dict[str, None] = {}
     opt_in: dict[str, None] = {}
-    for table in reversed(pm.hook.fd_async_copy_catalog()):  # pluggy calls the last registered first
-        for name, kind in (table or {}).items():
+    impls = sorted(pm.hook.fd_async_copy_catalog.get_hookimpls(), key=lambda impl: impl.plugin_name != "builtin")
+    for impl in impls:  # the built-in set first, then the others as pluggy found them
+        for name, kind in (impl.function() or {}).items():
             if kind not in KINDS:
                 raise ValueError(f"patch set feature {name!r}: kind {kind!r} is not one of {', '.join(KINDS)}")
             if name in default or name in opt_in or name == "all":
