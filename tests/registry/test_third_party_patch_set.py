@@ -20,6 +20,8 @@ import json, fd_async_copy_plugin as plugin, fdac_demo_set
 from fd_async_copy_plugin.config import ConfigError
 out = {{"plan": plugin.plan("all,call_counter", backend="host", root="{FD24}")["features"]["call_counter"]}}
 out["all"] = list(plugin.plan("all", backend="host", root="{FD24}")["features"])
+from fd_async_copy_plugin.registry.catalog import feature_catalog
+out["opt_in"] = list(feature_catalog().opt_in)
 import {FD24}.worker.gpu_model_runner as m
 fd_own = m.GPUModelRunner.exist_prefill
 out["status"] = plugin.enable(features=["call_counter"], backend="host", root="{FD24}")["features"]
@@ -52,6 +54,7 @@ def test_a_third_party_patch_set_is_planned_enabled_reported_and_reverted():
     out = json.loads(done.stdout.strip().splitlines()[-1])
     assert out["plan"]["state"] == "apply"
     assert "call_counter" not in out["all"] and "logprobs" in out["all"]  # opt-in: its catalog says so
+    assert out["opt_in"] == ["overlap", "call_counter"]  # the built-in set's names first
     assert out["status"]["call_counter"]["state"] == "applied", out["status"]
     assert out["replaced"] and out["calls"] == ["GPUModelRunner"]  # its link ran, not FD's method alone
     assert out["restored"]
@@ -64,8 +67,6 @@ def test_doctor_lists_the_third_party_feature():
     report = json.loads(done.stdout)
     entry = report["features"]["call_counter"]
     assert entry["state"] == "not requested" and "opt-in" in entry["reason"], entry
-    names = list(report["features"])
-    assert names.index("overlap") < names.index("call_counter")  # the built-in set's names first
 
 
 def test_without_the_distribution_the_name_is_unknown():
