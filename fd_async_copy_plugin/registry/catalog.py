@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import pluggy
 
 from . import hookspecs
+from .plan import PADDLE_INSTALL_HINT
 
 log = logging.getLogger("fd_async_copy")
 
@@ -63,14 +64,29 @@ def feature_catalog(pm: pluggy.PluginManager | None = None) -> FeatureCatalog:
             if name in default or name in opt_in or name == "all":
                 raise ValueError(f"two patch sets answer to the feature name {name!r}")
             (opt_in if kind == "opt-in" else default)[name] = None
-    try:  # a set that names its features only through fd_async_copy_features: they are in ``all``
-        contributed = [f for found in pm.hook.fd_async_copy_features() for f in found or ()]
-    except ModuleNotFoundError as exc:  # no Paddle here: the catalogs' names are all there is
-        if exc.name != "paddle" and not str(exc.name or "").startswith("paddle."):
-            raise
-        contributed = []
-    for feature in contributed:
+    features = available_features(pm)  # a set naming a feature only there: it is in ``all``
+    for feature in features.values() if isinstance(features, dict) else ():
         for name in (feature.name, *feature.options):
             if name not in default and name not in opt_in:
                 default[name] = None
     return FeatureCatalog(tuple(default), tuple(opt_in))
+
+
+def collect_features(pm: pluggy.PluginManager) -> dict:
+    features: dict = {}
+    for contributed in pm.hook.fd_async_copy_features():
+        for feature in contributed or ():
+            if feature.name in features:
+                raise ValueError(f"two plugins contribute a feature named {feature.name!r}")
+            features[feature.name] = feature
+    return features
+
+
+def available_features(pm: pluggy.PluginManager) -> dict | str:
+    """The installed features, or why they cannot be loaded (the patch sets need Paddle)."""
+    try:
+        return collect_features(pm)
+    except ModuleNotFoundError as exc:
+        if exc.name != "paddle" and not str(exc.name or "").startswith("paddle."):
+            raise
+        return f"Paddle is not importable ({exc}): {PADDLE_INSTALL_HINT}"

@@ -11,7 +11,8 @@ from typing import Any
 import pluggy
 
 from ..profile import ProfileInfo, detect_profile
-from .catalog import ENTRY_POINT_GROUP, FeatureCatalog, feature_catalog, plugin_manager  # noqa: F401
+from .catalog import (ENTRY_POINT_GROUP, FeatureCatalog, available_features, collect_features,  # noqa: F401
+                      feature_catalog, plugin_manager)
 from .imports import WATCHER
 from .patch import STEP_GATE, AppliedFeature, Feature, IncompatibleError, PatchContext, apply_feature
 from .plan import (
@@ -20,7 +21,6 @@ from .plan import (
     FAILED,
     INCOMPATIBLE,
     NATIVE,
-    PADDLE_INSTALL_HINT,
     PARTIAL,
     PASSTHROUGH,
     PENDING,
@@ -60,16 +60,6 @@ class StrictModeError(RuntimeError):
     """Raised in strict mode when a requested feature was not applied (see ``plan.REFUSED_IN_STRICT_MODE``)."""
 
 
-def collect_features(pm: pluggy.PluginManager) -> dict[str, Feature]:
-    features: dict[str, Feature] = {}
-    for contributed in pm.hook.fd_async_copy_features():
-        for feature in contributed or ():
-            if feature.name in features:
-                raise ValueError(f"two plugins contribute a feature named {feature.name!r}")
-            features[feature.name] = feature
-    return features
-
-
 def collect_order(pm: pluggy.PluginManager) -> dict[str, tuple[str, ...]]:
     """The patch sets' order tables, merged (``hookspecs.fd_async_copy_order``)."""
     order: dict[str, tuple[str, ...]] = {}
@@ -79,16 +69,6 @@ def collect_order(pm: pluggy.PluginManager) -> dict[str, tuple[str, ...]]:
                 raise ValueError(f"two plugins order the features around {target} differently")
             order[target] = tuple(names)
     return order
-
-
-def available_features(pm: pluggy.PluginManager) -> dict[str, Feature] | str:
-    """The installed features, or why they cannot be loaded (the patch sets need Paddle)."""
-    try:
-        return collect_features(pm)
-    except ModuleNotFoundError as exc:
-        if exc.name != "paddle" and not str(exc.name or "").startswith("paddle."):
-            raise
-        return f"Paddle is not importable ({exc}): {PADDLE_INSTALL_HINT}"
 
 
 class PatchManager:
