@@ -48,14 +48,16 @@ def _ensure_log_handler() -> None:
 
 
 def _feature_names(features) -> tuple[str, ...]:
+    """The requested names checked against (and ``all`` expanded by) the installed patch sets."""
     from .config import ConfigError, parse_features
 
+    catalog = _get_manager().catalog()
     if features is None or isinstance(features, str):
-        return parse_features(features, source="features")
+        return parse_features(features, source="features", catalog=catalog)
     features = list(features)
     if not features:
         raise ConfigError("features=[] names no feature; pass None or 'all' for every feature")
-    return parse_features(",".join(features), source="features")
+    return parse_features(",".join(features), source="features", catalog=catalog)
 
 
 def plan(features=None, backend: str = "auto", root: str = "fastdeploy") -> dict:
@@ -65,10 +67,11 @@ def plan(features=None, backend: str = "auto", root: str = "fastdeploy") -> dict
     "reason"}}}``; a feature ``enable()`` would apply has the state ``apply``. Works without
     Paddle installed (every feature is then ``skipped`` with what to install).
     """
-    from .config import API_BACKENDS, parse_backend
+    from .config import parse_backend
+    from .registry.manager import backend_names
     from .registry.predict import predict
 
-    return predict(_feature_names(features), parse_backend(backend, source="backend", allowed=API_BACKENDS), root)
+    return predict(_feature_names(features), parse_backend(backend, source="backend", allowed=backend_names()), root)
 
 
 def enable(features=None, backend: str = "auto", strict: bool = False, root: str = "fastdeploy",
@@ -79,17 +82,18 @@ def enable(features=None, backend: str = "auto", strict: bool = False, root: str
     it), else an iterable (or comma string) of ``logprobs``, ``sync_scope``, ``stop_flag``,
     ``sampled_tokens`` (an option of ``stop_flag``), ``step_syncs``, ``flag_race`` and ``overlap``
     (docs/features.md).
-    ``backend``: ``auto``, ``cuda``, ``host`` (or ``sim``, the race-detecting simulator used by
-    tests). Invalid arguments raise ``ConfigError`` before anything is touched. Features whose
+    ``backend``: ``auto``, ``cuda``, ``host`` (or a name of the ``fd_async_copy.backends``
+    entry-point group: the testing package's fake CUDA runtime, ``sim``). Invalid arguments raise ``ConfigError`` before anything is touched. Features whose
     FastDeploy modules are not imported yet are applied when they are (state ``pending`` until
     then). Called again with other arguments, it reverts and plans the new request afresh.
     ``ring_max_bytes`` (int, or a string such as "256M") and ``overlap_count`` (``exact``/``bound``):
     as ``FD_ASYNC_COPY_RING_MAX_BYTES``/``FD_ASYNC_COPY_OVERLAP_COUNT``, which they default to.
     """
-    from .config import API_BACKENDS, RunSettings, parse_backend
+    from .config import RunSettings, parse_backend
+    from .registry.manager import backend_names
 
     names = _feature_names(features)
-    backend = parse_backend(backend, source="backend", allowed=API_BACKENDS)
+    backend = parse_backend(backend, source="backend", allowed=backend_names())
     settings = RunSettings.parse(ring_max_bytes, overlap_count)
     _get_manager().enable(names, backend=backend, strict=bool(strict), root=root, settings=settings)
     return status()
@@ -119,11 +123,13 @@ def register() -> None:
 
     _ensure_log_handler()
     if (os.environ.get("FD_ASYNC_COPY_SYNC_CHECK") or "off").lower() != "off" or os.environ.get("FD_ASYNC_COPY_TRACE"):
-        from .sync_check import install_from_env
-
+        if os.environ.get("FD_ASYNC_COPY_TRACE"):
+            from .trace import install_from_env  # arms the sync check too
+        else:
+            from .sync_check import install_from_env
         install_from_env()  # also with the plugin inactive; never raises; off: not even imported
     try:
-        config = AsyncCopyConfig.from_env()
+        config = AsyncCopyConfig.from_env(catalog=_get_manager().catalog())
     except Exception as exc:
         log.error("fd_async_copy: %s. FastDeploy runs unpatched.", exc)
         if strict_from_env() and isinstance(exc, ConfigError):

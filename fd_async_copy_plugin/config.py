@@ -12,14 +12,13 @@ import re
 from dataclasses import dataclass, field
 from typing import Mapping
 
-FEATURES = ("logprobs", "stop_flag", "sampled_tokens", "sync_scope", "step_syncs", "flag_race")
-#: features only applied when named (``all,overlap``): they change the step schedule
-OPT_IN_FEATURES = ("overlap",)
-KNOWN_FEATURES = FEATURES + OPT_IN_FEATURES
-#: The one list of backend names (``runtime.make_backend`` builds them). From the environment:
+#: The feature names are the installed patch sets' (``registry.catalog.feature_catalog()``: a
+#: ``FeatureCatalog`` with ``default`` - what ``all`` stands for - and ``opt_in``); callers hand it in.
+#: The shipped backends (``runtime.make_backend`` builds them). More are found by name in the
+#: ``fd_async_copy.backends`` entry-point group (``registry.manager.backend_names``), loaded only
+#: when asked for: that is how tests and ``selftest`` select their fake CUDA runtime.
 BACKENDS = ("auto", "cuda", "host")
-#: and from Python (``enable(backend=...)``): ``sim``, the race-detecting simulator, is for tests only.
-API_BACKENDS = BACKENDS + ("sim",)
+API_BACKENDS = BACKENDS  # the name ``runtime`` imports
 
 ENV_ENABLE = "FD_ASYNC_COPY"
 ENV_FEATURES = "FD_ASYNC_COPY_FEATURES"
@@ -63,19 +62,23 @@ def _bool(name: str, raw: str | None) -> bool:
     return _BOOL[value]
 
 
-def parse_features(raw: str | None, source: str = ENV_FEATURES) -> tuple[str, ...]:
-    """``all`` (or unset) -> every feature but the opt-in ones; otherwise a comma list of known
-    feature names, where ``all`` stands for those (``all,overlap``)."""
-    if raw is None or raw.strip() in ("", "all"):
-        return FEATURES
-    names = [part.strip() for part in raw.split(",") if part.strip()]
-    unknown = [n for n in names if n not in KNOWN_FEATURES and n != "all"]
+def parse_features(raw: str | None, source: str = ENV_FEATURES, catalog=None) -> tuple[str, ...]:
+    """``all`` (or unset) -> every feature of ``catalog`` but the opt-in ones; otherwise a comma list
+    of its names, where ``all`` stands for those (``all,overlap``). Without a catalog (the patch sets
+    not asked yet) the names are kept as given, ``all`` among them, for ``enable()`` to check."""
+    names = ["all"] if raw is None or raw.strip() == "" else [part.strip() for part in raw.split(",") if part.strip()]
+    if catalog is None:
+        if not names:
+            raise ConfigError(f"{source}={raw!r} is not valid: it names no feature")
+        return tuple(dict.fromkeys(names))
+    unknown = [n for n in names if n not in catalog.names and n != "all"]
     if unknown or not names:
+        opt_in = f" (opt-in, not in 'all': {', '.join(catalog.opt_in)})" if catalog.opt_in else ""
         raise ConfigError(
             f"{source}={raw!r} is not valid: unknown feature(s) {unknown or [raw]}; allowed: 'all' or a "
-            f"comma list of {', '.join(KNOWN_FEATURES)} (opt-in, not in 'all': {', '.join(OPT_IN_FEATURES)})"
+            f"comma list of {', '.join(catalog.names) or '(no patch set installed)'}{opt_in}"
         )
-    expanded = [f for n in names for f in (FEATURES if n == "all" else (n,))]
+    expanded = [f for n in names for f in (catalog.default if n == "all" else (n,))]
     return tuple(dict.fromkeys(expanded))  # de-duplicated, in the order given
 
 
@@ -130,7 +133,7 @@ class RunSettings:
 @dataclass(frozen=True)
 class AsyncCopyConfig:
     enabled: bool = False
-    features: tuple[str, ...] = FEATURES
+    features: tuple[str, ...] = ("all",)
     backend: str = "auto"
     strict: bool = False
     ring_max_bytes: int = DEFAULT_RING_MAX_BYTES
@@ -139,12 +142,14 @@ class AsyncCopyConfig:
     env: Mapping[str, str | None] = field(default_factory=dict)
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> "AsyncCopyConfig":
+    def from_env(cls, environ: Mapping[str, str] | None = None, catalog=None) -> "AsyncCopyConfig":
+        """``catalog``: the installed feature names (``registry.catalog.feature_catalog()``); without
+        it the feature names are checked by ``enable()``."""
         environ = os.environ if environ is None else environ
         raw = {name: environ.get(name) for name in ENV_VARS}
         parsers = {
             "enabled": lambda: _bool(ENV_ENABLE, raw[ENV_ENABLE]),
-            "features": lambda: parse_features(raw[ENV_FEATURES]),
+            "features": lambda: parse_features(raw[ENV_FEATURES], catalog=catalog),
             "backend": lambda: parse_backend(raw[ENV_BACKEND]),
             "strict": lambda: _bool(ENV_STRICT, raw[ENV_STRICT]),
             "ring_max_bytes": lambda: parse_ring_max_bytes(raw[ENV_RING_MAX_BYTES]),

@@ -113,15 +113,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def _known_features() -> tuple[str, ...]:
-    from .config import KNOWN_FEATURES
+    from .registry.catalog import feature_catalog
 
-    return KNOWN_FEATURES
+    return feature_catalog().names
 
 
 def _opt_in() -> tuple[str, ...]:
-    from .config import OPT_IN_FEATURES
+    from .registry.catalog import feature_catalog
 
-    return OPT_IN_FEATURES
+    return feature_catalog().opt_in
 
 
 def _source(flag: str, value, variable: str) -> str:
@@ -161,16 +161,18 @@ def _activate(config: pytest.Config, ns) -> None:
         return
 
     from . import config as fd_config
+    from .registry.catalog import feature_catalog
+    from .registry.manager import backend_names
 
     try:
         features = fd_config.parse_features(
-            ns.fd_async_copy_features or os.environ.get(fd_config.ENV_FEATURES),
+            ns.fd_async_copy_features or os.environ.get(fd_config.ENV_FEATURES), catalog=feature_catalog(),
             source=_source("--fd-async-copy-features", ns.fd_async_copy_features, fd_config.ENV_FEATURES),
         )
         backend = fd_config.parse_backend(
             ns.fd_async_copy_backend or os.environ.get(fd_config.ENV_BACKEND),
             source=_source("--fd-async-copy-backend", ns.fd_async_copy_backend, fd_config.ENV_BACKEND),
-            allowed=fd_config.API_BACKENDS,
+            allowed=backend_names(),
         )
     except fd_config.ConfigError as exc:
         raise pytest.UsageError(str(exc)) from exc

@@ -41,6 +41,8 @@ import threading
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+from . import observers
+
 log = logging.getLogger("fd_async_copy")
 
 ENV_MODE = "FD_ASYNC_COPY_SYNC_CHECK"
@@ -327,6 +329,12 @@ class Checker:
     def in_step(self) -> bool:
         return self._local.waits is not None
 
+    def wait_begin(self, mechanism: str, where: str, what: str) -> None:  # an observer (observers.py)
+        self.observe(mechanism, where, what)
+
+    def wait_end(self) -> None:
+        pass
+
     def observe(self, mechanism: str, where: str, what: str) -> None:
         waits = self._local.waits
         if waits is None:
@@ -389,7 +397,6 @@ class Checker:
 
 _checker: Optional[Checker] = None
 _config_error: Optional[str] = None
-_tracer = None  # the step trace (trace.activate sets it)
 _external = 0  # >0 while device tracking (the replica) reports waits instead of the GPU source
 _state_lock = threading.Lock()
 
@@ -399,37 +406,23 @@ def checker() -> Optional[Checker]:
 
 
 def step_begin(runner=None) -> None:
-    """Call when the runner starts a decode step (``execute_model`` entered)."""
-    c, t = _checker, _tracer
-    if c is not None:
-        c.step_begin(runner)
-    if t is not None:
-        t.step_begin(runner)
+    """Call when the runner starts a decode step: every observer hears it (``observers.py``)."""
+    observers.step_begin(runner)
 
 
 def step_end(runner=None) -> None:
     """Call when the runner's decode step is over (``execute_model`` returned or raised)."""
-    c, t = _checker, _tracer
-    if t is not None:
-        t.step_end(runner)
-    if c is not None:
-        c.step_end(runner)
+    observers.step_end(runner)
 
 
 def observe(mechanism: str, where: str, what: str) -> None:
     """A source saw the host wait (``mechanism``: d2h, h2d, event, sync) at ``where``, before
     waiting; ``wait_done()`` after it (the step trace's span)."""
-    c, t = _checker, _tracer
-    if t is not None:
-        t.wait_begin(site_label({"where": where, "mechanism": mechanism, "what": what}), where, what)
-    if c is not None:
-        c.observe(mechanism, where, what)
+    observers.wait_begin(mechanism, where, what)
 
 
 def wait_done() -> None:
-    t = _tracer
-    if t is not None:
-        t.wait_end()
+    observers.wait_end()
 
 
 def external_source(active: bool) -> None:
@@ -443,8 +436,12 @@ def start(settings: Settings) -> Optional[Checker]:
     """Arm the check with ``settings`` (``off``: stop it); returns the checker."""
     global _checker, _config_error
     with _state_lock:
+        if _checker is not None:
+            observers.unsubscribe(_checker)
         _checker = Checker(settings) if settings.mode != "off" else None
         _config_error = None
+        if _checker is not None:
+            observers.subscribe(_checker, observers.CHECK)
     return _checker
 
 
@@ -464,9 +461,10 @@ def status() -> dict:
     return c.report()
 
 
-def install_from_env(root: str = "fastdeploy", environ=None) -> Optional[Checker]:
-    """The plugin's entry point calls this first: with ``FD_ASYNC_COPY_SYNC_CHECK`` not ``off``,
-    arm the check, wrap Paddle's host reads (a GPU build) and hook the runner's step. Never raises:
+def install_from_env(root: str = "fastdeploy", environ=None, count_if_off: bool = False) -> Optional[Checker]:
+    """The plugin's entry point calls this first: with ``FD_ASYNC_COPY_SYNC_CHECK`` not ``off``
+    (or ``count_if_off``: the step trace's ``install_from_env`` asks for the waits), arm the check,
+    wrap Paddle's host reads (a GPU build) and hook the runner's step. Never raises:
     a bad value is logged (and shown by ``status()``) and the check stays off."""
     global _config_error
     try:
@@ -475,16 +473,7 @@ def install_from_env(root: str = "fastdeploy", environ=None) -> Optional[Checker
         _config_error = str(exc)
         log.error("fd_async_copy: %s", exc)
         return None
-    tracing = bool((os.environ if environ is None else environ).get("FD_ASYNC_COPY_TRACE"))
-    if tracing:  # a bad trace setting is found now, before any step runs, and arms nothing
-        from . import trace
-
-        try:
-            trace.settings_from_env(environ)
-        except trace.TraceConfigError as exc:
-            log.error("fd_async_copy: %s", exc)
-            tracing = False
-    if tracing and settings.mode == "off":
+    if count_if_off and settings.mode == "off":
         settings = Settings("count", settings.warmup, settings.allow, settings.log_every)  # the trace's waits
     if settings.mode == "off" or _checker is not None:
         return _checker
@@ -495,10 +484,6 @@ def install_from_env(root: str = "fastdeploy", environ=None) -> Optional[Checker
         from .metrics import export
 
         c.metrics = export(c)
-        if tracing:
-            from . import trace
-
-            trace.install_from_env(environ)
     except Exception as exc:  # never stop the server for a diagnostic
         log.error("fd_async_copy sync check: cannot install (%s: %s); the check is off", type(exc).__name__, exc)
         stop()
@@ -517,7 +502,7 @@ _op_hooked: dict[str, tuple[object, str, object]] = {}
 
 def wrap_execute_model(original):
     """``execute_model`` with ``step_begin``/``step_end`` around it (the one place they are called):
-    the ``sync_check`` link of the runner pipeline, outermost (``patches/runner.PIPELINE``)."""
+    the ``sync_check`` link of the runner's junction, outermost (``Junction.attach(outermost=True)``)."""
 
     @functools.wraps(original)
     def execute_model(self, *args, **kwargs):
@@ -533,12 +518,11 @@ def wrap_execute_model(original):
 def install_step_hook(root: str = "fastdeploy") -> None:
     """Wrap ``GPUModelRunner.execute_model`` of ``root`` now, or when FD imports the module.
 
-    It is a link of the plugin's one junction on that method, outermost (the pipeline table):
-    ``overlap``'s part runs inside the step, whichever of the two comes first."""
+    It is a link of the plugin's one junction on that method, outermost (a diagnostic: no row in
+    the features' order): ``overlap``'s part runs inside the step, whichever of the two comes first."""
     name = _RUNNER_MODULE.format(root=root)
 
     def hook(module) -> None:
-        from .patches.runner import PIPELINE
         from .registry.patch import Junction
 
         cls = getattr(module, "GPUModelRunner", None)
@@ -547,8 +531,8 @@ def install_step_hook(root: str = "fastdeploy") -> None:
         if getattr(cls, "execute_model", None) is None:
             log.warning("fd_async_copy sync check: %s.GPUModelRunner has no execute_model; no step boundary", name)
             return
-        junction = Junction.on(cls, "execute_model", PIPELINE["worker.gpu_model_runner:GPUModelRunner.execute_model"])
-        junction.attach("sync_check", wrap_execute_model)
+        junction = Junction.on(cls, "execute_model")
+        junction.attach("sync_check", wrap_execute_model, outermost=True)
         _hooked[name] = junction
 
     from .registry.imports import WATCHER
@@ -615,10 +599,9 @@ def _link(owner, name: str, key: str, build):
     junction there (``registry.patch.Junction``), innermost: armed before or after ``enable()``,
     the plugin's links and the check's never replace each other, ``disable()`` keeps the check's
     and ``stop()`` takes only its own out (the last link out puts the original back)."""
-    from .patches.runner import PIPELINE
     from .registry.patch import Junction
 
-    junction = Junction.on(owner, name, PIPELINE.get(key, ()))
+    junction = Junction.on(owner, name)
     junction.attach("sync_check", build)
     return junction
 

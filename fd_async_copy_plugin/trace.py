@@ -41,6 +41,9 @@ import threading
 import time
 from typing import Optional
 
+from . import observers, sync_check
+from .sync_check import site_label
+
 log = logging.getLogger("fd_async_copy")
 
 ENV_TRACE = "FD_ASYNC_COPY_TRACE"
@@ -285,8 +288,9 @@ class StepTracer:
                 self.trace.span(self.tid, name, "phase", ts, self.trace.now())
 
     # -- waits and instants (from the sync check and the census) --------------------------------
-    def wait_begin(self, label: str, where: str, what: str) -> None:
+    def wait_begin(self, mechanism: str, where: str, what: str) -> None:
         if self._tracing():
+            label = site_label({"where": where, "mechanism": mechanism, "what": what})
             self.wait_end()  # a source that does not say when its wait ended: it ended by now
             self._local.wait = (self.trace.now(), label, where, what)
 
@@ -316,10 +320,11 @@ def tracer() -> Optional[StepTracer]:
 def activate(t: Optional[StepTracer]) -> Optional[StepTracer]:
     """Make ``t`` the tracer the step boundary and the wait sources feed (None: none)."""
     global _tracer
-    from . import sync_check
-
     previous, _tracer = _tracer, t
-    sync_check._tracer = t  # the step boundary and the wait sources feed it
+    if previous is not None:
+        observers.unsubscribe(previous)
+    if t is not None:
+        observers.subscribe(t, observers.TRACE)  # the step boundary and the wait sources feed it
     return previous
 
 
@@ -376,31 +381,40 @@ def unwrap(saved: tuple) -> None:
         more[0]._issue = more[1]
 
 
-def install_from_env(environ=None) -> Optional[StepTracer]:
+def install_from_env(environ=None, root: str = "fastdeploy") -> Optional[StepTracer]:
     """``FD_ASYNC_COPY_TRACE=FILE``: trace ``FD_ASYNC_COPY_TRACE_STEPS`` decode steps after the sync
     check's warm-up and write FILE (``{pid}`` in FILE is replaced by the process id: one file per
-    worker). Called by ``sync_check.install_from_env`` (which arms the check in ``count`` mode if
-    it is off). Never raises: a bad value is logged and nothing is traced."""
+    worker). Arms the sync check first (``count`` mode if it is off: the trace shows its waits); a
+    bad trace value is logged and the check is armed as its own variables say. Never raises."""
     try:
         settings = settings_from_env(environ)
     except TraceConfigError as exc:
         log.error("fd_async_copy: %s", exc)
+        sync_check.install_from_env(root, environ)
         return None
     if settings is None:
+        sync_check.install_from_env(root, environ)
         return None
     path, steps = settings
-    from . import runtime, sync_check
+    c = sync_check.install_from_env(root, environ, count_if_off=True)
+    if c is None:
+        return None
+    try:
+        from . import runtime
 
-    c = sync_check.checker()
-    warmup = c.settings.warmup if c is not None else 0
-    trace = Trace(f"FastDeploy worker {os.getpid()}")
-    t = WritingTracer(trace, path, steps=steps, skip=warmup)
-    activate(t)
-    cls = census_class()
-    runtime.census._ACTIVE = cls(keep=False)  # process-wide, as the census is; records nothing
-    wrap_event_record()
+        trace = Trace(f"FastDeploy worker {os.getpid()}")
+        t = WritingTracer(trace, path, steps=steps, skip=c.settings.warmup)
+        activate(t)
+        cls = census_class()
+        runtime.census._ACTIVE = cls(keep=False)  # process-wide, as the census is; records nothing
+        wrap_event_record()
+    except Exception as exc:  # never stop the server for a diagnostic
+        log.error("fd_async_copy trace: cannot install (%s: %s); the check is off", type(exc).__name__, exc)
+        activate(None)
+        sync_check.stop()
+        return None
     atexit.register(t.flush)
-    log.info("fd_async_copy: tracing %d decode steps after %d warm-up steps to %s", steps, warmup, path)
+    log.info("fd_async_copy: tracing %d decode steps after %d warm-up steps to %s", steps, c.settings.warmup, path)
     return t
 
 

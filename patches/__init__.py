@@ -19,6 +19,13 @@ from fd_async_copy_plugin.registry.hookspecs import hookimpl
 
 
 @hookimpl
+def fd_async_copy_catalog():
+    # the order ``all`` expands to (and ``status()`` lists); overlap changes the step schedule: opt-in
+    return {"logprobs": "default", "stop_flag": "default", "sampled_tokens": "option", "sync_scope": "default",
+            "step_syncs": "default", "flag_race": "default", "overlap": "opt-in"}
+
+
+@hookimpl
 def fd_async_copy_features():
     from . import flag_race, logprobs, overlap, step_syncs, stop_flag, sync_scope
 

@@ -25,25 +25,15 @@ from fd_async_copy_plugin.registry.patch import Feature, Patch, Target, wraps
 RUNNER = "worker.gpu_model_runner"
 
 
-def wait_event(event, backend) -> None:
-    """Wait for ``event``: the copy backend's own events (the replica), else FastDeploy's CUDA event."""
-    from fd_async_copy_plugin.runtime.backend import CopyEvent
-
-    if isinstance(event, CopyEvent):
-        backend.wait(event, "insert_tasks_v1.not_need_stop")
-    else:
-        event.synchronize()
-
-
 def build_insert(original, ctx):
     @wraps(original)
-    def insert(self, req_dicts, *args, **kwargs):
+    def insert_tasks_v1(self, req_dicts, *args, **kwargs):
         event = getattr(self, "last_post_process_event", None)
         if event is not None and req_dicts and getattr(self, "enable_overlap_schedule", True):
-            wait_event(event, ctx.backend)
+            event.synchronize()  # FastDeploy's own event object (``paddle.device.cuda.Event``)
         return original(self, req_dicts, *args, **kwargs)
 
-    return insert
+    return insert_tasks_v1
 
 
 class FlagRaceFeature(Feature):

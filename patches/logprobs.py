@@ -283,14 +283,14 @@ def keeps_fastdeploy_code(platform, backend) -> bool:
     """Whether ``gather_logprobs`` runs FastDeploy's own code on this platform.
 
     Non-CUDA accelerators that share ``Sampler`` (XPU, Iluvatar, GCU, DCU, Metax) do. FastDeploy's
-    CPU platform (a CPU build of Paddle, where only the ``host`` and ``sim`` backends can run: ``auto``
-    and ``cuda`` stand down) takes the patched path with synchronous copies: that is how the plugin
+    CPU platform (a CPU build of Paddle, where only host-memory backends - ``host`` and those derived
+    from it - can run: ``auto`` and ``cuda`` stand down) takes the patched path with synchronous copies: that is how the plugin
     is checked against a real FastDeploy without a GPU (``fd-async-copy selftest``).
     """
     if platform is None or platform.is_cuda():
         return False
     is_cpu = getattr(platform, "is_cpu", None)
-    return not (backend.name in ("host", "sim") and callable(is_cpu) and is_cpu())
+    return not (isinstance(backend, runtime.HostBackend) and callable(is_cpu) and is_cpu())
 
 
 def build_gather_logprobs(original, ctx):

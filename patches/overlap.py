@@ -66,7 +66,7 @@ class OverlapState:
         #: "exact": the next step is sized after the last one's snapshot landed (step_syncs waits
         #: for it at _prepare_inputs); "bound": FD 2.5's padded upper bound, no wait before the forward
         self.count_mode = count_mode
-        self.runner = runner_state  # runner.RunnerState: the stop part's device flag, step_saved()
+        self.runner = runner_state  # runner.RunnerState: step_saved()
         # one pinned flag per step in flight: a slot is rewritten two steps later, after its save ran
         self.flags = [backend.new_pinned([1], "bool", f"overlap.not_need_stop[{i}]") for i in range(2)]
         self.flag_turn = 0
@@ -78,9 +78,10 @@ class OverlapState:
         self.saving = threading.RLock()  # one flush at a time; the captured saves move under it
         self.detached = False  # disable() took the part off its runner
 
-    def step_flag_copies(self) -> list:
-        """Right after the update op (``RunnerState.step_copies``): the copy of this step's flag, for its save."""
-        return [(self.flags[self.flag_turn], self.runner.stop.device, "overlap.not_need_stop")] if self.in_step else []
+    def step_flag_copies(self, device_flag) -> list:
+        """Right after the update op (``RunnerState.step_copies``): the copy of this step's flag
+        (``device_flag``, the stop part's), for its save."""
+        return [(self.flags[self.flag_turn], device_flag, "overlap.not_need_stop")] if self.in_step else []
 
     def holds_step(self) -> bool:
         """A step's save is still to run (captured in this step, or pending from the last)."""

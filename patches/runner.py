@@ -46,10 +46,10 @@ PIPELINE: dict[str, tuple[str, ...]] = {
     # block-table rows
     _R + "insert_tasks_v1": ("overlap", "flag_race", "stop_flag", "step_syncs"),
     _R + "insert_prefill_inputs": ("overlap", "stop_flag", "step_syncs"),  # as insert_tasks_v1
-    # sync_check (the diagnostic, not a feature): the decode step's bounds, around everything;
     # overlap: the save one step later (the saves run inside the next step)
     # stop_flag: none but the step itself as one section (``Patch.step``: no enable()/disable() inside)
-    _R + "execute_model": ("sync_check", "overlap", "stop_flag"),
+    # (the diagnostics' step boundary, ``sync_check``, is outermost of all: ``Junction.attach(outermost)``)
+    _R + "execute_model": ("overlap", "stop_flag"),
     # overlap: right after the forward launch, run the last step's save; while output is pending,
     # True; stop_flag: answer from the legacy flag made current
     _R + "not_need_stop": ("overlap", "stop_flag"),
@@ -85,8 +85,8 @@ class RunnerState:
         copies = []
         if self.syncs is not None and self.syncs.shadow is not None:
             copies += self.syncs.shadow.snapshot_copies()
-        if self.overlap is not None:
-            copies += self.overlap.step_flag_copies()
+        if self.overlap is not None and self.stop is not None:
+            copies += self.overlap.step_flag_copies(self.stop.device)
         return copies
 
     def save_deferred(self) -> bool:

@@ -109,9 +109,10 @@ def _validate(args) -> str | None:
     for flag, value in (("--base-features", args.base_features), ("--candidate-features", args.candidate_features)):
         if value is not None:
             from ..config import ConfigError, parse_features
+            from ..registry.catalog import feature_catalog
 
             try:
-                parse_features(value, source=flag)
+                parse_features(value, source=flag, catalog=feature_catalog())
             except ConfigError as exc:
                 return str(exc)
     for flag, url in (("--base-url", args.base_url), ("--candidate-url", args.candidate_url)):

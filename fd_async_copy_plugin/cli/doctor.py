@@ -7,7 +7,8 @@ import os
 import platform
 import sys
 
-from ..config import ENV_BACKEND, ENV_FEATURES, ENV_VARS, KNOWN_FEATURES, OPT_IN_FEATURES, AsyncCopyConfig, ConfigError
+from ..config import ENV_BACKEND, ENV_FEATURES, ENV_VARS, AsyncCopyConfig, ConfigError
+from ..registry.catalog import feature_catalog
 from ..registry.plan import PADDLE_INSTALL_HINT
 
 
@@ -100,12 +101,13 @@ def diagnose(root: str = "fastdeploy", environ=None) -> dict:
         # set, but read by nothing: a typo, most likely
         "env_unknown": sorted(name for name in environ if name.startswith("FD_ASYNC_COPY") and name not in all_vars()),
     }
+    catalog = feature_catalog()
     try:
-        config = AsyncCopyConfig.from_env(environ)
+        config = AsyncCopyConfig.from_env(environ, catalog=catalog)
     except ConfigError as exc:
         report["config_error"] = str(exc)
         report["config_errors"] = list(exc.problems)
-        config = AsyncCopyConfig()
+        config = AsyncCopyConfig(features=catalog.default)
     plugins = (environ.get("FD_PLUGINS") or "").split(",")
     report["fd_plugins_lists_us"] = "fd_async_copy" in plugins
     report["enabled"] = bool(config.enabled and report["config_error"] is None)
@@ -157,12 +159,13 @@ def _add_not_requested(report: dict, requested: tuple, backend: str, root: str) 
     """Every known feature is listed: one not requested says how to request it and what it would do."""
     import fd_async_copy_plugin
 
-    missing = [name for name in KNOWN_FEATURES if name not in report["features"]]
+    catalog = feature_catalog()
+    missing = [name for name in catalog.names if name not in report["features"]]
     if not missing:
         return
     would = fd_async_copy_plugin.plan(tuple(requested) + tuple(missing), backend=backend, root=root)["features"]
     for name in missing:
-        how = (f"opt-in: {ENV_FEATURES}=all,{name}" if name in OPT_IN_FEATURES
+        how = (f"opt-in: {ENV_FEATURES}=all,{name}" if name in catalog.opt_in
                else f"not in {ENV_FEATURES}; add it to request it")
         entry = would[name]
         state = "would apply" if entry["state"] == "apply" else entry["state"]

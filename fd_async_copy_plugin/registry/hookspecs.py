@@ -1,13 +1,12 @@
 """What a patch set provides, as pluggy hook specifications (project ``fd_async_copy``).
 
 pluggy does one job here: it finds the patch sets - modules registered through the
-``fd_async_copy`` entry-point group (today the built-in ``fd_async_copy_plugin.patches``) - and calls
-the two hooks below on each. The feature lifecycle itself - the declared targets, the checks,
+``fd_async_copy`` entry-point group (the built-in ``fd_async_copy_plugin.patches`` and any
+third-party distribution's) - and calls the hooks below on each. The feature lifecycle itself - the declared targets, the checks,
 ``prepare``/``report``/``quiesce``/``teardown`` - is the ``Feature`` class protocol in
 ``registry/patch.py``, not a set of hooks: a patch set subclasses ``Feature``. A feature is
-requested by name, and ``config.KNOWN_FEATURES`` lists the names ``FD_ASYNC_COPY_FEATURES`` and
-``enable()`` accept (a typo is an error, not an unknown plugin), so a new patch set's feature names
-are added there.
+requested by name; the names ``FD_ASYNC_COPY_FEATURES`` and ``enable()`` accept are those the
+installed sets' ``fd_async_copy_catalog`` give (a typo is an error naming them).
 """
 
 from __future__ import annotations
@@ -17,6 +16,14 @@ import pluggy
 PROJECT = "fd_async_copy"
 hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+@hookspec
+def fd_async_copy_catalog():
+    """Return ``{name: kind}``: the feature names this patch set answers to, without importing
+    Paddle or FastDeploy (``doctor`` and the configuration read it). ``kind``: ``default`` (in
+    ``all``), ``opt-in`` (applied only when named) or ``option`` (an option of a feature). A feature
+    ``fd_async_copy_features`` returns that is not named here is a ``default`` one."""
 
 
 @hookspec

@@ -11,7 +11,8 @@ from typing import Any
 import pluggy
 
 from ..profile import ProfileInfo, detect_profile
-from . import hookspecs
+from .catalog import (ENTRY_POINT_GROUP, FeatureCatalog, available_features, collect_features,  # noqa: F401
+                      feature_catalog, plugin_manager)
 from .imports import WATCHER
 from .patch import STEP_GATE, AppliedFeature, Feature, IncompatibleError, PatchContext, apply_feature
 from .plan import (
@@ -20,7 +21,6 @@ from .plan import (
     FAILED,
     INCOMPATIBLE,
     NATIVE,
-    PADDLE_INSTALL_HINT,
     PARTIAL,
     PASSTHROUGH,
     PENDING,
@@ -33,36 +33,31 @@ from .plan import (
 
 log = logging.getLogger("fd_async_copy")
 
-ENTRY_POINT_GROUP = "fd_async_copy"
+#: backends beyond the shipped ones: ``name = "module:factory"``, imported only when that name is asked for
+BACKEND_GROUP = "fd_async_copy.backends"
+
+
+def backend_names() -> tuple[str, ...]:
+    """Every backend name ``enable(backend=...)`` accepts: the shipped ones, then the entry points'."""
+    from importlib.metadata import entry_points
+
+    from ..config import BACKENDS
+
+    return BACKENDS + tuple(sorted({ep.name for ep in entry_points(group=BACKEND_GROUP)} - set(BACKENDS)))
+
+
+def make_backend(name: str):
+    """The backend ``name``: a shipped one (``runtime.make_backend``) or an entry point's factory."""
+    from importlib.metadata import entry_points
+
+    from ..config import BACKENDS
+
+    found = [] if name in BACKENDS else list(entry_points(group=BACKEND_GROUP, name=name))
+    return found[0].load()() if found else runtime_module().make_backend(name)
 
 
 class StrictModeError(RuntimeError):
     """Raised in strict mode when a requested feature was not applied (see ``plan.REFUSED_IN_STRICT_MODE``)."""
-
-
-def plugin_manager() -> pluggy.PluginManager:
-    """A pluggy manager with every patch set from the ``fd_async_copy`` entry-point group."""
-    pm = pluggy.PluginManager(hookspecs.PROJECT)
-    pm.add_hookspecs(hookspecs)
-    pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP)
-    if not pm.get_plugins():
-        # A source checkout run without `pip install`: the entry points are not registered.
-        # Register the built-in set through the same pluggy path so behaviour is identical.
-        from .. import patches as builtin
-
-        log.debug("fd_async_copy: no entry points in group %r; registering built-ins", ENTRY_POINT_GROUP)
-        pm.register(builtin, name="builtin")
-    return pm
-
-
-def collect_features(pm: pluggy.PluginManager) -> dict[str, Feature]:
-    features: dict[str, Feature] = {}
-    for contributed in pm.hook.fd_async_copy_features():
-        for feature in contributed or ():
-            if feature.name in features:
-                raise ValueError(f"two plugins contribute a feature named {feature.name!r}")
-            features[feature.name] = feature
-    return features
 
 
 def collect_order(pm: pluggy.PluginManager) -> dict[str, tuple[str, ...]]:
@@ -74,16 +69,6 @@ def collect_order(pm: pluggy.PluginManager) -> dict[str, tuple[str, ...]]:
                 raise ValueError(f"two plugins order the features around {target} differently")
             order[target] = tuple(names)
     return order
-
-
-def available_features(pm: pluggy.PluginManager) -> dict[str, Feature] | str:
-    """The installed features, or why they cannot be loaded (the patch sets need Paddle)."""
-    try:
-        return collect_features(pm)
-    except ModuleNotFoundError as exc:
-        if exc.name != "paddle" and not str(exc.name or "").startswith("paddle."):
-            raise
-        return f"Paddle is not importable ({exc}): {PADDLE_INSTALL_HINT}"
 
 
 class PatchManager:
@@ -103,6 +88,11 @@ class PatchManager:
         self.requested_backend = "auto"
         self.settings = None  # config.RunSettings of the last enable()
         self._order: dict[str, tuple[str, ...]] = {}
+
+    def catalog(self) -> FeatureCatalog:
+        """The feature names of this manager's patch sets (the entry points' and ``add_plugin``'s)."""
+        self.pm = self.pm or plugin_manager()
+        return feature_catalog(self.pm)
 
     def add_plugin(self, plugin, name: str | None = None) -> None:
         """Register a patch-set plugin object (what an ``fd_async_copy`` entry point provides)."""
@@ -149,7 +139,7 @@ class PatchManager:
 
     def _make_backend(self, backend: str) -> tuple[str, str]:
         try:
-            self.backend = runtime_module().make_backend(backend)
+            self.backend = make_backend(backend)
         except Exception as exc:
             return backend, str(exc)
         return self.backend.name, ""

@@ -284,6 +284,7 @@ class Junction:
     def __init__(self, owner: Any, name: str, original: Any, own: bool, order: tuple[str, ...]) -> None:
         self.owner, self.name, self.original, self.own = owner, name, original, own
         self.order = tuple(order)
+        self.outer: frozenset = frozenset()  # links outermost of all (a diagnostic's step boundary)
         #: a staticmethod/classmethod keeps its kind; the links work on its function
         self.descriptor = type(original) if isinstance(original, (staticmethod, classmethod)) else None
         function = original.__func__ if self.descriptor else original
@@ -320,11 +321,17 @@ class Junction:
         """The junction of ``owner.name``: the one installed, or a new one (installed by its first link)."""
         found = cls.at(owner, name)
         if found is not None:
+            if order and not found.order:  # made by a diagnostic first: the features' order now
+                with _junctions_lock:
+                    found.order = tuple(order)
+                    found._relink()
             return found
         own = (name in vars(owner)) if isinstance(owner, type) else True
         return cls(owner, name, _raw_attr(owner, name), own, order)
 
     def _rank(self, feature: str) -> tuple:
+        if feature in self.outer:
+            return (-1, feature)
         return (self.order.index(feature), "") if feature in self.order else (len(self.order), feature)
 
     def features(self) -> list[str]:
@@ -346,10 +353,14 @@ class Junction:
             following = links.get(feature, following)
         self.head = following  # the head last: a call in flight sees a whole chain
 
-    def attach(self, feature: str, build: Callable[[Any], Any], step: bool = False) -> None:
+    def attach(self, feature: str, build: Callable[[Any], Any], step: bool = False, outermost: bool = False) -> None:
+        """Add ``feature``'s link, in the order's place (``outermost``: before every feature, for a
+        diagnostic that is no feature; a name the order lacks: innermost, by name)."""
         with _junctions_lock:
             if feature in self.links:
                 raise IncompatibleError(f"{self.name}: feature {feature!r} declares two patches of it")
+            if outermost:
+                self.outer = self.outer | {feature}
             link = build(_Next(self, feature))
             self.links = {**self.links, feature: link}  # copied, never changed in place: readers iterate it
             self.gated = self.gated or step

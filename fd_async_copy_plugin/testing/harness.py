@@ -42,7 +42,7 @@ PATCHED_PATHS = (
     "_save_model_output",
     "paddle.device.synchronize",  # FD 2.5's prompt-logprobs sync (the only device-wide one per step)
     "overlap.",  # the overlap feature's wait for the previous step's event (its save)
-    "insert_tasks_v1.not_need_stop",  # flag_race's wait (FD 2.5 overlap): it covers the flag's copy
+    "insert_tasks_v1.post_process_event",  # flag_race's wait (FD 2.5 overlap): it covers the flag's copy
     "execute_model_normal.post_process_event",  # develop waits for the save's event in execute_model_*
     "execute_model_overlap.post_process_event",
 )

@@ -106,7 +106,9 @@ def test_doctor_says_same_reason_only_under_the_same_reason():
 
 
 def test_doctor_json_lists_every_feature_with_the_opt_in_overlap_explained():
-    from fd_async_copy_plugin.config import KNOWN_FEATURES
+    from fd_async_copy_plugin.registry.catalog import feature_catalog
+
+    KNOWN_FEATURES = feature_catalog().names
 
     report = _doctor_json()
     assert set(report["features"]) == set(KNOWN_FEATURES)

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import fd_async_copy_plugin
 from fd_async_copy_plugin.cli import build_parser
-from fd_async_copy_plugin.config import KNOWN_FEATURES, OPT_IN_FEATURES
+from fd_async_copy_plugin.registry.catalog import feature_catalog
+
+KNOWN_FEATURES, OPT_IN_FEATURES = feature_catalog().names, feature_catalog().opt_in
 
 REPO = Path(__file__).resolve().parents[2]
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]

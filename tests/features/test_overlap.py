@@ -429,7 +429,11 @@ def test_needs_its_requirements(features, missing):
 
 
 def test_overlap_is_opt_in():
-    from fd_async_copy_plugin.config import parse_features
+    from fd_async_copy_plugin.config import parse_features as parse
+    from fd_async_copy_plugin.registry.catalog import feature_catalog
+
+    def parse_features(raw):
+        return parse(raw, catalog=feature_catalog())
 
     assert "overlap" not in parse_features("all")
     assert parse_features("all,overlap")[-1] == "overlap" and "logprobs" in parse_features("all,overlap")

@@ -118,7 +118,8 @@ def test_fd_async_copy_trace_env_writes_the_file_after_its_steps(tmp_path, monke
     env = {"FD_ASYNC_COPY_TRACE": str(path), "FD_ASYNC_COPY_TRACE_STEPS": "3", "FD_ASYNC_COPY_SYNC_CHECK_WARMUP": "1"}
     saved_census = trace_census()
     try:
-        checker = sync_check.install_from_env(root=ROOTS["fd24"], environ=env)
+        assert trace.install_from_env(root=ROOTS["fd24"], environ=env) is not None
+        checker = sync_check.checker()
         assert checker is not None and checker.settings.mode == "count"  # the trace arms the check
         config = DriverConfig(max_num_seqs=3, vocab_size=128, max_model_len=64, block_size=64)
         requests = [Request(f"r{i}", [3 + i, 4, 5], max_tokens=8, eos_token_ids=[200]) for i in range(3)]
@@ -234,7 +235,7 @@ def test_a_bad_trace_env_arms_nothing_and_logs_one_line(tmp_path, caplog):
     paths = _special_paths(tmp_path)
     env = {"FD_ASYNC_COPY_TRACE": str(paths["a FIFO"])}
     with caplog.at_level("ERROR", logger="fd_async_copy"):
-        assert sync_check.install_from_env(root=ROOTS["fd24"], environ=env) is None
+        assert trace.install_from_env(root=ROOTS["fd24"], environ=env) is None
     assert trace.tracer() is None and sync_check.checker() is None  # the trace alone armed nothing
     errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
     assert len(errors) == 1 and "FD_ASYNC_COPY_TRACE=" in errors[0] and "a FIFO" in errors[0] and "\n" not in errors[0]

@@ -11,12 +11,15 @@ import sys
 import pytest
 
 import fd_async_copy_plugin
-from fd_async_copy_plugin.config import AsyncCopyConfig, ConfigError, FEATURES
+from fd_async_copy_plugin.config import AsyncCopyConfig, ConfigError
+from fd_async_copy_plugin.registry.catalog import feature_catalog
+
+FEATURES = feature_catalog().default
 from fd_async_copy_plugin.registry.manager import collect_features, plugin_manager
 
 
 def test_defaults_mean_loaded_but_inactive():
-    config = AsyncCopyConfig.from_env({})
+    config = AsyncCopyConfig.from_env({}, catalog=feature_catalog())
     assert (config.enabled, config.features, config.backend, config.strict) == (False, FEATURES, "auto", False)
 
 
@@ -43,7 +46,7 @@ def test_valid_values():
 )
 def test_bad_values_name_variable_value_and_allowed(name, value, allowed):
     with pytest.raises(ConfigError) as info:
-        AsyncCopyConfig.from_env({name: value})
+        AsyncCopyConfig.from_env({name: value}, catalog=feature_catalog())
     message = str(info.value)
     assert name in message and repr(value) in message and allowed in message
 

@@ -23,6 +23,7 @@ RUNTIME = {
     f"{PACKAGE}.fd_identity",
     f"{PACKAGE}.profile",
     f"{PACKAGE}.registry",
+    f"{PACKAGE}.registry.catalog",
     f"{PACKAGE}.registry.hookspecs",
     f"{PACKAGE}.registry.imports",
     f"{PACKAGE}.registry.manager",

@@ -75,7 +75,20 @@ def test_one_prompt_logprobs_flag_one_blocking_fallback_one_list_of_backends():
                 if p.target.attr == target]
     assert builders == [_consumers.build_prompt_scope] * 2
     assert inspect.getsource(logprobs).count(".blocking_d2h(") == 1
-    assert runtime.BACKENDS is config.API_BACKENDS and set(config.BACKENDS) < set(runtime.BACKENDS)
+    assert "sim" not in config.BACKENDS  # the shipped list; the fake runtime comes from the testing package
+
+
+def test_the_fake_runtime_is_found_through_the_entry_point_group_not_the_config():
+    from importlib.metadata import entry_points
+
+    from fd_async_copy_plugin.registry.manager import BACKEND_GROUP, backend_names, make_backend
+
+    (sim,) = entry_points(group=BACKEND_GROUP, name="sim")
+    assert sim.value.startswith("fd_async_copy_plugin.testing.")
+    assert backend_names()[: len(config.BACKENDS)] == config.BACKENDS and "sim" in backend_names()
+    assert isinstance(make_backend("sim"), SimulatedBackend)
+    with pytest.raises(config.ConfigError, match="backend='nope' is not valid; allowed values: auto, cuda, host, sim"):
+        fd_async_copy_plugin.enable(backend="nope")
 
 
 def test_the_prompt_scope_marks_the_thread_inside_the_method_only():

@@ -309,7 +309,9 @@ def test_an_enable_that_raises_stops_the_session(tmp_path):
 
 
 def test_features_help_lists_every_feature(tmp_path):
-    from fd_async_copy_plugin.config import KNOWN_FEATURES
+    from fd_async_copy_plugin.registry.catalog import feature_catalog
+
+    KNOWN_FEATURES = feature_catalog().names
 
     proc, _ = run_pytest(tmp_path, "-p", "fd_async_copy", "--help")
     assert proc.returncode == 0, proc.stderr

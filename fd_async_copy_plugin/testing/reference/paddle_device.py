@@ -58,6 +58,22 @@ class ReplicaEvent:
         return self.event is None or replica_backend.current().query(self.event)
 
 
+class RecordedEvent:
+    """FastDeploy's ``post_process_event`` (``paddle.device.cuda.create_event()`` + ``record()``,
+    FD 2.5 gpu_model_runner.py:2606-2610) over the copy backend's event: ``synchronize()`` waits for it
+    (the wait named by the calling function), as FastDeploy's event object does on a GPU."""
+
+    def __init__(self) -> None:
+        self.event = None
+
+    def record(self) -> None:
+        self.event = replica_backend.current().record("post_process_event")
+
+    def synchronize(self) -> None:
+        caller = sys._getframe(1).f_code.co_name  # FastDeploy's own wait keeps its census name
+        replica_backend.current().wait(self.event, caller if caller == "_save_model_output" else f"{caller}.post_process_event")
+
+
 class ReplicaStream:
     """``paddle.device.current_stream()`` on the CPU build: ``wait_event(event)`` (what the stream
     issues from now on runs after ``event``) goes to the backend's ``stream_wait_event`` where it

@@ -648,15 +648,11 @@ def enable_tp(tp: int, features, root: str, **kwargs):
     """The plugin enabled on ``root`` with ``features`` and a ``RankBackends`` of ``tp`` ranks as its
     backend (``sim`` per rank); disabled afterwards. Yields ``status()``."""
     import fd_async_copy_plugin
-    from ... import runtime
+    from ..backends import sim_made_by
 
     backends = RankBackends([RankSim(rank) for rank in range(tp)])
-    real = runtime.make_backend
-    runtime.make_backend = lambda name: backends if name == "sim" else real(name)
-    try:
+    with sim_made_by(lambda: backends):
         status = fd_async_copy_plugin.enable(features=features, backend="sim", root=root, **kwargs)
-    finally:
-        runtime.make_backend = real
     try:
         yield status
     finally:

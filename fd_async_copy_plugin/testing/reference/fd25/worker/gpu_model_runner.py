@@ -39,6 +39,7 @@ from ...placement import as_device, blocking_d2h, copy_async, count_d2h, device_
 from ...tiny_model import TinyModel
 from ...zmq_sink import AsyncOutputThread
 from ...copy_backend import current as current_backend
+from ...paddle_device import RecordedEvent
 from ..engine.request import Request, RequestType
 from ..model_executor.forward_meta import ForwardMeta
 from ..model_executor.layers.sample.meta_data import SamplingMetadata
@@ -477,12 +478,13 @@ class GPUModelRunner(AsyncOutputThread):
         if not self.speculative_decoding:
             copy_async(si["sampled_token_ids"], sampler_output.sampled_token_ids, "_postprocess.sampled_token_ids")
             copy_async(si["not_need_stop"], si["not_need_stop_device"], "_postprocess.not_need_stop")
-            post_process_event = backend.record("post_process_event")
+            post_process_event = RecordedEvent()
+            post_process_event.record()
         self.exist_prefill_flag = False
         return model_output_data, sampler_output, post_process_event, token_num
 
     def _save_model_output(self, model_output_data, sampler_output, post_process_event):
-        current_backend().wait(post_process_event, "_save_model_output")
+        post_process_event.synchronize()
         save_output_normal(
             model_output=model_output_data,
             sampler_output=sampler_output,
