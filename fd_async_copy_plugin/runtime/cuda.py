@@ -21,7 +21,7 @@ import logging
 from functools import partial
 
 from . import census
-from .backend import AsyncCopyError, CopyBackend, CopyEvent
+from .backend import AsyncCopyError, CopyBackend, CopyEvent, CopySetState
 from .cudart import CopySet
 from .glue import composed_facts
 
@@ -148,45 +148,98 @@ class RuntimeBackend(CopyBackend):
 
     def _issue(self, dsts, names, sources: list, label: str) -> CopyEvent:
         """The one function that issues D2H copies: copy each source (its ``_sources`` facts) into
-        its destination as one copy set with its own event ``label``, which each destination keeps.
+        its destination as one copy set with its own event ``label``; each destination names the set
+        (``_Pinned.set``) and a reader waits on the set's event.
 
-        Every destination is fitted (dtype, capacity, shape) before anything is issued. Per stream
-        (one, unless sources sit on two GPUs) one C call, ``fdac_d2h_batch``, checks the capacities,
-        issues the copies (one ``cudaMemcpyBatchAsync`` where the runtime has it) and records the
-        set's event; without the C call (``HostRuntime``, a build without it) a runtime call each.
-        A destination whose last copy went on another stream and is not known complete is waited
-        on first (``_order_after``): two unordered copies into one buffer may land in either order."""
-        fit = self._fit
-        fitted = [fit(dst, source[2], source[3]) for dst, source in zip(dsts, sources)]  # all checked first
-        memories = [facts.memory() for facts in fitted]  # (alive: ``_fit`` checked them)
+        Every destination is fitted (dtype, capacity, shape) before anything is issued. A copy set is
+        described once (``CopySetState``, kept by its first destination): per stream (one, unless
+        sources sit on two GPUs) one C call, ``fdac_d2h_set_issue``, checks the capacities, issues the
+        copies (one ``cudaMemcpyBatchAsync`` where the runtime has it) and records the set's event;
+        a steady step passes it only the sources, the stream and the event. Without the C call
+        (``HostRuntime``, a build without it) a runtime call each. A destination whose last copy went
+        on another stream and is not known complete is waited on first (``_order_after``): two
+        unordered copies into one buffer may land in either order."""
+        pinned, glue = self._pinned, self.glue
+        address, shape_of, fitted, srcs = glue.address, glue.shape, [], []
+        for dst, source in zip(dsts, sources):  # every destination checked before anything is issued
+            facts = pinned.get(id(dst))
+            shape = source[2]
+            if (facts is None or facts.buf() is not dst or shape != facts.shape or source[3] != facts.dtype
+                    or address(dst) != facts.ptr or shape_of(dst) != shape):
+                facts = self._fit(dst, shape, source[3])  # (the buffer as the backend left it: nothing to fit)
+            fitted.append(facts)
+            srcs.append(source[1])
+        if not sources:  # (nothing to copy: an event on no stream, complete)
+            return self._issue_streams(fitted, names, sources, label)
+        device = sources[0][0]
+        for source in sources:
+            if source[0] != device:
+                return self._issue_streams(fitted, names, sources, label)
+        batch = self.rt.batch
+        if batch is not None and len(fitted) > batch.MAX:
+            batch = None
+        described = fitted[0].copyset
+        if described is None or described.facts != fitted:
+            described = self._describe(fitted, batch)
+        with self._lock:
+            if census._ACTIVE is not None:
+                for name in names:
+                    census.record("async_d2h", name)
+            stream = self._stream(device)
+            claim = self._ordered(described, fitted, stream, names)
+            handle = self._event(stream, -1 if device is None else device)
+            c = described.c
+            if c is not None:
+                reshapes = self._reshapes
+                if described.sizes_at != reshapes:  # (a buffer was reshaped since: new sizes)
+                    c.issue(srcs, [f.nbytes for f in fitted], stream, handle)
+                    described.sizes_at = reshapes
+                else:
+                    c.issue(srcs, None, stream, handle)
+            else:
+                memcpy = self.rt.memcpy_d2h_async
+                for facts, src in zip(fitted, srcs):
+                    if facts.nbytes:
+                        memcpy(facts.ptr, src, facts.nbytes, stream)
+                self.rt.event_record(handle, stream)
+            last = self._last
+            before = last.get(stream)
+            event = last[stream] = CopyEvent(label, (handle,), () if before is None else (before,))
+            described.event, described.names, described.stream = event, names, stream
+            for i in claim:
+                fitted[i].set, fitted[i].index = described, i
+            return event
+
+    def _describe(self, fitted: list, batch) -> CopySetState:
+        """The copy set of these destinations, described once and kept by the first of them."""
+        memories = [facts.memory() for facts in fitted]  # (alive: the buffers are)
+        c = None if batch is None else CopySet(batch, [f.ptr for f in fitted], [m.nbytes for m in memories])
+        described = fitted[0].copyset = CopySetState(fitted, c)
+        return described
+
+    def _ordered(self, described, fitted, stream: int, names) -> list:
+        """Wait for a copy into one of ``fitted`` still running on another stream (``_order_after``);
+        returns the indices of the destinations another copy set wrote last (backend lock held)."""
+        claim = []
+        for i, facts in enumerate(fitted):
+            earlier = facts.set
+            if earlier is not described:
+                claim.append(i)
+            if earlier is not None and earlier.stream != stream and not earlier.event.done:
+                self._order_after(earlier.event, names[i])
+            h2d = facts.h2d_event
+            if h2d is not None and facts.h2d_stream != stream and not h2d.done:
+                self._order_after(h2d, names[i])
+        return claim
+
+    def _issue_streams(self, fitted, names, sources, label) -> CopyEvent:
+        """``_issue`` for sources on several GPUs: a C call (or a runtime call each) per stream and
+        one event per stream, in one set's event (backend lock taken here)."""
         batch = self.rt.batch
         with self._lock:
             if census._ACTIVE is not None:
                 for name in names:
                     census.record("async_d2h", name)
-            device, one = (sources[0][0], batch is not None and len(fitted) <= batch.MAX) if sources else (None, False)
-            for source in sources if one else ():
-                if source[0] != device:
-                    one = False
-                    break
-            if one:
-                # Every step's case: one stream, and the set described once (``CopySet``, kept by its
-                # first destination): one C call of three arguments.
-                stream = self._stream(device)
-                for memory, name in zip(memories, names):
-                    if memory.fence_stream != stream and memory.fence_event is not None:
-                        self._ordered((memory,), stream, (name,))
-                handle = self._event(stream, -1 if device is None else device)
-                described = fitted[0].copyset
-                if described is None or described[1] != fitted:
-                    described = fitted[0].copyset = (CopySet(batch, [f.ptr for f in fitted],
-                                                             [m.nbytes for m in memories]), fitted)
-                described[0].issue([s[1] for s in sources], [f.nbytes for f in fitted], stream, handle)
-                last = self._last
-                event = last[stream] = CopyEvent(label, (handle,), (last.get(stream),))
-                for facts, memory, name in zip(fitted, memories, names):
-                    facts.event, facts.writer, memory.fence_event, memory.fence_stream = event, name, event, stream
-                return event
             streams, groups = {}, {}  # device -> stream; stream -> indices of its copies
             for i, source in enumerate(sources):
                 stream = streams.get(source[0])
@@ -195,14 +248,16 @@ class RuntimeBackend(CopyBackend):
                     groups[stream] = [i]
                 else:
                     groups[stream].append(i)
-                self._ordered(memories[i:i + 1], stream, names[i:i + 1])
+            described = CopySetState(fitted)
+            for stream, indices in groups.items():
+                self._ordered(described, [fitted[i] for i in indices], stream, [names[i] for i in indices])
             handles = []
             for (device, stream), indices in zip(streams.items(), groups.values()):
                 handle = self._event(stream, -1 if device is None else device)
                 ptrs, srcs = [fitted[i].ptr for i in indices], [sources[i][1] for i in indices]
-                sizes, capacities = [fitted[i].nbytes for i in indices], [memories[i].nbytes for i in indices]
+                sizes = [fitted[i].nbytes for i in indices]
                 if batch is not None and len(ptrs) <= batch.MAX:
-                    batch.issue(ptrs, srcs, sizes, stream, handle, capacities)
+                    batch.issue(ptrs, srcs, sizes, stream, handle, [fitted[i].memory().nbytes for i in indices])
                 else:
                     memcpy = self.rt.memcpy_d2h_async
                     for copy in zip(ptrs, srcs, sizes):
@@ -210,27 +265,14 @@ class RuntimeBackend(CopyBackend):
                             memcpy(*copy, stream)
                     self.rt.event_record(handle, stream)
                 handles.append(handle)
-            return self._kept(label, tuple(handles), groups, fitted, memories, names)
-
-    def _ordered(self, memories, stream: int, names) -> None:
-        for memory, name in zip(memories, names):
-            earlier = memory.fence_event
-            if earlier is not None and not earlier.done and memory.fence_stream != stream:
-                self._order_after(earlier, name)
-
-    def _kept(self, label, handles, groups, fitted, memories, names) -> CopyEvent:
-        """The set's event, kept by each destination and its memory (backend lock held)."""
-        last = self._last
-        event = CopyEvent(label, handles, [last.get(stream) for stream in groups])
-        for stream, indices in groups.items():
-            last[stream] = event
-            for i in indices:
-                facts = fitted[i]
-                facts.event, facts.writer = event, names[i]
-                if facts.nbytes:
-                    memory = memories[i]
-                    memory.fence_event, memory.fence_stream = event, stream
-        return event
+            last = self._last
+            event = CopyEvent(label, tuple(handles), [last.get(stream) for stream in groups])
+            for stream in groups:
+                last[stream] = event
+            described.event, described.names, described.stream = event, names, -1  # (-1: several streams)
+            for i, facts in enumerate(fitted):
+                facts.set, facts.index = described, i
+            return event
 
     def _order_after(self, earlier: CopyEvent, name: str) -> None:
         """A copy into memory whose last copy went on another stream and may still run: the host
@@ -244,7 +286,7 @@ class RuntimeBackend(CopyBackend):
             raise ValueError("copy_d2h: the source must be a GPU tensor for the cuda backend")
         raise ValueError("copy_d2h: the source must be contiguous (a copy by address reads it flat)")
 
-    def _copy_h2d(self, dst_ptr, device, memory, offset, nbytes, label):
+    def _copy_h2d(self, dst_ptr, device, facts, memory, offset, nbytes, label):
         # Backend lock held (``CopyBackend.copy_h2d``). ``device`` None: host memory (``host``).
         if device is None and self.device_sources:
             raise ValueError("copy_h2d: the destination must be GPU memory for the cuda backend")
@@ -255,8 +297,7 @@ class RuntimeBackend(CopyBackend):
         self.rt.event_record(handle, stream)
         event = CopyEvent(label, (handle,), (self._last.get(stream),))
         self._last[stream] = event
-        if nbytes:
-            memory.fence_event, memory.fence_stream = event, stream
+        facts.h2d_stream = stream  # (``copy_h2d`` keeps the event: ``facts.h2d_event``)
         return event
 
     # -- events ----------------------------------------------------------------------------------
