@@ -200,12 +200,14 @@ class CopySetState:
     destinations' facts (``facts``), the C call's descriptor of them (``c``: ``cudart.CopySet``, None
     where copies go one runtime call each), ``sizes_at``, the backend's reshape count when ``c``'s
     sizes were written; and its last issue: its own ``event``, the copies' ``names``, its ``stream``
-    (-1: several). Each destination it wrote names it (``_Pinned.set``): a reader finds its event there."""
+    (-1: several). Each destination it wrote names it (``_Pinned.set``): a reader finds its event there.
+    ``whole``: every destination still names it and no H2D copy read one since (cleared by the copy
+    that changed that): its next issue on the same stream needs no ordering check."""
 
-    __slots__ = ("facts", "c", "sizes_at", "event", "names", "stream")
+    __slots__ = ("facts", "c", "sizes_at", "event", "names", "stream", "whole")
 
     def __init__(self, facts: list, c=None) -> None:
-        self.facts, self.c, self.sizes_at = facts, c, -1
+        self.facts, self.c, self.sizes_at, self.whole = facts, c, -1, False
         self.event = self.names = self.stream = None
 
 
@@ -404,6 +406,8 @@ class CopyBackend:
             raise ValueError(f"copy_h2d: bytes [{offset}, {offset + nbytes}) outside the buffer's {memory.nbytes}")
         census.record("async_h2d", label)
         with self._lock:
+            if facts.set is not None:
+                facts.set.whole = False  # (its next issue checks this buffer's order)
             facts.h2d_event = self._copy_h2d(dst_ptr, device, facts, memory, offset, nbytes, label)
             return facts.h2d_event
 

@@ -120,12 +120,12 @@ class RuntimeBackend(CopyBackend):
     def fill(self, ring, writer, sources, labels, label, reserve=None):
         # The ring's lock held (``PinnedRing.fill``): each source's facts read once, for the slot's
         # choice and for its copy.
-        facts = self._sources(list(sources.values()))
+        facts = self._sources(sources.values())
         slot = ring._acquire(writer, {field: f[2] for field, f in zip(sources, facts)}, reserve)
         buffers = slot.buffers
         return slot, self._issue([buffers[f] for f in sources], [labels[f] for f in sources], facts, label)
 
-    def _sources(self, sources: list) -> list[tuple]:
+    def _sources(self, sources) -> list[tuple]:
         """Each source's checked facts: (device, address, shape, dtype, ...) (see ``_plan_other``)."""
         facts_of, probed, on_device, out = self._facts_of, self._probed_ok, self.device_sources, []
         for src in sources:
@@ -161,6 +161,7 @@ class RuntimeBackend(CopyBackend):
         unordered copies into one buffer may land in either order."""
         pinned, glue = self._pinned, self.glue
         address, shape_of, fitted, srcs = glue.address, glue.shape, [], []
+        device = sources[0][0] if sources else -2
         for dst, source in zip(dsts, sources):  # every destination checked before anything is issued
             facts = pinned.get(id(dst))
             shape = source[2]
@@ -169,12 +170,10 @@ class RuntimeBackend(CopyBackend):
                 facts = self._fit(dst, shape, source[3])  # (the buffer as the backend left it: nothing to fit)
             fitted.append(facts)
             srcs.append(source[1])
-        if not sources:  # (nothing to copy: an event on no stream, complete)
-            return self._issue_streams(fitted, names, sources, label)
-        device = sources[0][0]
-        for source in sources:
             if source[0] != device:
-                return self._issue_streams(fitted, names, sources, label)
+                device = -2
+        if device == -2:  # sources on several GPUs, or none (an event on no stream, complete)
+            return self._issue_streams(fitted, names, sources, label)
         batch = self.rt.batch
         if batch is not None and len(fitted) > batch.MAX:
             batch = None
@@ -186,7 +185,8 @@ class RuntimeBackend(CopyBackend):
                 for name in names:
                     census.record("async_d2h", name)
             stream = self._stream(device)
-            claim = self._ordered(described, fitted, stream, names)
+            claim = () if described.whole and described.stream == stream else self._ordered(
+                described, fitted, stream, names)
             handle = self._event(stream, -1 if device is None else device)
             c = described.c
             if c is not None:
@@ -205,9 +205,12 @@ class RuntimeBackend(CopyBackend):
             last = self._last
             before = last.get(stream)
             event = last[stream] = CopyEvent(label, (handle,), () if before is None else (before,))
-            described.event, described.names, described.stream = event, names, stream
+            described.event, described.names, described.stream, described.whole = event, names, stream, True
             for i in claim:
-                fitted[i].set, fitted[i].index = described, i
+                facts = fitted[i]
+                if facts.set is not None:
+                    facts.set.whole = False  # (that set no longer wrote this buffer last)
+                facts.set, facts.index = described, i
             return event
 
     def _describe(self, fitted: list, batch) -> CopySetState:
@@ -271,6 +274,8 @@ class RuntimeBackend(CopyBackend):
                 last[stream] = event
             described.event, described.names, described.stream = event, names, -1  # (-1: several streams)
             for i, facts in enumerate(fitted):
+                if facts.set is not None:
+                    facts.set.whole = False
                 facts.set, facts.index = described, i
             return event
 
