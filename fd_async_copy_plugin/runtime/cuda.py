@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 from functools import partial
+from operator import itemgetter
 
 from . import census
 from .backend import AsyncCopyError, CopyBackend, CopyEvent, CopySetState
@@ -26,6 +27,7 @@ from .cudart import CopySet
 from .glue import composed_facts
 
 _EVENT_POOL = 8
+_shape = itemgetter(2)  # a source's shape in its ``_sources`` facts
 log = logging.getLogger("fd_async_copy")
 
 
@@ -120,10 +122,11 @@ class RuntimeBackend(CopyBackend):
     def fill(self, ring, writer, sources, labels, label, reserve=None):
         # The ring's lock held (``PinnedRing.fill``): each source's facts read once, for the slot's
         # choice and for its copy.
+        # (``map`` over C callables: no comprehension frame per call)
         facts = self._sources(sources.values())
-        slot = ring._acquire(writer, {field: f[2] for field, f in zip(sources, facts)}, reserve)
-        buffers = slot.buffers
-        return slot, self._issue([buffers[f] for f in sources], [labels[f] for f in sources], facts, label)
+        slot = ring._acquire(writer, dict(zip(sources, map(_shape, facts))), reserve)
+        return slot, self._issue(list(map(slot.buffers.__getitem__, sources)), list(map(labels.__getitem__, sources)),
+                                 facts, label)
 
     def _sources(self, sources) -> list[tuple]:
         """Each source's checked facts: (device, address, shape, dtype, ...) (see ``_plan_other``)."""
