@@ -143,11 +143,9 @@ class RuntimeBackend(CopyBackend):
 
     def _stream(self, device) -> int:
         """The stream a copy from ``device`` goes on: the framework's current one (``host``/``sim``:
-        the runtime's, for host memory). Backend lock held."""
-        stream = self.glue.stream(device) if device is not None else self.rt.host_stream()
-        if stream not in self._streams:
-            self._streams[stream] = -1 if device is None else device
-        return stream
+        the runtime's, for host memory). Backend lock held. (``_event`` notes it among the streams
+        copied on.)"""
+        return self.glue.stream(device) if device is not None else self.rt.host_stream()
 
     def _issue(self, dsts, names, sources: list, label: str) -> CopyEvent:
         """The one function that issues D2H copies: copy each source (its ``_sources`` facts) into
@@ -187,10 +185,15 @@ class RuntimeBackend(CopyBackend):
             if census._ACTIVE is not None:
                 for name in names:
                     census.record("async_d2h", name)
-            stream = self._stream(device)
+            stream = self.glue.stream(device) if device is not None else self.rt.host_stream()  # (``_stream``)
             claim = () if described.whole and described.stream == stream else self._ordered(
                 described, fitted, stream, names)
-            handle = self._event(stream, -1 if device is None else device)
+            pool = self._events.get(stream)
+            if pool is not None and len(pool) == _EVENT_POOL:  # (``_event``'s common case, inline)
+                self._next_event = turn = self._next_event + 1
+                handle = pool[turn % _EVENT_POOL]
+            else:
+                handle = self._event(stream, -1 if device is None else device)
             c = described.c
             if c is not None:
                 reshapes = self._reshapes
@@ -318,6 +321,7 @@ class RuntimeBackend(CopyBackend):
             return pool[self._next_event % _EVENT_POOL]
         if pool is None:
             pool = self._events[stream] = []
+            self._streams.setdefault(stream, device)  # (a stream copied on: ``record`` covers it)
         # An event belongs to the device current when it is created: create it on the stream's.
         current = self.rt.get_device() if device >= 0 else device
         if current != device:
