@@ -138,9 +138,6 @@ class PinnedMemory:
             return ()
         return (None if facts.set is None else facts.set.event), facts.h2d_event
 
-    def in_flight(self) -> bool:
-        return any(event is not None and not event.done for event in self.fences())
-
     def release(self) -> None:
         if self.released:
             return
@@ -170,18 +167,6 @@ class _Pinned:
         self.buf, self.memory, self.ptr, self.dtype, self.flat = buf, memory, ptr, dtype, flat
         self.set = self.index = self.h2d_event = self.h2d_stream = self.copyset = None
         self.reshape(shape)
-
-    @property
-    def event(self):
-        """The event of the copy set that last wrote the buffer (None: never written)."""
-        written = self.set
-        return None if written is None else written.event
-
-    @property
-    def writer(self):
-        """The label of the last copy into the buffer (None: never written)."""
-        written = self.set
-        return None if written is None else written.names[self.index]
 
     def reshape(self, shape: tuple) -> None:
         count = prod(shape) if shape else 1
@@ -441,7 +426,7 @@ class CopyBackend:
     def event_of(self, buf) -> CopyEvent | None:
         """The event of the copy set that last wrote ``buf`` (None: never written by a copy)."""
         facts = self._facts(buf)
-        return None if facts is None else facts.event
+        return None if facts is None or facts.set is None else facts.set.event
 
     def copy_in_flight(self, buf) -> bool:
         """A copy into ``buf`` may still be landing (no wait covering it has returned)."""

@@ -242,9 +242,8 @@ class RuntimeBackend(CopyBackend):
         return claim
 
     def _issue_streams(self, fitted, names, sources, label) -> CopyEvent:
-        """``_issue`` for sources on several GPUs: a C call (or a runtime call each) per stream and
-        one event per stream, in one set's event (backend lock taken here)."""
-        batch = self.rt.batch
+        """``_issue`` for sources on several GPUs (rare): a runtime call per copy and an event handle
+        per stream, in one set's event (backend lock taken here)."""
         with self._lock:
             if census._ACTIVE is not None:
                 for name in names:
@@ -254,26 +253,16 @@ class RuntimeBackend(CopyBackend):
                 stream = streams.get(source[0])
                 if stream is None:
                     stream = streams[source[0]] = self._stream(source[0])
-                    groups[stream] = [i]
-                else:
-                    groups[stream].append(i)
-            described = CopySetState(fitted)
+                groups.setdefault(stream, []).append(i)
+            described, handles, memcpy = CopySetState(fitted), [], self.rt.memcpy_d2h_async
             for stream, indices in groups.items():
                 self._ordered(described, [fitted[i] for i in indices], stream, [names[i] for i in indices])
-            handles = []
             for (device, stream), indices in zip(streams.items(), groups.values()):
-                handle = self._event(stream, -1 if device is None else device)
-                ptrs, srcs = [fitted[i].ptr for i in indices], [sources[i][1] for i in indices]
-                sizes = [fitted[i].nbytes for i in indices]
-                if batch is not None and len(ptrs) <= batch.MAX:
-                    batch.issue(ptrs, srcs, sizes, stream, handle, [fitted[i].memory().nbytes for i in indices])
-                else:
-                    memcpy = self.rt.memcpy_d2h_async
-                    for copy in zip(ptrs, srcs, sizes):
-                        if copy[2]:
-                            memcpy(*copy, stream)
-                    self.rt.event_record(handle, stream)
-                handles.append(handle)
+                handles.append(self._event(stream, -1 if device is None else device))
+                for i in indices:
+                    if fitted[i].nbytes:
+                        memcpy(fitted[i].ptr, sources[i][1], fitted[i].nbytes, stream)
+                self.rt.event_record(handles[-1], stream)
             last = self._last
             event = CopyEvent(label, tuple(handles), [last.get(stream) for stream in groups])
             for stream in groups:
