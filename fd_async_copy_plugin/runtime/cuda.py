@@ -188,12 +188,7 @@ class RuntimeBackend(CopyBackend):
             stream = self.glue.stream(device) if device is not None else self.rt.host_stream()  # (``_stream``)
             claim = () if described.whole and described.stream == stream else self._ordered(
                 described, fitted, stream, names)
-            pool = self._events.get(stream)
-            if pool is not None and len(pool) == _EVENT_POOL:  # (``_event``'s common case, inline)
-                self._next_event = turn = self._next_event + 1
-                handle = pool[turn % _EVENT_POOL]
-            else:
-                handle = self._event(stream, -1 if device is None else device)
+            handle = self._event(stream, -1 if device is None else device)
             c = described.c
             if c is not None:
                 reshapes = self._reshapes
