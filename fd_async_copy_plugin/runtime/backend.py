@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import itertools
 import logging
 import threading
 import weakref
@@ -113,9 +114,9 @@ def _track(keeper, memory: "PinnedMemory") -> None:
 class PinnedMemory:
     """One host allocation behind a pinned buffer (``cudaHostAlloc``, or host memory on ``host``),
     referenced by the buffer's tensor through tensor -> DLPack -> numpy array -> a ctypes view of the
-    memory (the *keeper*). Released only after every copy into or out of it: the last copy's event
-    and stream are kept (``fence_event``, ``fence_stream``) and, unless a wait covered that event, an
-    event recorded behind it on that stream is waited on before the memory is freed (CUDA may
+    memory (the *keeper*). Released only after every copy into or out of it: the buffer's facts
+    (``facts``: the copy set that last wrote it, the last H2D copy reading it) name those copies'
+    events and, unless a wait covered them, they are waited on before the memory is freed (CUDA may
     otherwise hand it out while the DMA still runs).
 
     Not released where the tensor dies: that is inside Paddle's free routine, under a Paddle lock,
@@ -127,22 +128,24 @@ class PinnedMemory:
 
     def __init__(self, rt, ptr: int, nbytes: int, backend=None) -> None:
         self.rt, self.ptr, self.nbytes = rt, ptr, nbytes
-        self.fence_stream: int | None = None
-        self.fence_event: CopyEvent | None = None
+        self.facts: _Pinned | None = None
         self.released = False
 
-    def in_flight(self) -> bool:
-        event = self.fence_event
-        return event is not None and not event.done
+    def fences(self) -> tuple:
+        """The events of the last copies into and out of this memory (None where there was none)."""
+        facts = self.facts
+        if facts is None:
+            return ()
+        return (None if facts.set is None else facts.set.event), facts.h2d_event
 
     def release(self) -> None:
         if self.released:
             return
         self.released = True
-        event = self.fence_event
-        if event is not None and not event.done:
-            for handle in event.native:  # (an event needs no current device to be waited on)
-                self.rt.event_synchronize(handle)  # GIL released: other threads keep running
+        for event in self.fences():
+            if event is not None and not event.done:
+                for handle in event.native:  # (an event needs no current device to be waited on)
+                    self.rt.event_synchronize(handle)  # GIL released: other threads keep running
         self.rt.host_free(self.ptr)
 
 
@@ -152,17 +155,17 @@ class _Pinned:
     it alive (used only while the tensor lives, so while the memory does); the shape the backend
     last gave the tensor (checked against the capacity once, when it changed), its bytes, and
     ``view``, the allocation's view in that shape once a read made it (``shaped``; used by ``read``
-    only while the tensor has it). And the buffer's copies: ``event``, the event of the copy set
-    that last wrote it (readers wait on that one), ``writer`` that copy's label, ``h2d_event`` the
-    event of the last H2D copy reading it (the host waits on it before writing the buffer), and
-    ``copyset``, the last copy set it came first in, described once for the C call."""
+    only while the tensor has it). And the buffer's copies: ``set``, the copy set that last wrote it
+    (``CopySetState``: readers wait on its event), ``index`` its place there, ``h2d_event`` and
+    ``h2d_stream``, the last H2D copy reading it (the host waits on it before writing the buffer),
+    and ``copyset``, the copy set it comes first in, described once."""
 
-    __slots__ = ("buf", "memory", "ptr", "dtype", "flat", "shape", "nbytes", "view", "event", "writer", "h2d_event",
-                 "copyset")
+    __slots__ = ("buf", "memory", "ptr", "dtype", "flat", "shape", "nbytes", "view", "set", "index", "h2d_event",
+                 "h2d_stream", "copyset")
 
     def __init__(self, buf, memory, ptr: int, dtype: str, flat: np.ndarray, shape: tuple) -> None:
         self.buf, self.memory, self.ptr, self.dtype, self.flat = buf, memory, ptr, dtype, flat
-        self.event = self.writer = self.h2d_event = self.copyset = None
+        self.set = self.index = self.h2d_event = self.h2d_stream = self.copyset = None
         self.reshape(shape)
 
     def reshape(self, shape: tuple) -> None:
@@ -176,6 +179,24 @@ class _Pinned:
             view = self.view = self.flat[:self.nbytes // self.flat.itemsize].reshape(self.shape)
         return view
 
+
+class CopySetState:
+    """A copy set - a ring slot's buffers, a decode step's outputs - described once: its
+    destinations' facts (``facts``), the C call's descriptor of them (``c``: ``cudart.CopySet``, None
+    where copies go one runtime call each), ``sizes_at``, the backend's reshape count when ``c``'s
+    sizes were written; and its last issue: its own ``event``, the copies' ``names``, its ``stream``
+    (-1: several). Each destination it wrote names it (``_Pinned.set``): a reader finds its event there.
+    ``whole``: every destination still names it and no H2D copy read one since (cleared by the copy
+    that changed that): its next issue on the same stream needs no ordering check."""
+
+    __slots__ = ("facts", "c", "sizes_at", "event", "names", "stream", "whole")
+
+    def __init__(self, facts: list, c=None) -> None:
+        self.facts, self.c, self.sizes_at, self.whole = facts, c, -1, False
+        self.event = self.names = self.stream = None
+
+
+_reshape_count = itertools.count(1)
 
 #: An event links at most this many not-yet-waited events recorded before it on its streams (a wait
 #: marks them done too); beyond that the link is dropped - a later wait on one of those is then a
@@ -245,6 +266,7 @@ class CopyBackend:
         self._last: dict[int, CopyEvent] = {}  # stream -> the newest event covering it
         # The runtime's check of a host read (the simulator's fake runtime has one)
         self._check_read = getattr(rt, "check_read", None)
+        self._reshapes = 0  # a count of ``_fit``'s reshapes: a copy set rewrites its sizes when it moved
 
     # -- allocation ---------------------------------------------------------------------------
     def new_pinned(self, shape: Iterable[int], dtype: str, label: str):
@@ -285,8 +307,9 @@ class CopyBackend:
                 "the host wrap is not zero-copy"
             )
         flat = np.frombuffer((ctypes.c_byte * max(1, nbytes)).from_address(memory.ptr), dtype=np_dtype, count=count)
-        self._pinned[id(t)] = _Pinned(weakref.ref(t), weakref.ref(memory), memory.ptr, self.glue.dtype(t), flat,
-                                      tuple(shape))
+        facts = memory.facts = _Pinned(weakref.ref(t), weakref.ref(memory), memory.ptr, self.glue.dtype(t), flat,
+                                       tuple(shape))
+        self._pinned[id(t)] = facts
         return t
 
     def _facts(self, buf) -> _Pinned | None:
@@ -323,6 +346,7 @@ class CopyBackend:
                     f"{facts.memory().nbytes}; allocate it larger (a pinned buffer never grows in place)"
                 )
             facts.reshape(shape)
+            self._reshapes = next(_reshape_count)  # (after the reshape: the copy sets' sizes are stale)
         glue.set_shape(dst, shape)  # (a no-op when the tensor has it: also after a foreign reshape)
         return facts
 
@@ -367,7 +391,9 @@ class CopyBackend:
             raise ValueError(f"copy_h2d: bytes [{offset}, {offset + nbytes}) outside the buffer's {memory.nbytes}")
         census.record("async_h2d", label)
         with self._lock:
-            facts.h2d_event = self._copy_h2d(dst_ptr, device, memory, offset, nbytes, label)
+            if facts.set is not None:
+                facts.set.whole = False  # (its next issue checks this buffer's order)
+            facts.h2d_event = self._copy_h2d(dst_ptr, device, facts, memory, offset, nbytes, label)
             return facts.h2d_event
 
     def before_host_write(self, buf, writer: str) -> None:
@@ -400,7 +426,7 @@ class CopyBackend:
     def event_of(self, buf) -> CopyEvent | None:
         """The event of the copy set that last wrote ``buf`` (None: never written by a copy)."""
         facts = self._facts(buf)
-        return None if facts is None else facts.event
+        return None if facts is None or facts.set is None else facts.set.event
 
     def copy_in_flight(self, buf) -> bool:
         """A copy into ``buf`` may still be landing (no wait covering it has returned)."""
@@ -508,13 +534,14 @@ class CopyBackend:
         return self._host_array(t, reader, start, end)
 
     def _host_array(self, t, reader: str, start: int | None, end: int | None) -> np.ndarray:
-        event = self._pinned[id(t)].event
+        written = self._pinned[id(t)].set
+        event = None if written is None else written.event
         if event is not None and not event.done:
             self.wait(event, reader)
         return self.read(t, reader, start, end)
 
     # -- the runtime's part (``RuntimeBackend``) ------------------------------------------------
-    def _copy_h2d(self, dst_ptr: int, device, memory: PinnedMemory, offset: int, nbytes: int,
+    def _copy_h2d(self, dst_ptr: int, device, facts: _Pinned, memory: PinnedMemory, offset: int, nbytes: int,
                   label: str) -> CopyEvent:
         raise NotImplementedError
 

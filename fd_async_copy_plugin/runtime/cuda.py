@@ -19,13 +19,15 @@ from __future__ import annotations
 
 import logging
 from functools import partial
+from operator import itemgetter
 
 from . import census
-from .backend import AsyncCopyError, CopyBackend, CopyEvent
+from .backend import AsyncCopyError, CopyBackend, CopyEvent, CopySetState
 from .cudart import CopySet
 from .glue import composed_facts
 
 _EVENT_POOL = 8
+_shape = itemgetter(2)  # a source's shape in its ``_sources`` facts
 log = logging.getLogger("fd_async_copy")
 
 
@@ -120,12 +122,13 @@ class RuntimeBackend(CopyBackend):
     def fill(self, ring, writer, sources, labels, label, reserve=None):
         # The ring's lock held (``PinnedRing.fill``): each source's facts read once, for the slot's
         # choice and for its copy.
-        facts = self._sources(list(sources.values()))
-        slot = ring._acquire(writer, {field: f[2] for field, f in zip(sources, facts)}, reserve)
-        buffers = slot.buffers
-        return slot, self._issue([buffers[f] for f in sources], [labels[f] for f in sources], facts, label)
+        # (``map`` over C callables: no comprehension frame per call)
+        facts = self._sources(sources.values())
+        slot = ring._acquire(writer, dict(zip(sources, map(_shape, facts))), reserve)
+        return slot, self._issue(list(map(slot.buffers.__getitem__, sources)), list(map(labels.__getitem__, sources)),
+                                 facts, label)
 
-    def _sources(self, sources: list) -> list[tuple]:
+    def _sources(self, sources) -> list[tuple]:
         """Each source's checked facts: (device, address, shape, dtype, ...) (see ``_plan_other``)."""
         facts_of, probed, on_device, out = self._facts_of, self._probed_ok, self.device_sources, []
         for src in sources:
@@ -140,97 +143,131 @@ class RuntimeBackend(CopyBackend):
 
     def _stream(self, device) -> int:
         """The stream a copy from ``device`` goes on: the framework's current one (``host``/``sim``:
-        the runtime's, for host memory). Backend lock held."""
-        stream = self.glue.stream(device) if device is not None else self.rt.host_stream()
-        if stream not in self._streams:
-            self._streams[stream] = -1 if device is None else device
-        return stream
+        the runtime's, for host memory). Backend lock held. (``_event`` notes it among the streams
+        copied on.)"""
+        return self.glue.stream(device) if device is not None else self.rt.host_stream()
 
     def _issue(self, dsts, names, sources: list, label: str) -> CopyEvent:
         """The one function that issues D2H copies: copy each source (its ``_sources`` facts) into
-        its destination as one copy set with its own event ``label``, which each destination keeps.
+        its destination as one copy set with its own event ``label``; each destination names the set
+        (``_Pinned.set``) and a reader waits on the set's event.
 
-        Every destination is fitted (dtype, capacity, shape) before anything is issued. Per stream
-        (one, unless sources sit on two GPUs) one C call, ``fdac_d2h_batch``, checks the capacities,
-        issues the copies (one ``cudaMemcpyBatchAsync`` where the runtime has it) and records the
-        set's event; without the C call (``HostRuntime``, a build without it) a runtime call each.
-        A destination whose last copy went on another stream and is not known complete is waited
-        on first (``_order_after``): two unordered copies into one buffer may land in either order."""
-        fit = self._fit
-        fitted = [fit(dst, source[2], source[3]) for dst, source in zip(dsts, sources)]  # all checked first
-        memories = [facts.memory() for facts in fitted]  # (alive: ``_fit`` checked them)
+        Every destination is fitted (dtype, capacity, shape) before anything is issued. A copy set is
+        described once (``CopySetState``, kept by its first destination): per stream (one, unless
+        sources sit on two GPUs) one C call, ``fdac_d2h_set_issue``, checks the capacities, issues the
+        copies (one ``cudaMemcpyBatchAsync`` where the runtime has it) and records the set's event;
+        a steady step passes it only the sources, the stream and the event. Without the C call
+        (``HostRuntime``, a build without it) a runtime call each. A destination whose last copy went
+        on another stream and is not known complete is waited on first (``_order_after``): two
+        unordered copies into one buffer may land in either order."""
+        pinned, glue = self._pinned, self.glue
+        address, shape_of, fitted, srcs = glue.address, glue.shape, [], []
+        device = sources[0][0] if sources else -2
+        for dst, source in zip(dsts, sources):  # every destination checked before anything is issued
+            facts = pinned.get(id(dst))
+            shape = source[2]
+            if (facts is None or facts.buf() is not dst or shape != facts.shape or source[3] != facts.dtype
+                    or address(dst) != facts.ptr or shape_of(dst) != shape):
+                facts = self._fit(dst, shape, source[3])  # (the buffer as the backend left it: nothing to fit)
+            fitted.append(facts)
+            srcs.append(source[1])
+            if source[0] != device:
+                device = -2
+        if device == -2:  # sources on several GPUs, or none (an event on no stream, complete)
+            return self._issue_streams(fitted, names, sources, label)
         batch = self.rt.batch
+        if batch is not None and len(fitted) > batch.MAX:
+            batch = None
+        described = fitted[0].copyset
+        if described is None or described.facts != fitted:
+            described = self._describe(fitted, batch)
         with self._lock:
             if census._ACTIVE is not None:
                 for name in names:
                     census.record("async_d2h", name)
-            device, one = (sources[0][0], batch is not None and len(fitted) <= batch.MAX) if sources else (None, False)
-            for source in sources if one else ():
-                if source[0] != device:
-                    one = False
-                    break
-            if one:
-                # Every step's case: one stream, and the set described once (``CopySet``, kept by its
-                # first destination): one C call of three arguments.
-                stream = self._stream(device)
-                for memory, name in zip(memories, names):
-                    if memory.fence_stream != stream and memory.fence_event is not None:
-                        self._ordered((memory,), stream, (name,))
-                handle = self._event(stream, -1 if device is None else device)
-                described = fitted[0].copyset
-                if described is None or described[1] != fitted:
-                    described = fitted[0].copyset = (CopySet(batch, [f.ptr for f in fitted],
-                                                             [m.nbytes for m in memories]), fitted)
-                described[0].issue([s[1] for s in sources], [f.nbytes for f in fitted], stream, handle)
-                last = self._last
-                event = last[stream] = CopyEvent(label, (handle,), (last.get(stream),))
-                for facts, memory, name in zip(fitted, memories, names):
-                    facts.event, facts.writer, memory.fence_event, memory.fence_stream = event, name, event, stream
-                return event
+            stream = self.glue.stream(device) if device is not None else self.rt.host_stream()  # (``_stream``)
+            claim = () if described.whole and described.stream == stream else self._ordered(
+                described, fitted, stream, names)
+            handle = self._event(stream, -1 if device is None else device)
+            c = described.c
+            if c is not None:
+                reshapes = self._reshapes
+                if described.sizes_at != reshapes:  # (a buffer was reshaped since: new sizes)
+                    c.issue(srcs, [f.nbytes for f in fitted], stream, handle)
+                    described.sizes_at = reshapes
+                else:
+                    c.issue(srcs, None, stream, handle)
+            else:
+                memcpy = self.rt.memcpy_d2h_async
+                for facts, src in zip(fitted, srcs):
+                    if facts.nbytes:
+                        memcpy(facts.ptr, src, facts.nbytes, stream)
+                self.rt.event_record(handle, stream)
+            last = self._last
+            before = last.get(stream)
+            event = last[stream] = CopyEvent(label, (handle,), () if before is None else (before,))
+            described.event, described.names, described.stream, described.whole = event, names, stream, True
+            for i in claim:
+                facts = fitted[i]
+                if facts.set is not None:
+                    facts.set.whole = False  # (that set no longer wrote this buffer last)
+                facts.set, facts.index = described, i
+            return event
+
+    def _describe(self, fitted: list, batch) -> CopySetState:
+        """The copy set of these destinations, described once and kept by the first of them."""
+        memories = [facts.memory() for facts in fitted]  # (alive: the buffers are)
+        c = None if batch is None else CopySet(batch, [f.ptr for f in fitted], [m.nbytes for m in memories])
+        described = fitted[0].copyset = CopySetState(fitted, c)
+        return described
+
+    def _ordered(self, described, fitted, stream: int, names) -> list:
+        """Wait for a copy into one of ``fitted`` still running on another stream (``_order_after``);
+        returns the indices of the destinations another copy set wrote last (backend lock held)."""
+        claim = []
+        for i, facts in enumerate(fitted):
+            earlier = facts.set
+            if earlier is not described:
+                claim.append(i)
+            if earlier is not None and earlier.stream != stream and not earlier.event.done:
+                self._order_after(earlier.event, names[i])
+            h2d = facts.h2d_event
+            if h2d is not None and facts.h2d_stream != stream and not h2d.done:
+                self._order_after(h2d, names[i])
+        return claim
+
+    def _issue_streams(self, fitted, names, sources, label) -> CopyEvent:
+        """``_issue`` for sources on several GPUs (rare): a runtime call per copy and an event handle
+        per stream, in one set's event (backend lock taken here)."""
+        with self._lock:
+            if census._ACTIVE is not None:
+                for name in names:
+                    census.record("async_d2h", name)
             streams, groups = {}, {}  # device -> stream; stream -> indices of its copies
             for i, source in enumerate(sources):
                 stream = streams.get(source[0])
                 if stream is None:
                     stream = streams[source[0]] = self._stream(source[0])
-                    groups[stream] = [i]
-                else:
-                    groups[stream].append(i)
-                self._ordered(memories[i:i + 1], stream, names[i:i + 1])
-            handles = []
+                groups.setdefault(stream, []).append(i)
+            described, handles, memcpy = CopySetState(fitted), [], self.rt.memcpy_d2h_async
+            for stream, indices in groups.items():
+                self._ordered(described, [fitted[i] for i in indices], stream, [names[i] for i in indices])
             for (device, stream), indices in zip(streams.items(), groups.values()):
-                handle = self._event(stream, -1 if device is None else device)
-                ptrs, srcs = [fitted[i].ptr for i in indices], [sources[i][1] for i in indices]
-                sizes, capacities = [fitted[i].nbytes for i in indices], [memories[i].nbytes for i in indices]
-                if batch is not None and len(ptrs) <= batch.MAX:
-                    batch.issue(ptrs, srcs, sizes, stream, handle, capacities)
-                else:
-                    memcpy = self.rt.memcpy_d2h_async
-                    for copy in zip(ptrs, srcs, sizes):
-                        if copy[2]:
-                            memcpy(*copy, stream)
-                    self.rt.event_record(handle, stream)
-                handles.append(handle)
-            return self._kept(label, tuple(handles), groups, fitted, memories, names)
-
-    def _ordered(self, memories, stream: int, names) -> None:
-        for memory, name in zip(memories, names):
-            earlier = memory.fence_event
-            if earlier is not None and not earlier.done and memory.fence_stream != stream:
-                self._order_after(earlier, name)
-
-    def _kept(self, label, handles, groups, fitted, memories, names) -> CopyEvent:
-        """The set's event, kept by each destination and its memory (backend lock held)."""
-        last = self._last
-        event = CopyEvent(label, handles, [last.get(stream) for stream in groups])
-        for stream, indices in groups.items():
-            last[stream] = event
-            for i in indices:
-                facts = fitted[i]
-                facts.event, facts.writer = event, names[i]
-                if facts.nbytes:
-                    memory = memories[i]
-                    memory.fence_event, memory.fence_stream = event, stream
-        return event
+                handles.append(self._event(stream, -1 if device is None else device))
+                for i in indices:
+                    if fitted[i].nbytes:
+                        memcpy(fitted[i].ptr, sources[i][1], fitted[i].nbytes, stream)
+                self.rt.event_record(handles[-1], stream)
+            last = self._last
+            event = CopyEvent(label, tuple(handles), [last.get(stream) for stream in groups])
+            for stream in groups:
+                last[stream] = event
+            described.event, described.names, described.stream = event, names, -1  # (-1: several streams)
+            for i, facts in enumerate(fitted):
+                if facts.set is not None:
+                    facts.set.whole = False
+                facts.set, facts.index = described, i
+            return event
 
     def _order_after(self, earlier: CopyEvent, name: str) -> None:
         """A copy into memory whose last copy went on another stream and may still run: the host
@@ -244,7 +281,7 @@ class RuntimeBackend(CopyBackend):
             raise ValueError("copy_d2h: the source must be a GPU tensor for the cuda backend")
         raise ValueError("copy_d2h: the source must be contiguous (a copy by address reads it flat)")
 
-    def _copy_h2d(self, dst_ptr, device, memory, offset, nbytes, label):
+    def _copy_h2d(self, dst_ptr, device, facts, memory, offset, nbytes, label):
         # Backend lock held (``CopyBackend.copy_h2d``). ``device`` None: host memory (``host``).
         if device is None and self.device_sources:
             raise ValueError("copy_h2d: the destination must be GPU memory for the cuda backend")
@@ -255,8 +292,7 @@ class RuntimeBackend(CopyBackend):
         self.rt.event_record(handle, stream)
         event = CopyEvent(label, (handle,), (self._last.get(stream),))
         self._last[stream] = event
-        if nbytes:
-            memory.fence_event, memory.fence_stream = event, stream
+        facts.h2d_stream = stream  # (``copy_h2d`` keeps the event: ``facts.h2d_event``)
         return event
 
     # -- events ----------------------------------------------------------------------------------
@@ -269,6 +305,7 @@ class RuntimeBackend(CopyBackend):
             return pool[self._next_event % _EVENT_POOL]
         if pool is None:
             pool = self._events[stream] = []
+            self._streams.setdefault(stream, device)  # (a stream copied on: ``record`` covers it)
         # An event belongs to the device current when it is created: create it on the stream's.
         current = self.rt.get_device() if device >= 0 else device
         if current != device:

@@ -136,7 +136,7 @@ class CopySet:
     their capacities fixed; ``issue`` writes the sources (and the sizes, when they changed) into
     its own arrays and passes three arguments. Its owner serialises the calls (the backend lock)."""
 
-    __slots__ = ("count", "_dst", "_src", "_nbytes", "_capacity", "_args", "_at", "_batch", "sizes")
+    __slots__ = ("count", "_dst", "_src", "_nbytes", "_capacity", "_args", "_at", "_batch")
 
     def __init__(self, batch: D2HBatch, dst: list, capacity: list) -> None:
         count = self.count = len(dst)
@@ -144,16 +144,18 @@ class CopySet:
         self._nbytes, self._capacity = (ctypes.c_size_t * count)(), (ctypes.c_size_t * count)(*capacity)
         self._args = _SetArgs(batch._api_at, count, *(ctypes.addressof(a) for a in
                                                      (self._dst, self._src, self._nbytes, self._capacity)), -1)
-        self._batch, self._at, self.sizes = batch, ctypes.addressof(self._args), None
+        self._batch, self._at = batch, ctypes.addressof(self._args)
 
-    def issue(self, src: list, nbytes: list, stream: int, event: int | None) -> None:
+    def issue(self, src: list, nbytes: list | None, stream: int, event: int | None) -> None:
+        """Sets the sources ``src`` and, unless None (as the last call's), the sizes ``nbytes``, then
+        issues the set on ``stream`` and records ``event`` there."""
         self._src[:] = src
-        if nbytes != self.sizes:
-            self._nbytes[:], self.sizes = nbytes, nbytes
+        if nbytes is not None:
+            self._nbytes[:] = nbytes
         batch = self._batch
         code = batch._set_issue(self._at, stream, event)
         if code:
-            batch._raise(code, self._args.failed, self.count, nbytes, list(self._capacity))
+            batch._raise(code, self._args.failed, self.count, list(self._nbytes), list(self._capacity))
 
 
 def loaded_cudart_paths() -> list[str]:

@@ -232,7 +232,7 @@ class PinnedRing:
     def _free_next(self) -> PinnedSlot | None:
         """The slot of the common step: the next one in ring order, when the ring holds its initial
         slots only and nothing outside it references that slot's buffers (``is_free``, inline); else
-        None. Hands nothing out: ``_take`` does."""
+        None. Hands nothing out: ``_acquire`` does."""
         slots = self.slots
         if len(slots) != self.base_slots:
             return None
@@ -243,16 +243,11 @@ class PinnedRing:
                 return None
         return slot
 
-    def _take(self, slot: PinnedSlot) -> PinnedSlot:
-        """Hand out ``_free_next``'s slot: one acquire."""
-        self._acquires += 1
-        return self._hand_out(slot)
-
     def _acquire(self, writer: str, shapes: dict[str, list[int]], reserve) -> PinnedSlot:
+        self._acquires += 1
         slot = self._free_next()
         if slot is not None and shapes == slot.served:  # the common step: what it held last time fits
-            return self._take(slot)
-        self._acquires += 1
+            return self._hand_out(slot)
         slots = self.slots
         if len(slots) > self.base_slots:
             self.release_idle()

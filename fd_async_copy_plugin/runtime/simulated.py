@@ -239,8 +239,8 @@ class SimulatedBackend(HostBackend):
 
     def pending_writers(self) -> list[str]:
         """The labels of the copies into this backend's buffers that have not landed."""
-        return sorted(f.writer for f in list(self._pinned.values())
-                      if f.writer is not None and f.buf() is not None and self.rt.pending(f.ptr, f.flat.nbytes))
+        return sorted(_writer(f) for f in list(self._pinned.values())
+                      if f.set is not None and f.buf() is not None and self.rt.pending(f.ptr, f.flat.nbytes))
 
     def _read_checked(self, buf, reader, rows):
         try:
@@ -249,7 +249,7 @@ class SimulatedBackend(HostBackend):
             facts = self._facts(buf)
             raise PendingCopyError(
                 f"host read of pinned buffer {self.label_of(buf)!r} by {reader!r} before the copy "
-                f"{facts.writer if facts else '?'!r} into it completed: wait on that copy set's event first ({exc})"
+                f"{_writer(facts) if facts else '?'!r} into it completed: wait on that copy set's event first ({exc})"
             ) from None
 
     def _h2d_still_read(self, buf, writer, event):
@@ -257,6 +257,11 @@ class SimulatedBackend(HostBackend):
             f"host write of pinned buffer {self.label_of(buf)!r} by {writer!r} while the copy "
             f"{event.label!r} may still read it: wait on that copy's event first"
         )
+
+
+def _writer(facts) -> str | None:
+    """The label of the last copy into a buffer (its facts; None: never written)."""
+    return None if facts.set is None else facts.set.names[facts.index]
 
 
 __all__ = ["CudaError", "FakeRuntime", "SimulatedBackend", "fake_library", "fake_runtime"]
