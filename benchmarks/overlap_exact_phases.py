@@ -95,6 +95,8 @@ class PhaseClock:
         self.marks: dict = {}
         self.wait_reasons: collections.Counter = collections.Counter()
         self.main = threading.main_thread()
+        self.trace_lines = False
+        self.lines: collections.Counter = collections.Counter()
 
     def wrap(self, label, fn, mark_start: str | None = None, mark_end: str | None = None):
         """``label``: a phase's name, or None for an op port: its time goes to "ops|<the phase calling it>"."""
@@ -143,6 +145,37 @@ class PhaseClock:
         self.now = collections.Counter()
         self.marks = {}
         self.step_started = t
+
+
+def _line_traced(fn, clock):
+    """``fn`` run under a line tracer of FastDeploy's ``_prepare_inputs`` code only (``--lines``): the
+    wall time from each line to the next, nested calls included, into ``clock.lines``."""
+    inner = fn
+    while hasattr(inner, "__wrapped__"):
+        inner = inner.__wrapped__
+    code = inner.__code__
+
+    def traced(*args, **kwargs):
+        state = {"line": None, "t": 0.0}
+
+        def local(frame, event, arg):
+            if event in ("line", "return"):
+                t = time.perf_counter()
+                if state["line"] is not None:
+                    clock.lines[(code.co_filename, state["line"])] += t - state["t"]
+                state["line"], state["t"] = frame.f_lineno, t
+            return local
+
+        def global_trace(frame, event, arg):
+            return local if frame.f_code is code else None
+
+        sys.settrace(global_trace)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            sys.settrace(None)
+
+    return traced
 
 
 @contextlib.contextmanager
@@ -206,6 +239,10 @@ def installed(clock: PhaseClock, runner_module, modules=(), skip_first: int = 1)
 
     cls = runner_module.GPUModelRunner
     found_inner = under_links(vars(cls).get("_prepare_inputs"), "prepare: FD's own lines")
+    if clock.trace_lines and found_inner:  # --lines: FastDeploy's _prepare_inputs line by line (a tracer: slower)
+        junction = junction_of(vars(cls).get("_prepare_inputs"))
+        timed = junction.bottom
+        junction.set_bottom(functools.wraps(timed)(_line_traced(timed, clock)))
     swap(cls, "insert_tasks_v1", "worker: insert_tasks_v1")
     swap(cls, "_prepare_inputs", "prepare: plugin's wrapper" if found_inner else "prepare: FD's own lines",
          mark_end="prep_end")
@@ -330,6 +367,8 @@ def main(argv=None) -> int:
     parser.add_argument("--logprobs", action="store_true", help="requests ask for top-5 logprobs")
     parser.add_argument("--count", choices=("exact", "bound"), default="exact",
                         help="FD_ASYNC_COPY_OVERLAP_COUNT (default exact; bound: for comparison, no wait before the forward)")
+    parser.add_argument("--lines", action="store_true",
+                        help="also FastDeploy's _prepare_inputs line by line (a line tracer: slower, the shares count)")
     parser.add_argument("--json", metavar="FILE")
     args = parser.parse_args(argv)
 
@@ -368,6 +407,7 @@ def main(argv=None) -> int:
     for batch in [int(b) for b in args.batches.split(",")]:
         config, requests = rsh.workload(batch, args.steps, args.vocab, args.logprobs)
         clock = PhaseClock()
+        clock.trace_lines = args.lines
         # the real configuration's environment is set by plugin_state; the clock wraps what it installed
         from fd_async_copy_plugin.testing.harness import device_for, plugin_state
         from fd_async_copy_plugin.testing.real_steps.check import _variant
@@ -407,6 +447,18 @@ def main(argv=None) -> int:
         print(f"  of the exposed host time, could move before the wait: {lo:.1f}-{hi:.1f} us = "
               f"{100 * summary['movable_share'][0]:.0f}%-{100 * summary['movable_share'][1]:.0f}%; count-dependent: "
               f"{summary['by_class_host_us'].get('dependent', 0.0):.1f} us")
+        if clock.lines:
+            import linecache
+
+            total = sum(clock.lines.values())
+            print(f"  --lines: _prepare_inputs by line (us per step under the tracer, nested calls included; "
+                  f"lines over 2% of {total / max(1, summary['steps']) * 1e6:.0f} us)")
+            summary["lines"] = {}
+            for (filename, line), seconds in sorted(clock.lines.items(), key=lambda kv: kv[0][1]):
+                us = seconds / max(1, summary["steps"]) * 1e6
+                summary["lines"][line] = round(us, 1)
+                if seconds >= 0.02 * total:
+                    print(f"    {us:8.1f} us  :{line} {linecache.getline(filename, line).strip()[:80]}")
         if overlap_report:
             results["batches"][str(batch)]["overlap_status"] = {k: overlap_report.get(k) for k in ("state", "runners")
                                                                 if k in overlap_report}
