@@ -145,7 +145,7 @@ class StepConfig:
                 f"({self.host_ms:.2f} ms host per step)")
         if self.split:
             line += (f"; host phases from the measured split {self.split}: of prepare, worker loop "
-                     f"{self.worker_ms:.2f} ms (before exact's wait), count-independent {self.movable_ms:.2f} ms, "
+                     f"{self.worker_ms:.2f} ms (before exact's wait), count-independent and mixed {self.movable_ms:.2f} ms, "
                      f"count-dependent {self.prepare_ms - self.worker_ms - self.movable_ms:.2f} ms")
         if self.finishes:
             line += (f"; finishing pattern {self.finishes[0]}-{self.finishes[1]} per step, each refilled by an "
@@ -1074,7 +1074,7 @@ def report(cfg: StepConfig, res: dict, model: dict | None, label: str) -> list[s
         f"({cfg.prepare_ms:.2f} ms) does not; bound (FD 2.5's padded count) {ov['median'] / base:.3f}x.")
     if "exact, prep first" in res:
         pf = res["exact, prep first"]
-        say(f"  exact, prep first (the count-independent prepare, {cfg.movable_ms:.2f} ms, before the wait; only "
+        say(f"  exact, prep first (the count-independent and mixed prepare, {cfg.movable_ms:.2f} ms: an upper estimate, before the wait; "
             f"{cfg.prepare_ms - cfg.worker_ms - cfg.movable_ms:.2f} ms count-dependent after it): {pf['median']:.3f} "
             f"ms/step ({pf['median'] / base:.3f}x fd24); exact / bound {ox['median'] / ov['median']:.3f}x, "
             f"prep first / bound {pf['median'] / ov['median']:.3f}x (issue 40's target <= 1.03x).")

@@ -60,7 +60,7 @@ def test_prep_first_runs_the_count_free_prepare_before_exacts_wait(tmp_path, cap
     movable = sm.CONFIGS["hostheavy"].prepare_ms / 2
     assert first == pytest.approx(exact - movable, abs=0.05)
     assert bound < first < exact
-    assert "exact, prep first (the count-independent prepare" in out and "prep first / bound" in out
+    assert "exact, prep first (the count-independent and mixed prepare" in out and "prep first / bound" in out
     assert "0 mismatches" in out
 
 
