@@ -433,8 +433,10 @@ def main(argv=None) -> int:
         summary["exact_path_ran"] = ran
         ok = ok and ran
         results["batches"][str(batch)] = summary
+        note = "" if ran else f"  <-- the overlap ({args.count}) path did NOT run"
         print(f"\nB={batch}: {summary['steps']} steps, step wall {summary['step_wall_us']:.0f} us; exact's waits "
-              f"{summary['exact_waits']} (steps that waited: {summary['steps_waited']}/{summary['steps']}), overlap flushes {served}{'' if ran else f'  <-- the overlap ({args.count}) path did NOT run'}")
+              f"{summary['exact_waits']} (steps that waited: {summary['steps_waited']}/{summary['steps']}), "
+              f"overlap flushes {served}{note}")
         print(f"  {'host us':>9s} {'op us':>9s} {'ops':>5s}  class        phase   (host: FD's/plugin's Python and "
               f"Paddle calls; op: our ports of FD's compiled ops, what a GPU runs)")
         for label, v in summary["phases"].items():
