@@ -358,6 +358,24 @@ def summarize(clock: PhaseClock) -> dict:
     return out
 
 
+def _commit() -> str:
+    """The plugin checkout's commit (results name their commit), or "unknown"."""
+    import subprocess
+
+    try:
+        done = subprocess.run(["git", "-C", HERE, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              timeout=10)
+        return done.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def _paddle_version() -> str:
+    import paddle
+
+    return getattr(paddle, "__version__", "?")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fd-root", help="folder holding FastDeploy 2.4's fastdeploy/ (default: the replica fd24)")
@@ -402,7 +420,9 @@ def main(argv=None) -> int:
           f"{args.steps} tokens per request, vocab {args.vocab}, logprobs {'k=5' if args.logprobs else 'off'}")
     print("CPU-measured: Paddle calls compute here where a GPU launches them; per phase: exclusive wall time, "
           "median us per executed step (prefill step excluded)")
-    results = {"source": where, "count": args.count, "logprobs": args.logprobs, "batches": {}}
+    results = {"date": time.strftime("%Y-%m-%d", time.gmtime()), "commit": _commit(),
+               "machine": f"CPU ({os.cpu_count()} cores), Paddle {_paddle_version()}", "source": where,
+               "count": args.count, "logprobs": args.logprobs, "batches": {}}
     ok = True
     for batch in [int(b) for b in args.batches.split(",")]:
         config, requests = rsh.workload(batch, args.steps, args.vocab, args.logprobs)

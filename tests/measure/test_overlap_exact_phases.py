@@ -48,7 +48,9 @@ def test_smoke_on_the_replica(count, tmp_path, capsys):
     assert bench.main(["--batches", "2", "--steps", "4", "--count", count, "--json", str(out_json)]) == 0
     out = capsys.readouterr().out
     assert out.splitlines()[-1] == "RESULT: MEASURED"
-    split = json.loads(out_json.read_text())["batches"]["2"]
+    recorded = json.loads(out_json.read_text())
+    assert recorded["date"] and recorded["commit"] and "CPU" in recorded["machine"]  # results name them
+    split = recorded["batches"]["2"]
     assert split["exact_path_ran"] and split["overlap_flushes"] > 0 and split["steps"] >= 3
     phases = split["phases"]
     if count == "exact":  # exact's wait at _prepare_inputs, once per executed step
