@@ -65,6 +65,14 @@ no wrong token count. RESULT is PASS only when both modes meet both FD 2.4 targe
 is met and every output is right; the verdict lines name each mode's and FD 2.5's verdict.
 
     python3 benchmarks/step_model.py [--quick] [--output FILE] [--dry-run] [--config NAME:F:FS:P:B:S]
+        [--host-split JSON[:B]] [--finishes A-B] [--insert-ms MS]
+
+Issue 40: ``--host-split JSON[:B]`` divides each configuration's prepare time as the measured split
+of ``benchmarks/overlap_exact_phases.py --json`` does (worker loop before exact's wait; count-independent
+and mixed; count-dependent) and adds the variant ``exact, prep first`` (the count-independent and mixed
+share before exact's wait: an upper estimate of moving it); ``--finishes A-B`` makes A..B requests
+finish per step, each refilled by an insert at the next step's start (``--insert-ms`` host per
+request), and an insert first flushes the pending save, as the plugin's ``get_tasks``/insert flush does.
 
 ``--dry-run`` runs the same schedules on a fake clock (no GPU, no torch; the plugin's HostBackend
 and PinnedRing over host memory): a logic check, and the modelled numbers printed next to the
@@ -78,11 +86,13 @@ import collections
 import ctypes
 import gc
 import io
+import json
 import logging
+import os
 import statistics
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -115,15 +125,60 @@ class StepConfig:
     prepare_ms: float
     between_ms: float
     save_ms: float
+    #: parts of ``prepare_ms`` from a measured split (``--host-split``; 0 without one): the worker loop's
+    #: share (before ``_prepare_inputs``: before exact's wait) and the count-independent share of
+    #: ``_prepare_inputs`` (could run before exact's wait: the ``overlap, exact, prep first`` variant)
+    worker_ms: float = 0.0
+    movable_ms: float = 0.0
+    split: str = ""
+    #: finishing pattern (``--finishes A-B``): A..B requests finish per step, cycling, each refilled by
+    #: an insert at the next step's start (``insert_ms`` host per inserted request)
+    finishes: tuple = ()
+    insert_ms: float = 0.0
 
     @property
     def host_ms(self) -> float:
         return self.prepare_ms + self.between_ms + self.save_ms
 
+    def inserts_at(self, n: int) -> int:
+        """Requests inserted at step ``n``'s start: those that finished at step n-1 (none at step 0)."""
+        if not self.finishes or n == 0:
+            return 0
+        lo, hi = self.finishes
+        return lo + (n - 1) % (hi - lo + 1)
+
     def describe(self) -> str:
-        return (f"forward {self.forward_ms:.2f} ms, sampler {self.sampler_ms:.2f} ms of GPU work; host prepare "
+        line = (f"forward {self.forward_ms:.2f} ms, sampler {self.sampler_ms:.2f} ms of GPU work; host prepare "
                 f"{self.prepare_ms:.2f} / between {self.between_ms:.2f} / save {self.save_ms:.2f} ms "
                 f"({self.host_ms:.2f} ms host per step)")
+        if self.split:
+            line += (f"; host phases from the measured split {self.split}: of prepare, worker loop "
+                     f"{self.worker_ms:.2f} ms (before exact's wait), count-independent and mixed {self.movable_ms:.2f} ms, "
+                     f"count-dependent {self.prepare_ms - self.worker_ms - self.movable_ms:.2f} ms")
+        if self.finishes:
+            line += (f"; finishing pattern {self.finishes[0]}-{self.finishes[1]} per step, each refilled by an "
+                     f"insert ({self.insert_ms:.2f} ms host per request; an insert flushes the pending save first)")
+        return line
+
+
+def split_config(cfg: StepConfig, split: dict, batch: str, source: str) -> StepConfig:
+    """``cfg`` with its prepare time divided as the measured split of ``benchmarks/overlap_exact_phases.py
+    --json`` divides FastDeploy 2.4's host time before the forward at ``batch`` (``host_us`` per phase:
+    FastDeploy's and the plugin's Python with their Paddle calls; op ports and stand-ins left out):
+    worker loop, count-independent + mixed (``movable_ms``: the upper estimate of what could run before
+    exact's wait), count-dependent. ``between_ms`` and ``save_ms`` stay the config's: on CPU Paddle the
+    sampler's measured time is mostly its ops' compute over the vocabulary, which a GPU runs
+    asynchronously, so the split's post-forward share is not a host share."""
+    by_class: dict = collections.defaultdict(float)
+    for phase in split["batches"][batch]["phases"].values():
+        by_class[phase["class"]] += phase["host_us"]
+    worker = by_class["worker"]
+    movable = by_class["independent"] + by_class["mixed"]
+    prepare = worker + movable + by_class["dependent"]
+    if prepare <= 0:
+        raise ValueError(f"{source}: no host time before the forward at B={batch}")
+    k = cfg.prepare_ms / prepare
+    return replace(cfg, worker_ms=worker * k, movable_ms=movable * k, split=f"{os.path.basename(source)} B={batch}")
 
 
 CONFIGS = {
@@ -658,10 +713,18 @@ class Ctx:
         return tok
 
 
+def _inserts(c: Ctx, cfg: StepConfig, n: int) -> None:
+    """The worker loop's inserts at step n's start (the finishing pattern's refills), no overlap pending."""
+    k = cfg.inserts_at(n)
+    if k:
+        c.e.host(k * cfg.insert_ms)
+
+
 def run_fd24(c: Ctx, cfg: StepConfig, total: int) -> None:
     e = c.e
     for n in range(total):
         c.begin(n)
+        _inserts(c, cfg, n)
         e.short_read("S7", "task_signal")  # worker loop: exist_prefill_task_signal
         e.host(cfg.prepare_ms)
         tok = c.token_count(e.token_count_sync())  # S1
@@ -682,6 +745,7 @@ def run_backport(c: Ctx, cfg: StepConfig, total: int) -> None:
     e = c.e
     for n in range(total):
         c.begin(n)
+        _inserts(c, cfg, n)
         e.short_read("S7", "task_signal")
         e.host(cfg.prepare_ms)
         tok = c.token_count(e.token_count_sync())
@@ -724,6 +788,7 @@ def run_one_wait(c: Ctx, cfg: StepConfig, total: int) -> None:
     bound = None
     for n in range(total):
         c.begin(n)
+        _inserts(c, cfg, n)
         e.host(cfg.prepare_ms)
         e.prepare_kernels(_host_count(c, bound))
         e.forward(n)
@@ -747,6 +812,7 @@ def _run_fd25(c: Ctx, cfg: StepConfig, total: int, keep_t: bool) -> None:
     shadow = None  # the plugin's count for this step (None: not known yet, FD's own waits run)
     for n in range(total):
         c.begin(n)
+        _inserts(c, cfg, n)
         e.host(cfg.prepare_ms)
         tn = e.token_num_async()  # recover_decode_task, pinned copies, token_num_event.record()
         # tn: only the recover kernel and the copies are queued
@@ -766,21 +832,36 @@ def _run_fd25(c: Ctx, cfg: StepConfig, total: int, keep_t: bool) -> None:
         c.save(n, ids, nns, cfg.save_ms)
 
 
-def _run_overlap(c: Ctx, cfg: StepConfig, total: int, keep_t: bool, exact: bool = False, fd25: bool = False) -> None:
+def _run_overlap(c: Ctx, cfg: StepConfig, total: int, keep_t: bool, exact: bool = False, fd25: bool = False,
+                 prep_first: bool = False) -> None:
     """#6259's schedule; ``fd25``: FD 2.5's execute_model_overlap: prepare N records token_num_event over
     N's pinned counts, _postprocess N waits it (tn2) and reads them for N+1's upper bound
-    (last_token_num), the outputs carry no seq_lens snapshot."""
+    (last_token_num), the outputs carry no seq_lens snapshot. ``prep_first`` (exact only): the
+    count-independent part of prepare (``cfg.movable_ms``) runs before the wait, not after it.
+    With a measured split the worker loop's share (``cfg.worker_ms``) runs before exact's wait; an
+    insert (the finishing pattern's refill) first flushes the pending save, in every mode, as the
+    plugin's ``get_tasks``/insert flush does."""
     e = c.e
     bound = None
     pending = None
     for n in range(total):
         c.begin(n)
         waited = None
+        before = cfg.worker_ms + (cfg.movable_ms if exact and prep_first else 0.0)
+        if cfg.inserts_at(n):
+            if pending is not None:  # get_tasks/insert: the pending save runs first (its event waited)
+                ids, nns, seq = e.outputs_wait(pending)
+                step, pending = pending.step, None
+                if seq is not None:
+                    bound = int(seq.sum())
+                c.save(step, ids, nns, cfg.save_ms)
+            e.host(cfg.inserts_at(n) * cfg.insert_ms)
+        e.host(before)  # the worker loop (and with prep_first the count-free prepare): before any wait
         if exact and pending is not None:  # the exact count: the one wait, on N-1's event, before prepare N
             waited = (pending.step, *e.outputs_wait(pending))
             pending = None
             bound = int(waited[3].sum())  # N-1's snapshot: N's exact count
-        e.host(cfg.prepare_ms)  # prepare N (bound: the pinned snapshot of N-2 at most is known here; fd25: N-1's)
+        e.host(cfg.prepare_ms - before)  # prepare N (bound: the pinned snapshot of N-2 at most is known here; fd25: N-1's)
         tn = e.token_num_async() if fd25 else None
         e.prepare_kernels(_host_count(c, bound, tn))
         e.forward(n)
@@ -818,6 +899,10 @@ def run_overlap_t(c, cfg, total):
 
 def run_overlap_exact(c, cfg, total):
     _run_overlap(c, cfg, total, keep_t=False, exact=True)
+
+
+def run_overlap_exact_prep_first(c, cfg, total):
+    _run_overlap(c, cfg, total, keep_t=False, exact=True, prep_first=True)
 
 
 def run_fd25(c, cfg, total):
@@ -869,6 +954,7 @@ VARIANTS = {
     "fd24+overlap": run_overlap,
     "overlap, T kept": run_overlap_t,
     "overlap, exact": run_overlap_exact,
+    "exact, prep first": run_overlap_exact_prep_first,  # with a measured split only (what direction 1 could give)
     "gpu-only": run_gpu_only,
     "fd25": run_fd25,
     "fd25-overlap": run_fd25_overlap,
@@ -900,7 +986,7 @@ def run_variant(e: EngineBase, name: str, warmup: int, steps: int) -> dict:
 
 
 def measure(e: EngineBase, warmup: int, steps: int, rounds: int) -> dict:
-    names = list(VARIANTS)
+    names = [n for n in VARIANTS if n != "exact, prep first" or e.cfg.movable_ms > 0]
     per = {n: {"diffs": [], "round_medians": [], "mismatches": 0, "bad_tok": 0, "fallbacks": 0, "in_order": True,
                "waits": collections.defaultdict(list), "ring": 0, "grown": 0} for n in names}
     for r in range(rounds):
@@ -994,6 +1080,12 @@ def report(cfg: StepConfig, res: dict, model: dict | None, label: str) -> list[s
         f"({ox['median'] / base:.3f}x fd24, {ox['median'] / ow['median']:.3f}x one-wait): the wait comes before "
         f"prepare, so the save ({cfg.save_ms:.2f} ms) hides under the forward and the prepare "
         f"({cfg.prepare_ms:.2f} ms) does not; bound (FD 2.5's padded count) {ov['median'] / base:.3f}x.")
+    if "exact, prep first" in res:
+        pf = res["exact, prep first"]
+        say(f"  exact, prep first (the count-independent and mixed prepare, {cfg.movable_ms:.2f} ms: an upper estimate, before the wait; "
+            f"{cfg.prepare_ms - cfg.worker_ms - cfg.movable_ms:.2f} ms count-dependent after it): {pf['median']:.3f} "
+            f"ms/step ({pf['median'] / base:.3f}x fd24); exact / bound {ox['median'] / ov['median']:.3f}x, "
+            f"prep first / bound {pf['median'] / ov['median']:.3f}x (issue 40's target <= 1.03x).")
     say("  FD 2.5 (its own step: tn = token_num_event.synchronize() in _prepare_inputs, tn2 = the same event in "
         "_postprocess, T = the CPU infer_seed, event = post_process_event at save; no S1-S3/S5-S7):")
     _table(res, model, [n for n in res if n in FD25], {"fd25": "vs fd25", "gpu-only": "vs gpu"}, label)
@@ -1125,6 +1217,13 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, help="interleaved rounds (default 3, quick 1)")
     parser.add_argument("--batch", type=int, default=64, help="running slots B (default 64)")
     parser.add_argument("--max-seqs", type=int, default=256, help="max_num_seqs M (default 256)")
+    parser.add_argument("--host-split", metavar="JSON[:B]",
+                        help="divide each config's host time as the measured split does (benchmarks/"
+                             "overlap_exact_phases.py --json), at batch B (default: --batch's, else the largest)")
+    parser.add_argument("--finishes", metavar="A-B", help="A..B requests finish per step (cycling), each refilled "
+                        "by an insert at the next step's start (e.g. 1-3)")
+    parser.add_argument("--insert-ms", type=float, default=0.05,
+                        help="host ms per inserted request with --finishes (default 0.05, an assumption)")
     args = parser.parse_args(argv)
     steps = args.steps or (60 if args.quick else 200)
     warmup = args.warmup or (10 if args.quick else 30)
@@ -1135,6 +1234,24 @@ def main(argv=None) -> int:
         configs[name] = StepConfig(name, *(float(v) for v in vals))
     if args.only:
         configs = {k: configs[k] for k in args.only.split(",")}
+    try:
+        finishes = tuple(int(x) for x in args.finishes.split("-")) if args.finishes else ()
+        if finishes and (len(finishes) != 2 or not 0 < finishes[0] <= finishes[1] <= args.batch):
+            raise ValueError
+    except ValueError:
+        parser.error(f"--finishes {args.finishes}: expected A-B with 1 <= A <= B <= --batch, e.g. 1-3")
+    if finishes:
+        configs = {k: replace(c, finishes=finishes, insert_ms=args.insert_ms) for k, c in configs.items()}
+    if args.host_split:
+        path, _, batch = args.host_split.partition(":")
+        try:
+            split = json.loads(Path(path).read_text())
+            batches = split["batches"]
+            batch = batch or (str(args.batch) if str(args.batch) in batches else max(batches, key=int))
+            configs = {k: split_config(c, split, batch, path) for k, c in configs.items()}
+        except (OSError, ValueError, KeyError) as exc:
+            parser.error(f"--host-split {args.host_split}: {type(exc).__name__}: {exc} (expected the JSON of "
+                         "benchmarks/overlap_exact_phases.py --json, and a batch it measured)")
     logging.getLogger("fd_async_copy").setLevel(logging.ERROR)
     say(f"$ python3 benchmarks/step_model.py {' '.join(argv if argv is not None else sys.argv[1:])}")
     say(f"B={args.batch} running slots, M={args.max_seqs}; {warmup} warm-up + {steps} measured steps per variant, "
