@@ -16,6 +16,34 @@ def _bounded_backend_waits():
 
 
 @pytest.fixture
+def sync_check_off():
+    """The sync check off and its step and op hooks removed, before and after the test."""
+    from fd_async_copy_plugin import sync_check
+
+    sync_check.stop()
+    sync_check.uninstall_step_hooks()
+    yield
+    sync_check.stop()
+    sync_check.uninstall_step_hooks()
+
+
+@pytest.fixture
+def benchmark_script():
+    """Loads ``benchmarks/<name>.py`` as a module (the scripts are not a package)."""
+    import importlib.util
+    from pathlib import Path
+
+    def load(name: str):
+        path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    return load
+
+
+@pytest.fixture
 def plugin_off():
     """The plugin disabled and the default copy backend current, before and after the test."""
     fd_async_copy_plugin.disable()

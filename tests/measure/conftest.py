@@ -4,17 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from fd_async_copy_plugin import runtime, sync_check
+from fd_async_copy_plugin import runtime
 from fd_async_copy_plugin.testing.reference import copy_backend as replica_backend
 
 
 @pytest.fixture(autouse=True)
-def sync_check_off():
-    sync_check.stop()
-    sync_check.uninstall_step_hooks()
+def _sync_check_off(sync_check_off):
+    """Every test here starts and ends with the check off (``tests/conftest.py``)."""
     yield
-    sync_check.stop()
-    sync_check.uninstall_step_hooks()
 
 
 @pytest.fixture

@@ -5,22 +5,11 @@ apart from the phase calling them, and every name the clock wrapped is put back 
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import json
-import os
 
 import pytest
 
 pytestmark = pytest.mark.usefixtures("plugin_off")
-
-PATH = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "overlap_exact_phases.py")
-
-
-def _bench():
-    spec = importlib.util.spec_from_file_location("overlap_exact_phases", PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _names():
@@ -41,8 +30,8 @@ def _names():
 
 
 @pytest.mark.parametrize("count", ["exact", "bound"])
-def test_smoke_on_the_replica(count, tmp_path, capsys):
-    bench = _bench()
+def test_smoke_on_the_replica(count, tmp_path, capsys, benchmark_script):
+    bench = benchmark_script("overlap_exact_phases")
     before = _names()
     out_json = tmp_path / "split.json"
     assert bench.main(["--batches", "2", "--steps", "4", "--count", count, "--json", str(out_json)]) == 0
@@ -68,14 +57,14 @@ def test_smoke_on_the_replica(count, tmp_path, capsys):
     assert _names() == before
 
 
-def test_the_clock_puts_back_everything_it_wrapped():
+def test_the_clock_puts_back_everything_it_wrapped(benchmark_script):
     """The names and the plugin's junction bottoms, with the plugin on (a benchmark that left a
     timer in FastDeploy's runner would time, and slow, every later run in the process)."""
     from fd_async_copy_plugin.testing.harness import OVERLAP_FEATURES, device_for, plugin_state
     from fd_async_copy_plugin.testing.real_steps import check
     from fd_async_copy_plugin.testing.reference import ROOTS
 
-    bench = _bench()
+    bench = benchmark_script("overlap_exact_phases")
     root = ROOTS["fd24"]
     c = check.Configuration("x", True, OVERLAP_FEATURES, (("FD_ASYNC_COPY_OVERLAP_COUNT", "exact"),))
     runner = importlib.import_module(root + ".worker.gpu_model_runner")
@@ -90,8 +79,8 @@ def test_the_clock_puts_back_everything_it_wrapped():
     assert after == before
 
 
-def test_nested_calls_are_subtracted_and_ops_go_to_their_caller(monkeypatch):
-    bench = _bench()
+def test_nested_calls_are_subtracted_and_ops_go_to_their_caller(monkeypatch, benchmark_script):
+    bench = benchmark_script("overlap_exact_phases")
     now = [0.0]
     monkeypatch.setattr(bench.time, "perf_counter", lambda: now[0])
     clock = bench.PhaseClock()

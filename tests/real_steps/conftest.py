@@ -5,13 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from fd_async_copy_plugin import sync_check
+
 
 
 @pytest.fixture(autouse=True)
-def sync_check_off():
-    sync_check.stop()
-    sync_check.uninstall_step_hooks()
+def _sync_check_off(sync_check_off):
+    """Every test here starts and ends with the check off (``tests/conftest.py``)."""
     yield
-    sync_check.stop()
-    sync_check.uninstall_step_hooks()

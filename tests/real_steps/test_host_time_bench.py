@@ -3,25 +3,13 @@ one row per batch, logprobs setting and configuration, and attributes the plugin
 
 from __future__ import annotations
 
-import importlib.util
-import os
-
 import pytest
 
 pytestmark = pytest.mark.usefixtures("plugin_off")
 
-PATH = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "real_steps_host_time.py")
 
-
-def _bench():
-    spec = importlib.util.spec_from_file_location("real_steps_host_time", PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_smoke_on_the_replica(capsys):
-    bench = _bench()
+def test_smoke_on_the_replica(capsys, benchmark_script):
+    bench = benchmark_script("real_steps_host_time")
     assert bench.main(["--replica", "fd24", "--batches", "2", "--steps", "3", "--rounds", "1"]) == 0
     out = capsys.readouterr().out.splitlines()
     rows = [line for line in out if line.strip().startswith("B=2")]
@@ -33,8 +21,8 @@ def test_smoke_on_the_replica(capsys):
     assert float(default[0].split("plugin")[1].split("us")[0]) > float(unpatched[0].split("plugin")[1].split("us")[0])
 
 
-def test_unowned_time_goes_to_callers_by_their_time_in_it():
-    bench = _bench()
+def test_unowned_time_goes_to_callers_by_their_time_in_it(benchmark_script):
+    bench = benchmark_script("real_steps_host_time")
 
     class Fake:
         stats = {
@@ -48,10 +36,10 @@ def test_unowned_time_goes_to_callers_by_their_time_in_it():
     assert totals["plugin"] == pytest.approx(1.0 + 3.0 / 3) and totals["fastdeploy"] == pytest.approx(2.0 + 2 * 3.0 / 3)
 
 
-def test_plugin_code_a_stand_in_calls_is_the_stand_ins():
+def test_plugin_code_a_stand_in_calls_is_the_stand_ins(benchmark_script):
     """The replica's ops and FD 2.5's routed copies call the plugin's copy backend: that is the
     stand-ins' cost; a junction FastDeploy calls is the plugin's."""
-    bench = _bench()
+    bench = benchmark_script("real_steps_host_time")
 
     class Fake:
         stats = {
