@@ -9,6 +9,7 @@ unordered copies into one buffer."""
 from __future__ import annotations
 
 import paddle
+import pytest
 
 from fd_async_copy_plugin.runtime import SimulatedBackend
 from fd_async_copy_plugin.runtime.cuda import RuntimeBackend
@@ -34,14 +35,20 @@ def test_a_set_rewrites_its_sizes_after_another_set_reshaped_a_shared_destinatio
     assert backend.host_array(b, "reader").tolist() == srcs[1].numpy().tolist()
 
 
-def test_a_set_whose_destination_another_set_wrote_on_another_stream_is_ordered_after_it(monkeypatch):
-    """S1 on stream X, S2 (one of S1's buffers) on stream Y, S1 again on X: S1 no longer wrote that
-    buffer last, so its ordering scan runs and waits for S2's copy (else two unordered copies)."""
-    backend = SimulatedBackend()
+@pytest.fixture
+def ordered_waits(monkeypatch) -> list:
+    """The labels of the events ``RuntimeBackend._order_after`` waited for, in order (it still waits)."""
     ordered = []
     order_after = RuntimeBackend._order_after
     monkeypatch.setattr(RuntimeBackend, "_order_after",
                         lambda self, earlier, name: (ordered.append(earlier.label), order_after(self, earlier, name)))
+    return ordered
+
+
+def test_a_set_whose_destination_another_set_wrote_on_another_stream_is_ordered_after_it(ordered_waits):
+    """S1 on stream X, S2 (one of S1's buffers) on stream Y, S1 again on X: S1 no longer wrote that
+    buffer last, so its ordering scan runs and waits for S2's copy (else two unordered copies)."""
+    backend, ordered = SimulatedBackend(), ordered_waits
     a, b = backend.new_pinned([4], "int64", "a"), backend.new_pinned([4], "int64", "b")
     backend.switch_streams(True)
     try:
@@ -57,14 +64,10 @@ def test_a_set_whose_destination_another_set_wrote_on_another_stream_is_ordered_
     assert backend.host_array(a, "reader").tolist() == srcs[0].numpy().tolist()
 
 
-def test_a_set_whose_destination_an_h2d_copy_read_on_another_stream_is_ordered_after_it(monkeypatch):
+def test_a_set_whose_destination_an_h2d_copy_read_on_another_stream_is_ordered_after_it(ordered_waits):
     """An H2D copy reads one of S1's buffers on another stream between two issues of S1: the second
     issue is ordered after that read (it would otherwise overwrite bytes the read may not have taken)."""
-    backend = SimulatedBackend()
-    ordered = []
-    order_after = RuntimeBackend._order_after
-    monkeypatch.setattr(RuntimeBackend, "_order_after",
-                        lambda self, earlier, name: (ordered.append(earlier.label), order_after(self, earlier, name)))
+    backend, ordered = SimulatedBackend(), ordered_waits
     a, b = backend.new_pinned([4], "int64", "a"), backend.new_pinned([4], "int64", "b")
     target = paddle.zeros([4], dtype="int64")
     backend.switch_streams(True)
