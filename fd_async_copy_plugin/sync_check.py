@@ -99,7 +99,7 @@ def _site_label(wait: dict) -> str:
     where = wait["where"]
     function = where.rsplit(" ", 1)[-1]
     if wait["mechanism"] == "event":
-        if where.startswith(("patches/stop_flag.py", "patches/overlap.py", "patches/step_syncs.py")):
+        if where.startswith(("patches/stop_flag.py", "patches/overlap.py", "patches/step_syncs.py", "patches/fd2")):
             # overlap: the previous step's, waited after this step's forward (bound) or, for its
             # snapshot, before this step is prepared (step_syncs, the exact count)
             return "save event"

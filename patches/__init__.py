@@ -3,12 +3,16 @@
 Installed as ``fd_async_copy_plugin.patches`` and registered through the ``fd_async_copy``
 entry-point group (``builtin``), the same way a third-party patch set registers.
 
+One module per feature (its switch, its targets, its per-runner part), and one package per
+FastDeploy line (``fd24/``, ``fd25/``; develop uses ``fd25/``): there, one function per FastDeploy
+method, reading top to bottom what the features do around FastDeploy's original.
+
 | module | features | mirrors | FastDeploy versions that need it |
 |---|---|---|---|
 | ``logprobs.py`` | ``logprobs`` | FD PR #6362 | 2.4 (backport); 2.5+ (fixes per-step pinned allocations) |
 | ``sync_scope.py`` | ``sync_scope`` | fixes #6362's device-wide sync and ``slice_rows`` copies | 2.5+ |
 | ``stop_flag.py`` | ``stop_flag`` (option ``sampled_tokens``) | FD PR #6176 | 2.4 only (native on 2.5+) |
-| ``step_syncs.py`` | ``step_syncs`` (needs ``stop_flag``) | FD #6765/#6668, #5440/#6170, #5548, #6172, #6356 | 2.4 only (native on 2.5+) |
+| ``step_syncs.py`` (+ ``fd24/``, ``fd25/``) | ``step_syncs`` (needs ``stop_flag`` on 2.4) | FD #6765/#6668, #5440/#6170, #5548, #6172, #6356 | 2.4 only (native on 2.5+) |
 | ``flag_race.py`` | ``flag_race`` | hardening of #6259 (insert-time ``set_stop`` after the flag copy) | 2.5 (native elsewhere) |
 | ``overlap.py`` | ``overlap`` (opt-in; needs ``stop_flag`` and ``step_syncs``) | FD PR #6259 | 2.4 only (native on 2.5+) |
 """
@@ -27,16 +31,10 @@ def fd_async_copy_catalog():
 
 @hookimpl
 def fd_async_copy_features():
-    from . import flag_race, logprobs, overlap, step_syncs, stop_flag, sync_scope
+    from . import fd24, fd25, flag_race, logprobs, overlap, step_syncs, stop_flag, sync_scope  # noqa: F401
 
-    # Any order: what runs around each FastDeploy method is ordered by ``runner.PIPELINE``, and a
-    # feature that builds on another is applied after it (``Feature.requires``).
+    # Any order: what runs around each FastDeploy method is its line's function (fd24/, fd25/), and
+    # a feature that builds on another is applied after it (``Feature.requires``).
     return [*logprobs.FEATURES, *sync_scope.FEATURES, *stop_flag.FEATURES, *step_syncs.FEATURES,
             *overlap.FEATURES, *flag_race.FEATURES]
 
-
-@hookimpl
-def fd_async_copy_order():
-    from .runner import PIPELINE
-
-    return PIPELINE

@@ -20,20 +20,18 @@ Delete: when FastDeploy 2.5 is no longer served.
 
 from __future__ import annotations
 
-from fd_async_copy_plugin.registry.patch import Feature, Patch, Target, wraps
+from fd_async_copy_plugin.registry.patch import Feature, Patch, Target
+
+from .runner import line
 
 RUNNER = "worker.gpu_model_runner"
 
 
-def build_insert(original, ctx):
-    @wraps(original)
-    def insert_tasks_v1(self, req_dicts, *args, **kwargs):
-        event = getattr(self, "last_post_process_event", None)
-        if event is not None and req_dicts and getattr(self, "enable_overlap_schedule", True):
-            event.synchronize()  # FastDeploy's own event object (``paddle.device.cuda.Event``)
-        return original(self, req_dicts, *args, **kwargs)
-
-    return insert_tasks_v1
+def wait_for_last_post_process(runner, req_dicts) -> None:
+    """Before an insert that carries tasks (overlap schedule): the last step's post-process event."""
+    event = getattr(runner, "last_post_process_event", None)
+    if event is not None and req_dicts and getattr(runner, "enable_overlap_schedule", True):
+        event.synchronize()  # FastDeploy's own event object (``paddle.device.cuda.Event``)
 
 
 class FlagRaceFeature(Feature):
@@ -45,7 +43,7 @@ class FlagRaceFeature(Feature):
         "fastdeploy-2.5": "apply",
         "fastdeploy-2.6+": "native: FastDeploy develop no longer reads the host flag (#6356)",
     }
-    patches = (Patch(Target(RUNNER, "GPUModelRunner.insert_tasks_v1"), build_insert),)
+    patches = (Patch(Target(RUNNER, "GPUModelRunner.insert_tasks_v1"), line("insert_tasks_v1")),)
 
 
 FEATURES = [FlagRaceFeature()]

@@ -36,7 +36,8 @@ from fd_async_copy_plugin import fd_identity, runtime
 from fd_async_copy_plugin.config import DEFAULT_RING_MAX_BYTES
 from fd_async_copy_plugin.registry.patch import Feature, IncompatibleError, Junction, Patch, Target, wraps
 
-from ._consumers import build_guard, build_prompt_scope, prompt_runner
+from .runner import line
+from .step import prompt_runner
 
 log = logging.getLogger("fd_async_copy")
 
@@ -142,6 +143,11 @@ class LogprobsCopier:
         #: (bfloat16: numpy has none), by dtype; a float64 or float16 result gets a ring of its own
         self.dtype_steps: dict[str, int] = {}
         self.closed = False
+
+    def note_runner(self, runner) -> None:
+        """A runner FastDeploy built (after its ``__init__``): a speculative one never calls
+        ``Sampler.gather_logprobs`` (``status()`` then does not claim the feature runs for it)."""
+        (self.speculative_runners if getattr(runner, "speculative_decoding", False) else self.plain_runners).add(runner)
 
     def close(self) -> None:
         """``disable()``: wait for producers inside ``copy`` (the lock), refuse new async copies,
@@ -347,19 +353,6 @@ def build_gather_logprobs(original, ctx):
     return gather_logprobs
 
 
-def build_runner_init(original, ctx):
-    """Notes each runner FastDeploy builds: a speculative one never calls ``Sampler.gather_logprobs``
-    (``status()`` then does not claim the feature runs for it)."""
-    copier: LogprobsCopier = ctx.state
-
-    @wraps(original)
-    def __init__(self, *args, **kwargs):
-        original(self, *args, **kwargs)
-        (copier.speculative_runners if getattr(self, "speculative_decoding", False) else copier.plain_runners).add(self)
-
-    return __init__
-
-
 def build_post_process_normal(original, ctx):
     copier: LogprobsCopier = ctx.state
 
@@ -382,10 +375,10 @@ class LogprobsFeature(Feature):
     # Consumers first, the producer last: an apply (or revert) never leaves a window where
     # gather_logprobs hands out pinned buffers to an unguarded consumer.
     patches = (
-        Patch(Target(RUNNER, "GPUModelRunner.__init__"), build_runner_init),
-        Patch(Target(POSTPROC, "save_output_topk"), build_guard("save_output_topk")),
+        Patch(Target(RUNNER, "GPUModelRunner.__init__"), line("__init__")),
+        Patch(Target(POSTPROC, "save_output_topk"), line("save_output_topk")),
         Patch(Target(POSTPROC, "post_process_normal"), build_post_process_normal, profiles=("fastdeploy-2.4",)),
-        Patch(Target(RUNNER, "GPUModelRunner._get_prompt_logprobs_list"), build_prompt_scope),
+        Patch(Target(RUNNER, "GPUModelRunner._get_prompt_logprobs_list"), line("_get_prompt_logprobs_list")),
         Patch(Target(SAMPLER, "Sampler.gather_logprobs"), build_gather_logprobs, check_gather_logprobs,
               producer=True),
     )

@@ -46,7 +46,7 @@ import threading
 
 from fd_async_copy_plugin.registry.patch import Patch, Target, wraps
 
-from .runner import FeatureRunners, RunnerFeature, part, per_runner, runner_state
+from .runner import FeatureRunners, RunnerFeature, line, part, runner_state
 from .step_syncs import own_path_reason as step_syncs_own_path
 
 RUNNER = "worker.gpu_model_runner"
@@ -55,14 +55,12 @@ POSTPROC = "model_executor.pre_and_post_process"
 #: save op -> position of its ``not_need_stop`` argument (FastDeploy 2.4's signatures)
 SAVE_OPS = {"save_output": 1, "save_output_topk": 4}
 
-_capturing = threading.local()  # the OverlapState whose post_process is running, if any
-
-
 class OverlapState:
     """One runner's overlap schedule: the saves of the last step, still to run."""
 
-    def __init__(self, runner_state, backend, count_mode: str = "exact") -> None:
+    def __init__(self, runner_state, backend, count_mode: str = "exact", runner_module=None) -> None:
         self.backend = backend
+        self.runner_module = runner_module  # FastDeploy's runner module (``off_reason``)
         #: "exact": the next step is sized after the last one's snapshot landed (step_syncs waits
         #: for it at _prepare_inputs); "bound": FD 2.5's padded upper bound, no wait before the forward
         self.count_mode = count_mode
@@ -86,6 +84,16 @@ class OverlapState:
     def holds_step(self) -> bool:
         """A step's save is still to run (captured in this step, or pending from the last)."""
         return bool(self.pending or self.in_step)
+
+    def flag_check(self) -> bool:
+        """``not_need_stop()``: right after the forward launch (FastDeploy 2.4 asks then) the last
+        step's save runs, while the GPU computes this one. True while a step's output is still to
+        be saved outside a step (the loop must call execute_model to flush it)."""
+        if self.in_step and not self.after_forward:
+            self.after_forward = True
+            self.flush("after forward")
+            return False
+        return bool(self.pending and not self.in_step)
 
     def capture(self, op, args: tuple, flag_index: int) -> None:
         """A save op's call; its ``not_need_stop`` is this step's pinned flag, read when it runs."""
@@ -188,68 +196,16 @@ def ranks_agree(runner, why: str) -> str:
     return why or ("" if every else ANOTHER_RANK)
 
 
-def build_init_share_inputs(original, ctx):
-    registry: OverlapRunners = ctx.state
-
-    @wraps(original)
-    def _init_share_inputs(self, max_num_seqs: int):
-        original(self, max_num_seqs)
-        stop, syncs = part(self, "stop"), part(self, "syncs")
-        missing = " and ".join(n for n, s in (("stop_flag", stop), ("step_syncs", syncs)) if s is None)
-        why = ranks_agree(self, f"needs {missing} on this runner" if missing else "")
-        if why:
-            registry.stand_down(self, why)
-            return
-        registry.add(self, OverlapState(runner_state(self), ctx.backend, ctx.settings.overlap_count))
-
-    return _init_share_inputs
-
-
-def build_execute_model(original, ctx):
-    runner_module = ctx.module(RUNNER)
-
-    @per_runner(original, "overlap")
-    def execute_model(state, self, *args, **kwargs):
-        why = off_reason(self, runner_module)
-        if why:
-            state.flush("overlap off")
-            state.fallbacks[why] += 1
-            return original(self, *args, **kwargs)
-        state.in_step, state.after_forward = True, False
-        _capturing.state = state
-        try:
-            return original(self, *args, **kwargs)
-        finally:
-            _capturing.state = None
-            state.in_step = False
-            state.flush("step end")  # FastDeploy returned before its not_need_stop() check
-            state.end_step()
-
-    return execute_model
-
-
-def build_not_need_stop(original, ctx):
-    @per_runner(original, "overlap")
-    def not_need_stop(state, self):
-        if state.in_step and not state.after_forward:
-            # FastDeploy 2.4 asks right after launching the forward: the previous step's save runs
-            # now, while the GPU computes this one.
-            state.after_forward = True
-            state.flush("after forward")
-        elif state.pending and not state.in_step:
-            return True  # a step's output is still to be saved: the loop must call execute_model
-        return original(self)
-
-    return not_need_stop
-
-
-def build_flush_first(original, ctx):
-    @per_runner(original, "overlap")
-    def flushed(state, self, *args, **kwargs):
-        state.flush(original.__name__)
-        return original(self, *args, **kwargs)
-
-    return flushed
+def set_up(ctx, runner) -> None:
+    """After FastDeploy's ``_init_share_inputs`` and the stop and syncs parts: the overlap part, or
+    why this runner keeps FastDeploy's schedule."""
+    stop, syncs = part(runner, "stop"), part(runner, "syncs")
+    missing = " and ".join(n for n, s in (("stop_flag", stop), ("step_syncs", syncs)) if s is None)
+    why = ranks_agree(runner, f"needs {missing} on this runner" if missing else "")
+    if why:
+        ctx.state.stand_down(runner, why)
+        return
+    ctx.state.add(runner, OverlapState(runner_state(runner), ctx.backend, ctx.settings.overlap_count, ctx.module(RUNNER)))
 
 
 def build_get_tasks(original, ctx):
@@ -265,23 +221,6 @@ def build_get_tasks(original, ctx):
     return get_tasks
 
 
-def build_save_op(name: str):
-    flag_index = SAVE_OPS[name]
-
-    def build(original, ctx):
-        @wraps(original)
-        def save(*args, **kwargs):
-            state = getattr(_capturing, "state", None)
-            if state is None or kwargs or len(args) <= flag_index:
-                return original(*args, **kwargs)
-            state.capture(original, args, flag_index)
-            return None
-
-        return save
-
-    return build
-
-
 class OverlapFeature(RunnerFeature):
     name = "overlap"
     mirrors = "FastDeploy PR #6259 (overlap schedule), on top of step_syncs (#6668/#6765)"
@@ -292,14 +231,11 @@ class OverlapFeature(RunnerFeature):
     }
     requires = ("logprobs", "stop_flag", "step_syncs")
     patches = (
-        Patch(Target(RUNNER, "GPUModelRunner._init_share_inputs"), build_init_share_inputs),
-        Patch(Target(RUNNER, "GPUModelRunner.execute_model"), build_execute_model, step=True),
-        Patch(Target(RUNNER, "GPUModelRunner.not_need_stop"), build_not_need_stop, step=True),
-        Patch(Target(RUNNER, "GPUModelRunner.insert_tasks_v1"), build_flush_first, step=True),
-        Patch(Target(RUNNER, "GPUModelRunner.insert_prefill_inputs"), build_flush_first, step=True),
-        Patch(Target(RUNNER, "GPUModelRunner.reset_share_inputs"), build_flush_first, step=True),
-        Patch(Target(RUNNER, "GPUModelRunner._dummy_run"), build_flush_first, step=True),
-        *(Patch(Target(POSTPROC, name), build_save_op(name), producer=True) for name in SAVE_OPS),
+        Patch(Target(RUNNER, "GPUModelRunner._init_share_inputs"), line("_init_share_inputs")),
+        *(Patch(Target(RUNNER, f"GPUModelRunner.{name}"), line(name), step=True) for name in (
+            "execute_model", "not_need_stop", "insert_tasks_v1", "insert_prefill_inputs", "reset_share_inputs",
+            "_dummy_run")),
+        *(Patch(Target(POSTPROC, name), line(name), producer=True) for name in SAVE_OPS),
         # loaded by the worker before the runner; absent from the replica (then the insert's flush)
         Patch(Target("inter_communicator.engine_worker_queue", "EngineWorkerQueue.get_tasks", required=False),
               build_get_tasks),

@@ -1,15 +1,13 @@
-"""The runner pipeline: what happens around each FastDeploy method the plugin touches, in one table,
-and the one per-runner state object the features' parts share.
+"""The runner's plugin state, and how a feature names its line's function around a FastDeploy method.
 
-Each FastDeploy attribute gets exactly one replacement (a ``Junction``, ``registry/patch.py``); every
-feature contributes a *link* to it, and the links run in the order below, outermost first, whatever
-the order features are listed or applied in. Read a row top to bottom as "what happens around
-``insert_tasks_v1``": the first part runs first on the way in and last on the way out.
+What runs around a FastDeploy method is one function per FastDeploy line (``fd24/methods.py``,
+``fd25/methods.py``); a feature names it with ``Patch(target, line("name"))``.
 
-Per runner, ``RunnerState`` holds the features' parts (``stop``, ``syncs``, ``overlap``). It is made
-in one place - the first part set up in ``_init_share_inputs`` - and found with ``runner_state()``;
-this module is the only one that knows where a runner keeps it. A part never reads another part's
-private fields: what one needs of another is a named method of ``RunnerState``.
+Per runner, ``RunnerState`` holds the features' parts (``stop``, ``syncs``, ``overlap``), each None
+where that feature does not run for the runner. It is made in one place - the first part set up in
+``_init_share_inputs`` - and found with ``runner_state()``/``parts_of()``; this module is the only
+one that knows where a runner keeps it. A part never reads another part's private fields: what one
+needs of another is a named method of ``RunnerState``.
 """
 
 from __future__ import annotations
@@ -19,52 +17,9 @@ import logging
 import threading
 import weakref
 
-from fd_async_copy_plugin.registry.patch import Feature, wraps
+from fd_async_copy_plugin.registry.patch import Feature, IncompatibleError, Shared
 
 log = logging.getLogger("fd_async_copy")
-
-_R = "worker.gpu_model_runner:GPUModelRunner."
-_P = "model_executor.pre_and_post_process:"
-
-#: FastDeploy attribute -> the features with a part around it, outermost first. Every attribute that
-#: more than one built-in feature touches has a row (a test checks it). What each part does is in the
-#: comment above its row, in the same order.
-PIPELINE: dict[str, tuple[str, ...]] = {
-    # after FastDeploy's body (inner parts finish first): stop_flag makes the stop part (device and
-    # pinned flags, pinned sampled tokens); step_syncs the syncs part (device seed, host shadow; needs
-    # stop); overlap the overlap part (needs stop and syncs)
-    _R + "_init_share_inputs": ("overlap", "step_syncs", "stop_flag"),
-    # after FastDeploy's body: step_syncs (FD 2.5+) moves the seed to the device; logprobs notes
-    # whether the runner decodes speculatively (then its own sampler gathers: status() says so)
-    _R + "__init__": ("step_syncs", "logprobs"),
-    # overlap: finish the pending step's save first; step_syncs: reload the shadow afterwards;
-    # stop_flag: make the flag current, hide the pinned keys from FD's fill_(), reset them after
-    _R + "reset_share_inputs": ("overlap", "step_syncs", "stop_flag"),
-    # overlap: finish the pending step's save first; flag_race (FD 2.5): wait for the last
-    # post-process event before a task insert; stop_flag: make the legacy flag current, afterwards
-    # copy it to the pinned flag; step_syncs: refresh the shadow, watch FD's writes, flush the staged
-    # block-table rows
-    _R + "insert_tasks_v1": ("overlap", "flag_race", "stop_flag", "step_syncs"),
-    _R + "insert_prefill_inputs": ("overlap", "stop_flag", "step_syncs"),  # as insert_tasks_v1
-    # overlap: the save one step later (the saves run inside the next step)
-    # stop_flag: none but the step itself as one section (``Patch.step``: no enable()/disable() inside)
-    # (the diagnostics' step boundary, ``sync_check``, is outermost of all: ``Junction.attach(outermost)``)
-    _R + "execute_model": ("overlap", "stop_flag"),
-    # overlap: right after the forward launch, run the last step's save; while output is pending,
-    # True; stop_flag: answer from the legacy flag made current
-    _R + "not_need_stop": ("overlap", "stop_flag"),
-    # sync_scope (FD 2.5+): its device-wide synchronize waits for this stream only; logprobs: prompt
-    # logprobs are copied the blocking way (they are read at once)
-    _R + "_get_prompt_logprobs_list": ("sync_scope", "logprobs"),
-    # overlap: capture the save, it runs after the next forward launch; stop_flag: the flag made
-    # current, the sampled tokens read from pinned after the event; logprobs: pinned logprob
-    # buffers read after their event
-    _P + "save_output": ("overlap", "stop_flag"),
-    # stop_flag (FD 2.4): the device flag, then RunnerState.step_copies(); step_syncs (FD 2.5): the
-    # token-count shadow's snapshot (the two never run on the same FastDeploy)
-    _P + "update_inputs_v1": ("stop_flag", "step_syncs"),
-    _P + "save_output_topk": ("overlap", "stop_flag", "logprobs"),
-}
 
 _SLOT = "_fdac_state"  # where a runner keeps its RunnerState (only this module names it)
 
@@ -113,6 +68,31 @@ def runner_state(runner, create: bool = False) -> RunnerState | None:
     if state is None and create:
         state = runner.__dict__[_SLOT] = RunnerState()
     return state
+
+
+_NONE = RunnerState()  # a runner without plugin state: every part None (never written)
+
+
+def parts_of(runner) -> RunnerState:
+    """The runner's ``RunnerState``, or one whose parts are all None."""
+    return runner.__dict__.get(_SLOT) or _NONE
+
+
+#: FastDeploy profile -> the module of that line's functions (each line's package registers itself)
+LINES: dict = {}
+
+
+def line(name: str):
+    """A ``Patch.build``: the function ``name`` of the applying FastDeploy line (``LINES``)."""
+
+    def build(original, ctx):
+        function = getattr(LINES.get(ctx.profile), name, None)
+        if function is None:
+            raise IncompatibleError(f"the patch set has no {name} for {ctx.profile}")
+        return Shared("runner", function, ctx)
+
+    build.line = name  # what docs/architecture.md lists per FastDeploy attribute
+    return build
 
 
 def part(runner, slot: str):
@@ -220,30 +200,8 @@ class RunnerFeature(Feature):
             registry.detach_all()
 
 
-def per_runner(original, slot: str):
-    """Decorator for a link ``body(part, self, *args, **kwargs)`` of a runner method: the rest of the
-    chain runs directly for a runner without the feature's part in ``slot``."""
-
-    def decorate(body):
-        @wraps(original)
-        def method(self, *args, **kwargs):
-            found = part(self, slot)
-            if found is None:
-                return original(self, *args, **kwargs)
-            return body(found, self, *args, **kwargs)
-
-        return method
-
-    return decorate
-
-
 def is_cuda_runner(runner_module) -> bool:
     """The runner module's platform is CUDA (DCU and Iluvatar runners subclass ``GPUModelRunner``
     on their own platforms: they keep FastDeploy's behaviour)."""
     platform = getattr(runner_module, "current_platform", None)
     return platform is None or platform.is_cuda()
-
-
-def build_step_section(original, ctx):
-    """A link that adds nothing but the step gate (declared with ``Patch(..., step=True)``)."""
-    return original

@@ -34,10 +34,10 @@ import numpy as np
 import paddle
 
 from fd_async_copy_plugin.ops.stop_flag_library import MAX_BATCH
-from fd_async_copy_plugin.registry.patch import IncompatibleError, Patch, Target, wraps
+from fd_async_copy_plugin.registry.patch import IncompatibleError, Patch, Target
 
-from ._consumers import add_substitute, build_guard, remove_substitute
-from .runner import FeatureRunners, RunnerFeature, build_step_section, is_cuda_runner, part
+from .common import add_substitute, remove_substitute
+from .runner import FeatureRunners, RunnerFeature, is_cuda_runner, line, runner_state
 
 log = logging.getLogger("fd_async_copy")
 
@@ -114,6 +114,21 @@ class StopFlagState:
         self.ops.set_stop(self.legacy, value)
         self.flag_pending = False
 
+    def flag(self, reader: str) -> bool:
+        """``not_need_stop()``: the legacy flag made current, as a Python bool."""
+        self.sync(reader)
+        return bool(self.ops.get_stop(self.legacy).item())
+
+    def hide_pinned(self) -> dict:
+        """FastDeploy 2.4's reset ``fill_()``s every key it names, ``sampled_token_ids`` included: a
+        Paddle op on a pinned tensor would move it to the GPU. The pinned keys, taken out (put them
+        back with ``share_inputs.update``; ``reset()`` resets them)."""
+        return {k: self.share_inputs.pop(k) for k in self.PINNED_KEYS if k in self.share_inputs}
+
+    def after_insert(self) -> None:
+        """After an insert wrote the legacy flag: the pinned flag follows it."""
+        self.ops.set_stop(self.pinned, bool(self.ops.get_stop(self.legacy).item()))
+
     def host_tokens(self, reader: str):
         return self.backend.to_host(self.tokens, reader)
 
@@ -129,9 +144,10 @@ class StopFlagRunners(FeatureRunners):
     each patched runner's ``StopFlagState``, also found by its legacy flag tensor (what FastDeploy
     passes to the ops)."""
 
-    def __init__(self, ops, copy_tokens: bool) -> None:
+    def __init__(self, ops, copy_tokens: bool, device_ops: dict) -> None:
         super().__init__("stop_flag", "stop")
         self.ops = ops
+        self.device_ops = device_ops  # FastDeploy's update op name -> the plugin's (host or CUDA)
         self.copy_tokens = copy_tokens
         self.cuda_probe: str | None = None  # the CUDA kernel probe's result, once per process
 
@@ -153,54 +169,57 @@ class StopFlagRunners(FeatureRunners):
             return state.host_tokens(reader)
         return value
 
+    def after_post_process(self, share_inputs) -> None:
+        """Dummy runs and pooling skip the save: the flag is still made current before any code
+        outside post_process can read ``share_inputs["not_need_stop"]``. Only the calling runner's
+        (FD passes its share_inputs by keyword; another runner's flag is its own business: runners on
+        several threads, docs/tensor-parallel.md), and not while overlap defers the step's save."""
+        for state in self.parts():
+            if state.share_inputs is (share_inputs if share_inputs is not None else state.share_inputs) and \
+                    not state.runner.save_deferred():
+                state.sync("post_process")
+
 
 # --- runner patches -----------------------------------------------------------------------------
 
 
-def build_init_share_inputs(original, ctx):
+def set_up(ctx, runner, max_num_seqs: int) -> None:
+    """After FastDeploy's ``_init_share_inputs``: the runner's stop part, or why it keeps FastDeploy's
+    own path (recorded for this runner only)."""
     registry: StopFlagRunners = ctx.state
-    runner_module = ctx.module(RUNNER)
-
-    @wraps(original)
-    def _init_share_inputs(self, max_num_seqs: int):
-        original(self, max_num_seqs)
-        if not is_cuda_runner(runner_module):
-            return  # DCU/Iluvatar subclasses on their platforms keep FastDeploy 2.4's behaviour
-        if getattr(self, "speculative_decoding", False):  # its configuration, not a problem: INFO
-            registry.stand_down(self, "speculative decoding: FastDeploy's speculative path (post_process_specualate, "
-                                      "speculate_update) writes the stop flag and saves the tokens", logging.INFO)
+    if not is_cuda_runner(ctx.module(RUNNER)):
+        return  # DCU/Iluvatar subclasses on their platforms keep FastDeploy 2.4's behaviour
+    if getattr(runner, "speculative_decoding", False):  # its configuration, not a problem: INFO
+        registry.stand_down(runner, "speculative decoding: FastDeploy's speculative path (post_process_specualate, "
+                                    "speculate_update) writes the stop flag and saves the tokens", logging.INFO)
+        return
+    on_gpu = runner.share_inputs["stop_flags"].place.is_gpu_place()
+    if on_gpu != (ctx.backend.name == "cuda"):
+        where = "GPU" if on_gpu else "CPU"
+        _stand_down(ctx, runner, f"backend {ctx.backend.name!r} cannot update FastDeploy's {where} buffers; "
+                                 f"use FD_ASYNC_COPY_BACKEND={'cuda' if on_gpu else 'host'}")
+        return
+    if on_gpu:
+        place = runner.share_inputs["stop_flags"].place
+        problem = probe_accessors(ctx.backend, registry.ops, place)
+        if not problem:
+            if registry.cuda_probe is None:
+                registry.cuda_probe = probe_cuda_kernels(registry.ops, place)
+            problem = registry.cuda_probe
+        if problem:
+            _stand_down(ctx, runner, problem)
             return
-        on_gpu = self.share_inputs["stop_flags"].place.is_gpu_place()
-        if on_gpu != (ctx.backend.name == "cuda"):
-            where = "GPU" if on_gpu else "CPU"
-            _stand_down(ctx, self, f"backend {ctx.backend.name!r} cannot update FastDeploy's {where} buffers; "
-                                   f"use FD_ASYNC_COPY_BACKEND={'cuda' if on_gpu else 'host'}")
-            return
-        if on_gpu:
-            place = self.share_inputs["stop_flags"].place
-            problem = probe_accessors(ctx.backend, registry.ops, place)
-            if not problem:
-                if registry.cuda_probe is None:
-                    registry.cuda_probe = probe_cuda_kernels(registry.ops, place)
-                problem = registry.cuda_probe
-            if problem:
-                _stand_down(ctx, self, problem)
-                return
-        if int(max_num_seqs) > MAX_BATCH:
-            reason = (
-                f"max_num_seqs={max_num_seqs} exceeds {MAX_BATCH}, the one-block limit of the stop-flag "
-                "kernels (FastDeploy's own update kernels have the same limit but miscount silently); "
-                "lower max_num_seqs"
-            )
-            _stand_down(ctx, self, reason)
-            return
-        from .runner import runner_state
-
-        state = StopFlagState(self.share_inputs, int(max_num_seqs), ctx.backend, registry.ops, registry.copy_tokens,
-                              runner_state(self, create=True))
-        registry.add(self, state)
-
-    return _init_share_inputs
+    if int(max_num_seqs) > MAX_BATCH:
+        reason = (
+            f"max_num_seqs={max_num_seqs} exceeds {MAX_BATCH}, the one-block limit of the stop-flag "
+            "kernels (FastDeploy's own update kernels have the same limit but miscount silently); "
+            "lower max_num_seqs"
+        )
+        _stand_down(ctx, runner, reason)
+        return
+    state = StopFlagState(runner.share_inputs, int(max_num_seqs), ctx.backend, registry.ops, registry.copy_tokens,
+                          runner_state(runner, create=True))
+    registry.add(runner, state)
 
 
 def probe_accessors(backend, ops, place) -> str:
@@ -251,51 +270,6 @@ def _stand_down(ctx, runner, reason: str) -> None:
     ctx.state.stand_down(runner, reason)
 
 
-def build_reset_share_inputs(original, ctx):
-    @wraps(original)
-    def reset_share_inputs(self, *args, **kwargs):
-        state = part(self, "stop")
-        if state is None:
-            return original(self, *args, **kwargs)
-        # FastDeploy 2.4's reset fill_()s every key it names, sampled_token_ids included: a Paddle
-        # op on a pinned tensor would move it to the GPU. Hide the pinned keys and reset them here.
-        hidden = {k: self.share_inputs.pop(k) for k in StopFlagState.PINNED_KEYS if k in self.share_inputs}
-        try:
-            state.sync("reset_share_inputs")
-            return original(self, *args, **kwargs)
-        finally:
-            self.share_inputs.update(hidden)
-            state.reset()
-
-    return reset_share_inputs
-
-
-def build_insert(original, ctx):
-    @wraps(original)
-    def insert(self, *args, **kwargs):
-        state = part(self, "stop")
-        if state is not None:
-            state.sync(original.__name__)  # the insertion's write must be the last one
-        result = original(self, *args, **kwargs)
-        if state is not None:
-            state.ops.set_stop(state.pinned, bool(state.ops.get_stop(state.legacy).item()))
-        return result
-
-    return insert
-
-
-def build_not_need_stop(original, ctx):
-    @wraps(original)
-    def not_need_stop(self) -> bool:
-        state = part(self, "stop")
-        if state is None:
-            return original(self)
-        state.sync("not_need_stop")
-        return bool(state.ops.get_stop(state.legacy).item())
-
-    return not_need_stop
-
-
 # --- post-processing patches --------------------------------------------------------------------
 
 
@@ -313,73 +287,13 @@ def check_update_inputs_v1(original, ctx) -> None:
         raise IncompatibleError(f"update_inputs_v1 takes {count} arguments, FastDeploy 2.4's takes {_UPDATE_V1_PARAMS}")
 
 
-def _device_op(ctx, name: str):
+def _device_op(ctx, ops, name: str):
     if ctx.backend.name == "cuda":
-        op = getattr(ctx.state.ops, f"{name}_cuda", None)
+        op = getattr(ops, f"{name}_cuda", None)
         if op is None:
-            raise IncompatibleError(f"the CUDA {name} kernel library is not built: {ctx.state.ops.cuda_why}")
+            raise IncompatibleError(f"the CUDA {name} kernel library is not built: {ops.cuda_why}")
         return op
-    return getattr(ctx.state.ops, f"{name}_host")
-
-
-def build_update_inputs_v1(original, ctx):
-    registry: StopFlagRunners = ctx.state
-    device_op = _device_op(ctx, "update_inputs_v1")
-
-    @wraps(original)
-    def update_inputs_v1(stop_flags, not_need_stop, seq_lens_this_time, seq_lens_encoder, seq_lens_decoder,
-                         step_seq_lens_decoder, prompt_lens, topk_ids, input_ids, block_tables, stop_nums,
-                         next_tokens, is_block_step, block_size):
-        state = registry.for_flag(not_need_stop)
-        if state is None:
-            return original(stop_flags, not_need_stop, seq_lens_this_time, seq_lens_encoder, seq_lens_decoder,
-                            step_seq_lens_decoder, prompt_lens, topk_ids, input_ids, block_tables, stop_nums,
-                            next_tokens, is_block_step, block_size)
-        device_op(stop_flags, state.device, seq_lens_this_time, seq_lens_encoder, seq_lens_decoder,
-                  step_seq_lens_decoder, prompt_lens, topk_ids, input_ids, block_tables, stop_nums,
-                  next_tokens, is_block_step, block_size)
-        state.after_update(topk_ids)
-
-    return update_inputs_v1
-
-
-def build_update_inputs(original, ctx):
-    registry: StopFlagRunners = ctx.state
-    device_op = _device_op(ctx, "update_inputs")
-
-    @wraps(original)
-    def update_inputs(stop_flags, not_need_stop, seq_lens_this_time, seq_lens_encoder, seq_lens_decoder,
-                      input_ids, stop_nums, next_tokens, is_block_step):
-        state = registry.for_flag(not_need_stop)
-        if state is None:
-            return original(stop_flags, not_need_stop, seq_lens_this_time, seq_lens_encoder, seq_lens_decoder,
-                            input_ids, stop_nums, next_tokens, is_block_step)
-        device_op(stop_flags, state.device, seq_lens_this_time, seq_lens_encoder, seq_lens_decoder,
-                  input_ids, stop_nums, next_tokens, is_block_step)
-        # update_inputs does not rewrite the sampled tokens: they are final already.
-        state.after_update(next_tokens)
-
-    return update_inputs
-
-
-def build_post_process(original, ctx):
-    registry: StopFlagRunners = ctx.state
-
-    @wraps(original)
-    def post_process(*args, **kwargs):
-        try:
-            return original(*args, **kwargs)
-        finally:
-            # Dummy runs and pooling skip the save: the flag is still made current before any code
-            # outside post_process can read share_inputs["not_need_stop"]. Only the calling runner's
-            # (FD passes its share_inputs by keyword): another runner's flag is its own business
-            # (runners on several threads, docs/tensor-parallel.md).
-            for state in registry.parts():
-                if state.share_inputs is kwargs.get("share_inputs", state.share_inputs) and \
-                        not state.runner.save_deferred():
-                    state.sync("post_process")
-
-    return post_process
+    return getattr(ops, f"{name}_host")
 
 
 def load_stop_flag_ops():
@@ -402,22 +316,17 @@ class StopFlagFeature(RunnerFeature):
         "stop flag's event)",
     }
     patches = (
-        Patch(Target(RUNNER, "GPUModelRunner._init_share_inputs"), build_init_share_inputs, step=True),
-        Patch(Target(RUNNER, "GPUModelRunner.reset_share_inputs"), build_reset_share_inputs, step=True),
-        Patch(Target(RUNNER, "GPUModelRunner.insert_tasks_v1"), build_insert, step=True),
-        Patch(Target(RUNNER, "GPUModelRunner.insert_prefill_inputs"), build_insert, step=True),
-        Patch(Target(RUNNER, "GPUModelRunner.not_need_stop"), build_not_need_stop, step=True),
-        Patch(Target(RUNNER, "GPUModelRunner.execute_model"), build_step_section, step=True),
-        Patch(Target(POSTPROC, "update_inputs_v1"), build_update_inputs_v1, check_update_inputs_v1, producer=True),
-        Patch(Target(POSTPROC, "update_inputs"), build_update_inputs, producer=True),
-        *(
-            Patch(Target(POSTPROC, name), build_guard(name))
-            for name in ("save_output", "save_output_topk", "_build_stream_transfer_data")
-        ),
-        Patch(Target(POSTPROC, "post_process"), build_post_process),
-        Patch(Target(RUNNER, "post_process"), build_post_process),
-        Patch(Target("worker.metax_model_runner", "post_process", required=False), build_post_process),
-        Patch(Target("worker.gcu_model_runner", "post_process", required=False), build_post_process),
+        *(Patch(Target(RUNNER, f"GPUModelRunner.{name}"), line(name), step=True) for name in (
+            "_init_share_inputs", "reset_share_inputs", "insert_tasks_v1", "insert_prefill_inputs",
+            "not_need_stop", "execute_model")),
+        Patch(Target(POSTPROC, "update_inputs_v1"), line("update_inputs_v1"), check_update_inputs_v1, producer=True),
+        Patch(Target(POSTPROC, "update_inputs"), line("update_inputs"), producer=True),
+        *(Patch(Target(POSTPROC, name), line(name))
+          for name in ("save_output", "save_output_topk", "_build_stream_transfer_data")),
+        Patch(Target(POSTPROC, "post_process"), line("post_process")),
+        Patch(Target(RUNNER, "post_process"), line("post_process")),
+        Patch(Target("worker.metax_model_runner", "post_process", required=False), line("post_process")),
+        Patch(Target("worker.gcu_model_runner", "post_process", required=False), line("post_process")),
     )
 
     def unavailable(self, backend: str) -> str:
@@ -433,7 +342,9 @@ class StopFlagFeature(RunnerFeature):
         return ""
 
     def prepare(self, ctx) -> StopFlagRunners:
-        registry = StopFlagRunners(load_stop_flag_ops(), "sampled_tokens" in ctx.options)
+        ops = load_stop_flag_ops()
+        device_ops = {name: _device_op(ctx, ops, name) for name in ("update_inputs_v1", "update_inputs")}
+        registry = StopFlagRunners(ops, "sampled_tokens" in ctx.options, device_ops)
         add_substitute(registry.substitute)
         return registry
 

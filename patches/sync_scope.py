@@ -35,7 +35,8 @@ from fd_async_copy_plugin.registry.patch import JUNCTION_MARK, Feature, Incompat
 from fd_async_copy_plugin.runtime.backend import host_view, np_dtype_of
 from fd_async_copy_plugin.runtime.glue import paddle_glue
 
-from ._consumers import build_prompt_scope, prompt_runner
+from .runner import line
+from .step import prompt_runner
 
 OUTPUT = "worker.output"
 RUNNER = "worker.gpu_model_runner"
@@ -154,7 +155,8 @@ class SyncScopeFeature(Feature):
 
     patches = (
         Patch(Target("paddle.device", "synchronize", absolute=True), build_device_synchronize),
-        Patch(Target(RUNNER, "GPUModelRunner._get_prompt_logprobs_list"), build_prompt_scope, check_prompt_logprobs),
+        Patch(Target(RUNNER, "GPUModelRunner._get_prompt_logprobs_list"), line("_get_prompt_logprobs_list"),
+              check_prompt_logprobs),
         Patch(Target(OUTPUT, "LogprobsTensors.slice_rows"), build_slice_rows, check_slice_rows),
     )
 

@@ -35,9 +35,3 @@ def fd_async_copy_features():
     observers read ``fd_async_copy_plugin.status()``.
     """
 
-
-@hookspec
-def fd_async_copy_order():
-    """Return ``{"module:attr": (feature, ...)}``: the order of the features' links around each
-    FastDeploy attribute several features touch, outermost first (``registry.patch.Junction``).
-    Two patch sets giving different rows for one attribute is an error."""

@@ -60,17 +60,6 @@ class StrictModeError(RuntimeError):
     """Raised in strict mode when a requested feature was not applied (see ``plan.REFUSED_IN_STRICT_MODE``)."""
 
 
-def collect_order(pm: pluggy.PluginManager) -> dict[str, tuple[str, ...]]:
-    """The patch sets' order tables, merged (``hookspecs.fd_async_copy_order``)."""
-    order: dict[str, tuple[str, ...]] = {}
-    for table in pm.hook.fd_async_copy_order():
-        for target, names in (table or {}).items():
-            if order.get(target, tuple(names)) != tuple(names):
-                raise ValueError(f"two plugins order the features around {target} differently")
-            order[target] = tuple(names)
-    return order
-
-
 class PatchManager:
     def __init__(self) -> None:
         self._lock = threading.RLock()
@@ -87,7 +76,6 @@ class PatchManager:
         self.requested: tuple[str, ...] = ()
         self.requested_backend = "auto"
         self.settings = None  # config.RunSettings of the last enable()
-        self._order: dict[str, tuple[str, ...]] = {}
 
     def catalog(self) -> FeatureCatalog:
         """The feature names of this manager's patch sets (the entry points' and ``add_plugin``'s)."""
@@ -124,7 +112,6 @@ class PatchManager:
             self.enabled = True
             available = available_features(self.pm)
             self._features = available if isinstance(available, dict) else {}
-            self._order = collect_order(self.pm) if self._features else {}
             self.profile = detect_profile(root)
             # The backend is created only if some feature gets that far in the plan.
             decisions = plan(features, available, self.profile, functools.partial(self._make_backend, backend))
@@ -132,7 +119,7 @@ class PatchManager:
             for name, decision in decisions.items():
                 if decision.option_of is None or decision.option_of not in decisions:
                     self._decide(name, decision)  # an option is decided with its feature
-            for name, decision in decisions.items():  # any order: each link's place is the order table's
+            for name, decision in decisions.items():  # any order: what runs around a method is its line's function
                 if decision.state == APPLY and decision.option_of is None:
                     self._schedule(self._features[name])
             self._finish_strict()
@@ -163,7 +150,6 @@ class PatchManager:
             options=frozenset(o for o in feature.options if o in self.requested),
             strict=self.strict,
             settings=self.settings,
-            order=self._order,
             stand_down=functools.partial(self._stand_down, feature.name),
         )
 

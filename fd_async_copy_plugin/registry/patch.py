@@ -15,10 +15,11 @@ were inherited (those are deleted again rather than shadowed).
 
 One replacement per attribute, whatever number of features touch it: every patched attribute gets a
 ``Junction``, the single function installed there. A feature's ``Patch.build(next, ctx)`` returns a
-*link*: its part of the work around ``next`` (the following link, or FastDeploy's original). The
-links of one attribute run in the order of the patch set's order table (``PatchContext.order``; the
-built-ins' is ``patches/runner.py``), outermost first - never in the order features were applied.
-Features without a row in the table run inside the listed ones, by name.
+*link*: its part of the work around ``next`` (the following link, or FastDeploy's original) - or a
+``Shared``: the patch set's one function for that attribute on this FastDeploy line, which every
+feature touching the attribute names and which reads, top to bottom, what each of them does around
+FastDeploy's original (the built-ins': ``patches/fd24``, ``patches/fd25``). A shared function is
+installed once, while at least one of its features is applied, and learns which ones are.
 
 ``from x import name`` re-bindings are handled one way: the importing module is declared as a
 target with ``required=False`` (e.g. the Metax/GCU runners importing ``post_process``). It is
@@ -139,9 +140,6 @@ class PatchContext:
     stand_down: Callable[[str], None] = lambda reason: None
     #: the validated settings (``config.RunSettings``): the only way a patch reads configuration
     settings: Any = None
-    #: ``"module:attr"`` (relative, as in ``Target``) -> feature names, outermost first: the order of
-    #: the links around each attribute several features touch (see ``Junction``)
-    order: Any = None
 
     def module(self, relative: str):
         return sys.modules[f"{self.root}.{relative}" if relative else self.root]
@@ -269,27 +267,39 @@ class _Next:
     """What a link calls to continue: the following link of its junction, or FastDeploy's original.
     Looks like the original (name, doc, ``__wrapped__``) for the builders that name or inspect it."""
 
-    def __init__(self, junction: "Junction", feature: str) -> None:
+    def __init__(self, junction: "Junction", name: str) -> None:
         self.target = junction.bottom  # set by the junction's relink
         functools.update_wrapper(self, junction.bottom, updated=())
-        junction.nexts[feature] = self
+        junction.nexts[name] = self
 
     def __call__(self, *args, **kwargs):
         return self.target(*args, **kwargs)
 
 
-class Junction:
-    """The one function installed on a patched attribute: it calls the first active link."""
+@dataclass(frozen=True)
+class Shared:
+    """A ``Patch.build``'s result: the patch set's one ``function(fd, on, *args, **kwargs)`` for the
+    attribute, ``fd`` what follows (FastDeploy's original), ``on`` the applied features naming it
+    -> their ``PatchContext``; ``key`` its place in the junction."""
 
-    def __init__(self, owner: Any, name: str, original: Any, own: bool, order: tuple[str, ...]) -> None:
+    key: str
+    function: Callable
+    ctx: Any
+
+
+class Junction:
+    """The one function installed on a patched attribute: it calls the first link. Links run: a
+    diagnostic's ``outermost`` one, a patch set's ``Shared`` function, then other links by name."""
+
+    def __init__(self, owner: Any, name: str, original: Any, own: bool) -> None:
         self.owner, self.name, self.original, self.own = owner, name, original, own
-        self.order = tuple(order)
-        self.outer: frozenset = frozenset()  # links outermost of all (a diagnostic's step boundary)
         #: a staticmethod/classmethod keeps its kind; the links work on its function
         self.descriptor = type(original) if isinstance(original, (staticmethod, classmethod)) else None
         function = original.__func__ if self.descriptor else original
-        self.links: dict[str, Callable] = {}
-        self.nexts: dict[str, _Next] = {}  # each feature's "next", linked now or not
+        self.links: dict[str, Callable] = {}  # link name (a feature, or a Shared key) -> link
+        self.members: dict[str, dict] = {}  # Shared key -> {feature: its PatchContext}
+        self.kinds: dict[str, int] = {}  # link name -> 0 outermost, 1 shared, 2 a feature's own
+        self.nexts: dict[str, _Next] = {}  # each link's "next", linked now or not
         self.head: Callable = function
         #: what the last link calls: FastDeploy's original, unless instrumentation (device tracking in
         #: tests) put itself beneath the links (``set_bottom``)
@@ -317,26 +327,23 @@ class Junction:
         return None
 
     @classmethod
-    def on(cls, owner: Any, name: str, order: tuple[str, ...] = ()) -> "Junction":
+    def on(cls, owner: Any, name: str) -> "Junction":
         """The junction of ``owner.name``: the one installed, or a new one (installed by its first link)."""
         found = cls.at(owner, name)
         if found is not None:
-            if order and not found.order:  # made by a diagnostic first: the features' order now
-                with _junctions_lock:
-                    found.order = tuple(order)
-                    found._relink()
             return found
         own = (name in vars(owner)) if isinstance(owner, type) else True
-        return cls(owner, name, _raw_attr(owner, name), own, order)
+        return cls(owner, name, _raw_attr(owner, name), own)
 
-    def _rank(self, feature: str) -> tuple:
-        if feature in self.outer:
-            return (-1, feature)
-        return (self.order.index(feature), "") if feature in self.order else (len(self.order), feature)
+    def _rank(self, name: str) -> tuple:
+        return (self.kinds.get(name, 2), name)
 
     def features(self) -> list[str]:
-        """The features with a link here, outermost first."""
-        return sorted(self.links, key=self._rank)
+        """The features with a part here, outermost first (a shared function's, by name)."""
+        out: list[str] = []
+        for name in sorted(self.links, key=self._rank):
+            out += sorted(self.members[name]) if name in self.members else [name]
+        return out
 
     def set_bottom(self, bottom: Any) -> None:
         """What the last link calls from now on (``original`` again to undo)."""
@@ -345,33 +352,49 @@ class Junction:
             self._relink()
 
     def _relink(self) -> None:
-        # every feature that had a link keeps its next: a link taken out while a call it made is
+        # every link that was attached keeps its next: a link taken out while a call it made is
         # still running (a save captured before disable()) continues with the links after its place
         following, links = self.bottom, self.links
-        for feature in sorted(self.nexts, key=self._rank, reverse=True):
-            self.nexts[feature].target = following
-            following = links.get(feature, following)
+        for name in sorted(self.nexts, key=self._rank, reverse=True):
+            self.nexts[name].target = following
+            following = links.get(name, following)
         self.head = following  # the head last: a call in flight sees a whole chain
 
     def attach(self, feature: str, build: Callable[[Any], Any], step: bool = False, outermost: bool = False) -> None:
-        """Add ``feature``'s link, in the order's place (``outermost``: before every feature, for a
-        diagnostic that is no feature; a name the order lacks: innermost, by name)."""
+        """Add ``feature``'s link (``outermost``: before every other, for a diagnostic that is no
+        feature), or make it a member of the shared function its build returns."""
         with _junctions_lock:
-            if feature in self.links:
+            if feature in self.features():
                 raise IncompatibleError(f"{self.name}: feature {feature!r} declares two patches of it")
-            if outermost:
-                self.outer = self.outer | {feature}
-            link = build(_Next(self, feature))
-            self.links = {**self.links, feature: link}  # copied, never changed in place: readers iterate it
+            nxt = _Next(self, feature)
+            link = build(nxt)
+            if isinstance(link, Shared):
+                if self.nexts.get(feature) is nxt:
+                    del self.nexts[feature]
+                name, on = link.key, {**self.members.get(link.key, {}), feature: link.ctx}
+                self.members = {**self.members, name: on}
+                link = functools.partial(link.function, self.nexts.get(name) or _Next(self, name), on)
+                self.kinds.setdefault(name, 1)
+            else:
+                name = feature
+                self.kinds[name] = 0 if outermost else 2
+            self.links = {**self.links, name: link}  # copied, never changed in place: readers iterate it
             self.gated = self.gated or step
             self._relink()
-            if len(self.links) == 1:
+            if _junctions.get((id(self.owner), self.name)) is not self:
                 _junctions[(id(self.owner), self.name)] = self
                 _set(self.owner, self.name, self.installed)
 
     def detach(self, feature: str) -> None:
         with _junctions_lock:
-            self.links = {name: link for name, link in self.links.items() if name != feature}
+            name = next((key for key, on in self.members.items() if feature in on), feature)
+            rest = {f: c for f, c in self.members.get(name, {}).items() if f != feature}
+            if rest:  # the shared function stays, for the features still applied
+                self.members = {**self.members, name: rest}
+                self.links = {**self.links, name: functools.partial(self.links[name].func, self.nexts[name], rest)}
+            else:
+                self.members = {key: on for key, on in self.members.items() if key != name}
+                self.links = {key: link for key, link in self.links.items() if key != name}
             self._relink()
             if not self.links:
                 if _junctions.get((id(self.owner), self.name)) is self:
@@ -483,10 +506,9 @@ def apply_feature(feature: Feature, ctx: PatchContext) -> AppliedFeature:
     feature.check(ctx)
     ctx.state = feature.prepare(ctx)
     records: list[_Applied] = []
-    order = ctx.order or {}
     try:
         for patch, owner, name in resolved:
-            junction = Junction.on(owner, name, order.get(f"{patch.target.module}:{patch.target.attr}", ()))
+            junction = Junction.on(owner, name)
             junction.attach(feature.name, lambda nxt, patch=patch: patch.build(nxt, ctx), patch.step)
             records.append(_Applied(owner, name, junction.original, junction.installed, junction.own,
                                     patch.producer, patch.target, junction, feature.name))

@@ -21,9 +21,9 @@ import dataclasses
 import pytest
 
 from fd_async_copy_plugin.patches import overlap as overlap_patch
-from fd_async_copy_plugin.patches.runner import part, per_runner
+from fd_async_copy_plugin.patches.fd24 import methods as fd24_methods
+from fd_async_copy_plugin.patches.runner import part
 from fd_async_copy_plugin.patches import stop_flag as stop_flag_patch
-from fd_async_copy_plugin.registry.patch import Patch
 from fd_async_copy_plugin.runtime import collecting
 from fd_async_copy_plugin.testing.harness import Variant, device_for, host_waits, plugin_state, run_variant
 from fd_async_copy_plugin.testing.reference import ROOTS
@@ -315,20 +315,16 @@ def test_planted_dropping_the_pending_step_of_a_preempted_slot_is_caught(monkeyp
     rows of that step) never reach the engine."""
     dropped = []
 
-    def build_dropping(original, ctx):
-        @per_runner(original, "overlap")
-        def insert_tasks_v1(state, self, tasks, *args, **kwargs):
-            if any(t.task_type.name == "PREEMPTED" for t in tasks) and state.pending:
-                state.pending = []
-                dropped.append(len(tasks))
-            state.flush("insert_tasks_v1")
-            return original(self, tasks, *args, **kwargs)
+    real = fd24_methods.insert_tasks_v1
 
-        return insert_tasks_v1
+    def insert_tasks_v1(fd, on, self, tasks, *args, **kwargs):
+        state = part(self, "overlap")
+        if state is not None and any(t.task_type.name == "PREEMPTED" for t in tasks) and state.pending:
+            state.pending = []
+            dropped.append(len(tasks))
+        return real(fd, on, self, tasks, *args, **kwargs)
 
-    planted = tuple(Patch(p.target, build_dropping) if p.target.attr.endswith("insert_tasks_v1") else p
-                    for p in overlap_patch.OverlapFeature.patches)
-    monkeypatch.setattr(overlap_patch.OverlapFeature, "patches", planted)
+    monkeypatch.setattr(fd24_methods, "insert_tasks_v1", insert_tasks_v1)  # FD 2.4's line function
     with pytest.raises(AssertionError, match=r"pre\d+\.token_ids"):
         run_exact(*_preemption(12), "sim", max_steps=400)
     assert dropped
@@ -448,12 +444,13 @@ def test_planted_insert_without_waiting_for_the_flag_copy_stalls_a_two_chunk_pro
     the insert and overlap's flush removed) is overwritten when the copy lands; a 2-chunk prompt
     whose first chunk made the batch idle never gets its first token."""
     monkeypatch.setattr(overlap_patch.OverlapState, "flush", _flush_without_refresh_at_insert)
-    unguarded = tuple(
-        Patch(p.target, lambda original, ctx: original) if p.target.attr.endswith(("insert_tasks_v1", "insert_prefill_inputs"))
-        else p
-        for p in stop_flag_patch.StopFlagFeature.patches
-    )
-    monkeypatch.setattr(stop_flag_patch.StopFlagFeature, "patches", unguarded)
+    real_sync = stop_flag_patch.StopFlagState.sync
+
+    def sync_but_not_at_inserts(self, reader):
+        if reader not in ("insert_tasks_v1", "insert_prefill_inputs"):
+            real_sync(self, reader)
+
+    monkeypatch.setattr(stop_flag_patch.StopFlagState, "sync", sync_but_not_at_inserts)
     requests = [_req(0, 12, 3)]
     with device_for("sim"), plugin_state(Variant("p", FD24, True, OVERLAP), "sim"), collecting():
         stalled = run_decode(FD24, config(chunk_size=6), requests, max_steps=40)

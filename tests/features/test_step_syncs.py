@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import fd_async_copy_plugin
-from fd_async_copy_plugin.patches import step_syncs
+from fd_async_copy_plugin.patches.fd24 import step_syncs
 from fd_async_copy_plugin.runtime import collecting
 from fd_async_copy_plugin.runtime.backend import BufferInUseError
 from fd_async_copy_plugin.testing.harness import Variant, device_for, host_waits, plugin_state, run_variant

@@ -17,7 +17,7 @@ import paddle
 import pytest
 
 import fd_async_copy_plugin
-from fd_async_copy_plugin.patches import step_syncs
+from fd_async_copy_plugin.patches.fd25 import step_syncs
 from fd_async_copy_plugin.patches.runner import part
 from fd_async_copy_plugin.testing.harness import Variant, device_for, host_waits, plugin_state, run_variant
 from fd_async_copy_plugin.testing.reference import ROOTS

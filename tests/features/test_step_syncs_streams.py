@@ -23,7 +23,7 @@ import contextlib
 
 import pytest
 
-from fd_async_copy_plugin.patches import step_syncs
+from fd_async_copy_plugin.patches.fd25 import step_syncs
 from fd_async_copy_plugin.runtime import BufferInUseError
 from fd_async_copy_plugin.testing.harness import Variant, run_variant, stream_per_step
 from fd_async_copy_plugin.testing.reference import ROOTS

@@ -1,0 +1,184 @@
+"""FastDeploy 2.4: what runs around each FastDeploy method the plugin touches, one function each
+(``runner.line``): ``fd`` is FastDeploy's original, ``on`` the applied features naming it; a
+runner's parts (``state.stop``, ``.syncs``, ``.overlap``) are None where their feature does not run
+for it. docs/architecture.md shows this file (a test keeps them equal)."""
+
+from __future__ import annotations
+
+import functools
+
+from .. import overlap, stop_flag
+from ..common import _get_prompt_logprobs_list, consume  # noqa: F401 - the line's function
+from ..runner import parts_of
+from ..step import current, opened
+from . import step_syncs
+from .._tensor_watch import watching
+
+
+def __init__(fd, on, self, *args, **kwargs):
+    fd(self, *args, **kwargs)
+    if "logprobs" in on:
+        on["logprobs"].state.note_runner(self)  # logprobs: whether its sampler gathers
+
+
+def _init_share_inputs(fd, on, self, max_num_seqs):
+    fd(self, max_num_seqs)
+    if "stop_flag" in on:
+        stop_flag.set_up(on["stop_flag"], self, max_num_seqs)  # device/pinned flags, tokens
+    if "step_syncs" in on:
+        step_syncs.set_up(on["step_syncs"], self)  # device seed, host shadow (needs stop)
+    if "overlap" in on:
+        overlap.set_up(on["overlap"], self)  # the overlap schedule (needs stop and syncs)
+
+
+def reset_share_inputs(fd, on, self, *args, **kwargs):
+    state = parts_of(self)
+    if state.overlap is not None:
+        state.overlap.flush("reset_share_inputs")  # overlap: the pending save first
+    if state.stop is None:
+        result = fd(self, *args, **kwargs)
+    else:
+        hidden = state.stop.hide_pinned()  # stop_flag: FD's fill_() must not touch pinned keys
+        try:
+            state.stop.sync("reset_share_inputs")
+            result = fd(self, *args, **kwargs)
+        finally:
+            self.share_inputs.update(hidden)
+            state.stop.reset()
+    if state.syncs is not None:
+        state.syncs.shadow.load("reset_share_inputs")  # step_syncs: the shadow reloaded
+    return result
+
+
+def _insert(site, fd, on, self, *args, **kwargs):
+    state = parts_of(self)
+    if state.overlap is not None:
+        state.overlap.flush(site)  # overlap: the pending save first
+    if state.stop is not None:
+        state.stop.sync(site)  # stop_flag: the flag current, so the insert's write is the last
+    if state.syncs is None:
+        result = fd(self, *args, **kwargs)
+    else:  # step_syncs: shadow refreshed, FD's writes followed, block-table rows staged
+        with step_syncs.inserting(state.syncs.shadow, self, site):
+            result = fd(self, *args, **kwargs)
+    if state.stop is not None:
+        state.stop.after_insert()  # stop_flag: the pinned flag follows the legacy one
+    return result
+
+
+insert_tasks_v1 = functools.partial(_insert, "insert_tasks_v1")
+insert_prefill_inputs = functools.partial(_insert, "insert_prefill_inputs")
+
+
+def _dummy_prefill_inputs(fd, on, self, *args, **kwargs):
+    syncs = parts_of(self).syncs
+    if syncs is None:
+        return fd(self, *args, **kwargs)
+    with step_syncs.inserting(syncs.shadow, self, "_dummy_prefill_inputs"):
+        return fd(self, *args, **kwargs)
+
+
+def execute_model(fd, on, self, *args, **kwargs):
+    # stop_flag: nothing but the step gate (no enable()/disable() inside a step)
+    state = parts_of(self).overlap
+    if state is None:
+        return fd(self, *args, **kwargs)
+    why = overlap.off_reason(self, state.runner_module)
+    if why:  # overlap off for this step: the pending save first, then FD's own step
+        state.flush("overlap off")
+        state.fallbacks[why] += 1
+        return fd(self, *args, **kwargs)
+    state.in_step, state.after_forward = True, False
+    try:
+        with opened(self, saves=state):  # overlap: this step's saves are captured
+            return fd(self, *args, **kwargs)
+    finally:
+        state.in_step = False
+        state.flush("step end")  # FD returned before its not_need_stop() check
+        state.end_step()
+
+
+def not_need_stop(fd, on, self):
+    state = parts_of(self)
+    if state.overlap is not None and state.overlap.flag_check():
+        return True  # overlap: a step's output is still to be saved
+    if state.stop is None:
+        return fd(self)
+    return state.stop.flag("not_need_stop")  # stop_flag: the legacy flag made current
+
+
+def _dummy_run(fd, on, self, *args, **kwargs):
+    state = parts_of(self).overlap
+    if state is not None:
+        state.flush("_dummy_run")  # overlap: the pending save first
+    return fd(self, *args, **kwargs)
+
+
+def _prepare_inputs(fd, on, self, *args, **kwargs):
+    syncs = parts_of(self).syncs
+    if syncs is None:
+        return fd(self, *args, **kwargs)
+    dummy = bool(kwargs.get("is_dummy_or_profile_run", args[0] if args else False))
+    count = step_syncs.step_count(syncs, self, dummy)  # step_syncs: T, and S1's count
+    armed = (syncs.shadow, count) if count is not None else None
+    with opened(self, count=armed), watching(step_syncs.bad_tokens_watch(syncs.shadow)):
+        return fd(self, *args, **kwargs)  # S1 in get_padding_offset, S2 from the shadow
+
+
+def exist_prefill(fd, on, self):
+    syncs = parts_of(self).syncs
+    answer = None if syncs is None else step_syncs.exist_prefill(syncs.shadow, self)  # S3/S7
+    return fd(self) if answer is None else answer
+
+
+# --- pre_and_post_process: FastDeploy's functions the runner calls --------------------------------
+
+
+def get_padding_offset(fd, on, input_ids, token_num, *args, **kwargs):
+    step = current()
+    armed = step.count if step is not None else None  # step_syncs: the count _prepare_inputs knew
+    if armed is None:
+        return fd(input_ids, token_num, *args, **kwargs)
+    return step_syncs.padding_offset(fd, *armed, input_ids, token_num, args, kwargs)
+
+
+def _update(name, fd, on, *args, **kwargs):
+    registry = on["stop_flag"].state
+    state = registry.for_flag(args[1]) if len(args) > 7 and not kwargs else None
+    if state is None:
+        return fd(*args, **kwargs)
+    # stop_flag: the plugin's op writes the device flag (no host copy) ...
+    registry.device_ops[name](args[0], state.device, *args[2:])
+    # ... then the step's copies in one batch: the flag, the final sampled tokens (argument 7),
+    # step_syncs' snapshot, overlap's flag of the step
+    state.after_update(args[7])
+
+
+update_inputs_v1 = functools.partial(_update, "update_inputs_v1")
+update_inputs = functools.partial(_update, "update_inputs")
+
+
+def post_process(fd, on, *args, **kwargs):
+    try:
+        return fd(*args, **kwargs)
+    finally:  # stop_flag: the calling runner's flag made current (unless overlap defers the save)
+        on["stop_flag"].state.after_post_process(kwargs.get("share_inputs"))
+
+
+def _save(name, fd, on, *args, **kwargs):
+    step = current()
+    saves = step.saves if step is not None else None
+    flag_index = overlap.SAVE_OPS[name]
+    if saves is not None and not kwargs and len(args) > flag_index:
+        # overlap: captured, it runs after the next forward launch (with this step's flag)
+        saves.capture(functools.partial(consume, fd, on, name), args, flag_index)
+        return None
+    return consume(fd, on, name, *args, **kwargs)  # stop_flag, logprobs: read after the event
+
+
+save_output = functools.partial(_save, "save_output")
+save_output_topk = functools.partial(_save, "save_output_topk")
+
+
+def _build_stream_transfer_data(fd, on, *args, **kwargs):
+    return consume(fd, on, "_build_stream_transfer_data", *args, **kwargs)  # stop_flag

@@ -1,0 +1,404 @@
+"""FD 2.4's part of ``step_syncs`` (why: ``patches/step_syncs.py``): ``StepShadow`` and its parts of
+the runner's methods (called from ``methods.py``)."""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+
+import numpy as np
+import paddle
+
+from ..runner import part, runner_state
+from ..step_syncs import POSTPROC, RUNNER, RunnerSyncs, _Mirror, _device_copy, own_path_reason, shadow_not_exact
+from .._tensor_watch import Watched, basic_key, host_value, rows_of, watching, _UNKNOWN
+
+log = logging.getLogger("fd_async_copy")
+
+#: shadow name -> share_inputs key (None: the runner's ``seq_lens_this_time_buffer``)
+SHADOWED = {
+    "this_time": None,
+    "enc": "seq_lens_encoder",
+    "block_step": "is_block_step",
+    "step_dec": "step_seq_lens_decoder",
+    "bad_len": "bad_tokens_len",
+    "tables": "block_tables",
+}
+#: what the device changes during a step: copied to pinned after the update op, every step
+SNAPSHOT = ("this_time", "enc", "block_step", "step_dec")
+SNAPSHOT_LABELS = tuple((name, f"step_syncs.{name}") for name in SNAPSHOT)
+
+
+class _Mirror24(_Mirror):
+    """FD 2.4: also the host reads the shadow answers (I1, S2)."""
+
+    def getitem(self, original, key):
+        # I1: ``if share_inputs["is_block_step"][idx]:`` - answered on the host when known.
+        if self.name == "block_step" and basic_key(key) and self.shadow.known(self.name):
+            self.shadow.served["I1 is_block_step read"] += 1
+            return paddle.to_tensor(np.array(self.shadow.arrays[self.name][key]), place=paddle.CPUPlace())
+        if self.name == "block_step":
+            self.shadow.fallback("I1: shadow of is_block_step not known")
+        return NotImplemented
+
+    def numpy(self, original):
+        # S2: ``np.max(share_inputs["bad_tokens_len"].numpy())`` in _prepare_inputs.
+        if self.name == "bad_len" and self.shadow.known(self.name):
+            self.shadow.served["S2 bad_tokens_len"] += 1
+            return self.shadow.arrays[self.name].copy()
+        if self.name == "bad_len":
+            self.shadow.fallback("S2: shadow of bad_tokens_len not known")
+        return NotImplemented
+
+
+class _StagedTable(Watched):
+    """``block_tables``: host writes go into a pinned mirror; the rows written are copied to the
+    device asynchronously when the FastDeploy call returns (``StepShadow.flush``)."""
+
+    name = "tables"
+
+    def __init__(self, shadow: "StepShadow", tensor) -> None:
+        super().__init__(tensor)
+        self.shadow = shadow
+
+    def setitem(self, original, key, value):
+        shadow = self.shadow
+        v = host_value(value, self.tensor)
+        if v is _UNKNOWN or not basic_key(key) or not shadow.known("tables"):
+            shadow.flush()  # staged rows land first, in stream order, then FastDeploy's own write
+            shadow.lose("tables", "a block-table write with a device value or mask")
+            return NotImplemented
+        if not shadow.dirty:
+            backend = shadow.backend
+            if backend.h2d_in_flight(shadow.tables):
+                # rows staged at an insert before a step that never reached the update op (an idle
+                # step: no event covers their copy): wait for that copy before rewriting the mirror
+                shadow.fallback("I1: the last staged rows had no step event; their copy was waited for")
+                backend.wait(backend.record("step_syncs.block_tables"), "insert.block_tables")
+            backend.before_host_write(shadow.tables, "insert.block_tables")
+        rows = rows_of(key, shadow.arrays["tables"].shape[0])
+        try:
+            shadow.arrays["tables"][key] = v
+        except Exception as exc:  # the mirror cannot take it: FastDeploy's own write, shadow reloads
+            shadow.dirty.update(rows)  # the rows already staged keep their order before FD's write
+            shadow.flush()
+            shadow.lose("tables", f"a block-table write it cannot follow ({exc})")
+            return NotImplemented
+        shadow.dirty.update(rows)
+        return None
+
+
+class StepShadow:
+    """The host's exact copy of the step state it needs, for one runner."""
+
+    def __init__(self, runner, backend, block_size: int, runner_module=None, postproc=None) -> None:
+        self.backend = backend
+        self.modules = (runner_module, postproc)  # FastDeploy's runner and post-process modules
+        self.glue = backend.glue
+        self.block_size = int(block_size)
+        self.share_inputs = si = runner.share_inputs
+        self.tensors = {name: (runner.seq_lens_this_time_buffer if key is None else si[key])
+                        for name, key in SHADOWED.items()}
+        self.arrays: dict[str, np.ndarray] = {}
+        self._known: dict[str, bool] = {}
+        self.fallbacks, self.served = collections.Counter(), collections.Counter()
+        self.s1_off = ""  # why S1 stood down for good (a count mismatch), "" while it runs
+        self.snap = {  # pinned copies of the device state; the step snapshot uses SNAPSHOT's
+            name: backend.new_pinned(self.glue.shape(self.tensors[name]), self.glue.dtype(self.tensors[name]),
+                                     f"step_syncs.{name}")
+            for name in SHADOWED if name != "tables"
+        }
+        tables = self.tensors["tables"]
+        self.tables = backend.new_pinned(self.glue.shape(tables), self.glue.dtype(tables), "step_syncs.block_tables")
+        self.snap_count = None  # pinned copy of the device token count, made at the first armed step
+        self.count_src = None  # this step's device token count (get_padding_offset's input)
+        self.count_used: int | None = None
+        self.count_is_bound = False  # this step's count is an upper bound (overlap), not exact
+        self.snap_pending = False
+        self.snap_expect: tuple[int, bool] | None = None  # (count used, it was an upper bound)
+        self.snap_nr = 0  # the running slots when the snapshot was issued
+        self.dirty: set[int] = set()
+        self.load("construction")
+
+    # -- state --------------------------------------------------------------------------------
+    def known(self, name: str) -> bool:
+        return self._known.get(name, False)
+
+    def lose(self, name: str, why: str) -> None:
+        if self._known.get(name):
+            log.info("fd_async_copy step_syncs: lost track of %s (%s); FastDeploy's own path until reloaded", name, why)
+        self._known[name] = False
+
+    def host_write(self, name: str, key, value) -> None:
+        """FastDeploy's host write to the tensor behind ``name`` (``_Mirror``), on its shadow too."""
+        try:
+            self.arrays[name][key] = value
+        except Exception as exc:  # never fail FastDeploy's write: the shadow reloads instead
+            self.lose(name, f"a write FastDeploy made to {name} it cannot follow ({exc})")
+
+    def fallback(self, cause: str) -> None:
+        self.fallbacks[cause] += 1
+
+    def load(self, why: str) -> None:
+        """Every shadow from the device (copies, one event, one wait): at construction and after a
+        reset, never in a decode step."""
+        from fd_async_copy_plugin.runtime.backend import host_view
+
+        backend = self.backend
+        backend.before_host_write(self.tables, "step_syncs.load")
+        for name, t in self.tensors.items():
+            backend.copy_d2h(self.tables if name == "tables" else self.snap[name], t, f"step_syncs.load.{name}")
+        backend.wait(backend.record("step_syncs.load"), f"step_syncs.load({why})")
+        for name in self.tensors:
+            if name == "tables":
+                self.arrays[name] = host_view(self.tables, self.glue)  # written in place, copied from
+            else:
+                self.arrays[name] = backend.read(self.snap[name], f"step_syncs.load.{name}")
+            self._known[name] = True
+        self.snap_pending = False
+        self.dirty.clear()
+        self.fallbacks[f"shadow loaded ({why})"] += 1
+
+    def ensure_loaded(self) -> None:
+        """After a dummy run (or a write the host could not follow) the shadow of a host-written
+        tensor is unknown: reload everything before the next real step."""
+        if not (self.known("tables") and self.known("bad_len")):
+            self.load("after a dummy run or an untracked write")
+
+    # -- the step's device changes --------------------------------------------------------------
+    def snapshot_copies(self) -> list:
+        """Right after the update op: the snapshot's copies, issued in the stop flag's batch before
+        its event is recorded (``RunnerState.step_copies``)."""
+        copies = [(self.snap[name], self.tensors[name], label) for name, label in SNAPSHOT_LABELS]
+        self.snap_expect = None
+        if self.count_src is not None and self.count_used is not None:
+            if self.snap_count is None:
+                self.snap_count = self.backend.new_pinned(
+                    self.glue.shape(self.count_src), self.glue.dtype(self.count_src), "step_syncs.token_num")
+            copies.append((self.snap_count, self.count_src, "step_syncs.token_num"))
+            self.snap_expect = (self.count_used, self.count_is_bound)
+        self.count_src = self.count_used = None
+        self.count_is_bound = False
+        self.snap_nr = int(self.glue.shape(self.share_inputs["seq_lens_this_time"])[0])
+        self.snap_pending = True
+        return copies
+
+    def snapshot_in_flight(self) -> bool:
+        """The last step's snapshot is issued and no wait has covered it yet (overlap: the save of
+        that step comes after the next forward)."""
+        return self.snap_pending and not self.backend.copy_waited(self.snap["this_time"])
+
+    def refresh(self, reader: str) -> None:
+        """Take the last step's snapshot (its event was waited on by the save: no wait here)."""
+        if not self.snap_pending:
+            return
+        self.snap_pending = False
+        for name in SNAPSHOT:
+            values = self.backend.host_array(self.snap[name], f"{reader}.{name}")  # (owned)
+            self.arrays[name] = values.reshape(self.arrays[name].shape)
+            self._known[name] = True
+        if self.snap_expect is not None and self.snap_count is not None:
+            device_count = int(self.backend.host_array(self.snap_count, f"{reader}.token_num").reshape(-1)[0])
+            used, bound = self.snap_expect
+            wrong = device_count > used if bound else device_count != used
+            if wrong and not self.s1_off:
+                what = "upper bound" if bound else "token count"
+                self.s1_off = (f"the host {what} {used} did not hold for the device's count {device_count}; "
+                               "S1 uses FastDeploy's synchronous count from now on")
+                log.error("fd_async_copy step_syncs: %s", self.s1_off)
+        self.snap_expect = None
+
+    def flush(self) -> None:
+        """Copy the block-table rows written on the host to the device, on the stream."""
+        if not self.dirty:
+            return
+        rows = sorted(self.dirty)
+        self.dirty.clear()
+        table = self.tensors["tables"]
+        row_bytes = self.arrays["tables"].strides[0]
+        base, device = self.glue.address(table), self.glue.gpu_device(table)
+        start = prev = rows[0]
+        for row in rows[1:] + [None]:
+            if row is not None and row == prev + 1:
+                prev = row
+                continue
+            n = (prev - start + 1) * row_bytes
+            self.backend.copy_h2d(base + start * row_bytes, device, self.tables, start * row_bytes, n,
+                                  "step_syncs.block_tables")
+            if row is not None:
+                start = prev = row
+        self.served["I1 block-table rows staged"] += len(rows)
+
+    def handlers(self) -> list:
+        out = [_Mirror24(self, name, self.tensors[name]) for name in SHADOWED if name != "tables"]
+        out.append(_StagedTable(self, self.tensors["tables"]))
+        return out
+
+    # -- answers --------------------------------------------------------------------------------
+    def recover_and_count(self, num_running: int) -> int | None:
+        """Replay ``recover_decode_task`` on the shadow and return the step's token count, or None
+        when the host cannot know it."""
+        if not all(self.known(n) for n in ("this_time", "block_step", "step_dec", "tables", "enc")):
+            return None
+        this_time = self.arrays["this_time"].reshape(-1)
+        block_step = self.arrays["block_step"].reshape(-1)
+        step_dec = self.arrays["step_dec"].reshape(-1)
+        enc = self.arrays["enc"].reshape(-1)
+        tables = self.arrays["tables"]
+        for i in np.flatnonzero(block_step[:num_running]):
+            col = int(step_dec[i]) // self.block_size
+            if col < 0 or col >= tables.shape[1]:
+                return None
+            if tables[i, col] != -1:
+                block_step[i] = False
+                this_time[i] = 1
+                enc[i] = 0
+        return int(this_time[:num_running].astype(np.int64).sum())
+
+    def upper_bound(self, num_running: int) -> int | None:
+        """Overlap, no insert since the last step: the snapshot of that step is still in flight.
+        Its update op leaves every running slot at 0 or 1 token and recovers nothing without a new
+        block (no insert gave one), so the slots that ran bound the next step's count."""
+        if not (self.known("this_time") and self.snap_nr == num_running):
+            return None
+        return int((self.arrays["this_time"].reshape(-1)[:num_running] > 0).sum())
+
+    def exist_prefill(self) -> bool | None:
+        if not self.known("enc"):
+            return None
+        enc = self.arrays["enc"].reshape(-1)
+        if self.snapshot_in_flight():
+            # right after a step whose snapshot has not landed: its update op zeroed
+            # seq_lens_encoder of every running slot (update_inputs_v1.cu), the others are as known
+            return bool(np.any(enc[self.snap_nr:] > 0))
+        return bool(np.any(enc > 0))
+
+
+    def not_exact(self, runner) -> str:
+        """Why no answer of the shadow may be served for ``runner`` now ("" when they may)."""
+        return shadow_not_exact(runner, *self.modules)
+
+
+def set_up(ctx, runner) -> None:
+    """After FastDeploy's ``_init_share_inputs`` and the stop part: the seed on the device and the
+    shadow, or why this runner keeps FastDeploy's own path."""
+    registry = ctx.state
+    why = own_path_reason(runner, ctx.module(RUNNER))  # first: the runner's own reason, not stop_flag's
+    if why:  # the shadow could never be exact for this runner: touch nothing
+        registry.stand_down(runner, f"{why}: the host cannot know this runner's step state", logging.INFO)
+        return
+    if part(runner, "stop") is None:
+        registry.stand_down(runner, "needs stop_flag on this runner (its event covers the step snapshot), "
+                                    "which does not run here")
+        return
+    si = runner.share_inputs
+    try:
+        si["infer_seed"] = _device_copy(si["infer_seed"], si["stop_flags"])  # T
+        state = RunnerSyncs(StepShadow(runner, ctx.backend, runner.cache_config.block_size, ctx.module(RUNNER),
+                                       ctx.module(POSTPROC)))
+    except Exception as exc:  # never stop FastDeploy: this runner keeps its own path
+        registry.stand_down(runner, f"cannot set up ({type(exc).__name__}: {exc})")
+        return
+    registry.add(runner, state)
+
+
+@contextlib.contextmanager
+def inserting(shadow: StepShadow, runner, site: str):
+    """Around FastDeploy's insert ``site``: the shadow refreshed, FastDeploy's host writes to the
+    shadowed tensors followed (block-table rows staged), the staged rows copied after it."""
+    why = shadow.not_exact(runner)
+    if why:
+        shadow.fallback(why)
+        for name in SHADOWED:
+            shadow.lose(name, why)
+        yield
+        return
+    if site != "_dummy_prefill_inputs":
+        shadow.ensure_loaded()
+    shadow.refresh(site)
+    with watching(shadow.handlers()):
+        try:
+            yield
+        finally:
+            shadow.flush()
+
+
+def step_count(syncs: RunnerSyncs, runner, dummy: bool) -> int | None:
+    """Before FastDeploy's ``_prepare_inputs``: the seed increment on the device (T), the shadow
+    refreshed, and the step's token count the host knows (S1), or None."""
+    shadow = syncs.shadow
+    si = runner.share_inputs
+    # T: the increment FastDeploy made with .cpu() in __init__ (after _init_share_inputs).
+    if runner.infer_seed_increment is not syncs.increment:
+        syncs.increment = _device_copy(runner.infer_seed_increment, si["stop_flags"])
+        runner.infer_seed_increment = syncs.increment
+    if not dummy:
+        shadow.ensure_loaded()
+    steps = runner_state(runner)
+    bound = not dummy and steps.bound_count_step() and shadow.snapshot_in_flight()
+    if not bound:  # free unless the overlap schedule's exact count waits here for the last step
+        shadow.refresh("overlap.exact count" if steps.holds_unsaved_step() else "_prepare_inputs")
+    why = "dummy/profile run" if dummy else (shadow.not_exact(runner) or shadow.s1_off and "S1 stood down")
+    count = None
+    if not why:
+        num_running = int(si["seq_lens_this_time"].shape[0])
+        count = shadow.upper_bound(num_running) if bound else shadow.recover_and_count(num_running)
+        if count is None:
+            if bound:  # FastDeploy's synchronous count needs the last step: wait for it
+                shadow.refresh("_prepare_inputs")
+                count = shadow.recover_and_count(num_running)
+                shadow.fallback("overlap: no upper bound, the last step's snapshot was waited for")
+            if count is None:
+                why = "S1: the shadow cannot tell the count"
+    if why:
+        shadow.fallback(why)
+        # recover_decode_task runs on the device: the shadow no longer matches until the snapshot.
+        # A dummy run's step_cuda (also under V1) rewrites block tables and slots on the device:
+        # everything is reloaded before the next real step.
+        for name in (SHADOWED if dummy else ("this_time", "block_step", "enc")):
+            shadow.lose(name, why)
+    shadow.count_is_bound = bool(bound and count is not None and not why and shadow.snapshot_in_flight())
+    return count
+
+
+def bad_tokens_watch(shadow: StepShadow) -> list:
+    """S2: ``bad_tokens_len.numpy()`` inside ``_prepare_inputs``, answered from the shadow."""
+    return [_Mirror24(shadow, "bad_len", shadow.tensors["bad_len"])]
+
+
+def exist_prefill(shadow: StepShadow, runner) -> bool | None:
+    """S3/S7: ``exist_prefill()`` from the shadow, or None (FastDeploy's own then)."""
+    why = shadow.not_exact(runner)
+    if why:
+        shadow.fallback(f"S3/S7: {why}")
+        return None
+    if not (runner_state(runner).holds_unsaved_step() and shadow.snapshot_in_flight()):
+        shadow.refresh("exist_prefill")
+    answer = shadow.exist_prefill()
+    if answer is None:
+        shadow.fallback("S3/S7: shadow of seq_lens_encoder not known")
+        return None
+    shadow.served["S3/S7 exist_prefill"] += 1
+    return answer
+
+
+def padding_offset(fd, shadow: StepShadow, count: int, input_ids, token_num, args, kwargs):
+    """S1: the 2.4 op copies token_num to the host to size its outputs; a host tensor makes that a
+    host-to-host memcpy. The device count is copied under the step's event and compared."""
+    host = paddle.to_tensor(np.array(count).reshape(tuple(token_num.shape)).astype(
+        np.dtype(str(token_num.dtype).replace("paddle.", ""))), place=paddle.CPUPlace())
+    shadow.count_src, shadow.count_used = token_num, count
+    shadow.served["S1 token count"] += 1
+    outputs = fd(input_ids, host, *args, **kwargs)
+    if not shadow.count_is_bound:
+        return outputs
+    # Overlap: the count is an upper bound. FastDeploy 2.4's op leaves the outputs' tail past the
+    # real count uninitialised; fill it as 2.5's op does (ids 2, batch id -1), on the device.
+    shadow.served["S1 upper bound (tail filled)"] += 1
+    ids, batch_ids, cu_q = outputs[0], outputs[1], outputs[2]
+    real = cu_q.reshape([-1])[-1:].astype("int64")
+    tail = paddle.arange(count, dtype="int64") >= real
+    ids = paddle.where(tail, paddle.full_like(ids, 2), ids)
+    batch_ids = paddle.where(tail.reshape(batch_ids.shape), paddle.full_like(batch_ids, -1), batch_ids)
+    return (ids, batch_ids, *outputs[2:])

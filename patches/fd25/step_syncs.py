@@ -1,0 +1,391 @@
+"""FD 2.5's part of ``step_syncs`` (why: ``patches/step_syncs.py``): the seed on the device and
+``TokenShadow``, with their parts of the runner's methods (called from ``methods.py``)."""
+
+from __future__ import annotations
+
+import logging
+import weakref
+
+import numpy as np
+import paddle
+
+from ..runner import is_cuda_runner, runner_state
+from ..step_syncs import POSTPROC, RUNNER, RunnerSyncs, _Mirror, _device_copy, own_path_reason, shadow_not_exact
+from .._tensor_watch import DeferredEvent, ServedRead, Watched, deferred_events, watching
+
+log = logging.getLogger("fd_async_copy")
+
+
+# --- FastDeploy 2.5: the sampling seed (T) ------------------------------------------------------
+# 2.5 keeps ``infer_seed`` (InputBatch.init_share_inputs, input_batch.py:170) and the runner's
+# ``infer_seed_increment`` (gpu_model_runner.py:207-211) on the host: ``top_p_sampling`` gets a host
+# ``topp_seed`` and Paddle's data transform synchronizes the stream before copying it - the one long
+# wait of a 2.5 step, and under 2.5's overlap schedule the wait for the forward being prepared. Its
+# writers (insert :897-898 / :1126-1127 setitem of a Python int, ``add_``/``%=`` :2573-2574,
+# ``fill_`` in reset_share_inputs, ``swap_data`` in swap_states) all work in place on a device tensor.
+
+
+def _move_seed(runner, state: RunnerSyncs, place=None) -> None:
+    """``infer_seed`` and its increment as copies of FastDeploy's (same values) on FastDeploy's
+    device, or at ``place``; both always move together (a host seed with a device increment, or
+    the reverse, breaks FastDeploy's ``add_``)."""
+    si = runner.share_inputs
+    pair = (si["infer_seed"], runner.infer_seed_increment)
+    if place is None:
+        seed, increment = (_device_copy(t, si["stop_flags"]) for t in pair)
+    else:
+        seed, increment = (paddle.to_tensor(np.array(t.numpy()), place=place) for t in pair)
+    si["infer_seed"], runner.infer_seed_increment = state.seed, state.increment = seed, increment
+
+
+def set_up(ctx, runner) -> None:
+    """After FastDeploy's ``GPUModelRunner.__init__``: the seed and its increment on the device, and
+    the token-count shadow, or why this runner keeps FastDeploy's own path."""
+    registry = ctx.state
+    runner_module = ctx.module(RUNNER)
+    if not is_cuda_runner(runner_module):
+        registry.stand_down(runner, "not a CUDA platform (a DCU/Iluvatar runner): FastDeploy's seed stays",
+                            logging.INFO)
+        return
+    if getattr(runner, "speculative_decoding", False):
+        registry.stand_down(runner, "speculative decoding (the proposer's input batch shares the seed): the "
+                                    "seed stays on the host", logging.INFO)
+        return
+    state = RunnerSyncs(registry=registry)
+    try:
+        _move_seed(runner, state)
+    except Exception as exc:  # never stop FastDeploy: this runner keeps its host seed
+        registry.stand_down(runner, f"cannot move the seed to the device ({type(exc).__name__}: {exc})")
+        return
+    why = own_path_reason(runner, runner_module)
+    if why:  # the seed only: FastDeploy's token_num waits stay
+        state.token_off = f"{why}: FastDeploy's token_num waits stay"
+        log.info("fd_async_copy step_syncs: %s", state.token_off)
+    else:
+        try:
+            state.shadow = TokenShadow(runner, ctx.backend, runner.cache_config.block_size, state.served,
+                                       state.fallbacks, runner_module, ctx.module(POSTPROC))
+        except Exception as exc:  # never stop FastDeploy: its token_num waits stay
+            state.shadow = None
+            state.token_off = f"cannot set up the token-count shadow ({type(exc).__name__}: {exc})"
+            log.error("fd_async_copy step_syncs: %s; FastDeploy's token_num waits stay", state.token_off)
+    registry.add(runner, state)
+
+
+def seed_in_place(syncs: RunnerSyncs, runner) -> bool:
+    """Before FastDeploy's ``_prepare_inputs`` (T): the sampler still gets the device seed. A seed
+    or increment FastDeploy made anew (a path the plugin does not know) is moved again; if it cannot
+    move, both go back to the host and the runner keeps FastDeploy's path (False)."""
+    if runner.share_inputs["infer_seed"] is not syncs.seed or runner.infer_seed_increment is not syncs.increment:
+        try:
+            _move_seed(runner, syncs)
+            syncs.fallbacks["T: FastDeploy re-created the seed; moved to the device again"] += 1
+        except Exception as exc:  # both back on the host: FastDeploy's own path for this runner
+            _move_seed(runner, syncs, paddle.CPUPlace())
+            runner_state(runner).syncs = None
+            syncs.registry.stand_down(runner, f"a re-created seed cannot move to the device "
+                                              f"({type(exc).__name__}: {exc})")
+            return False
+    syncs.served["T device seed"] += 1
+    return True
+
+
+# --- FastDeploy 2.5: the token-count waits (token_num_event) ------------------------------------
+# 2.5's _prepare_inputs (gpu_model_runner.py:1330-1341) copies ``seq_lens_this_time`` and
+# ``is_block_step`` into pinned ``seq_lens_this_time_cpu`` / ``is_block_step_cpu``, records
+# ``token_num_event`` (``paddle.device.cuda.create_event()``), waits on it and sums the pinned count
+# (plain schedule, a prefill, or no count from the last step); ``_postprocess`` (:2365-2371) waits on
+# the same event again and, under the overlap schedule without a prefill, sums both pinned buffers.
+# The host shadow answers both reads: the step's device changes come from a snapshot copied right
+# after ``update_inputs_v1`` (before FastDeploy's post_process_event, which the save waits on), the
+# inserts' host writes are followed as they are made, and recover_decode_task is replayed on it.
+
+#: FD 2.5: shadow name -> InputBatch key
+SHADOWED_25 = {
+    "this_time": "seq_lens_this_time_buffer",
+    "enc": "seq_lens_encoder",
+    "block_step": "is_block_step",
+    "step_dec": "step_seq_lens_decoder",
+    "tables": "block_tables",
+}
+SNAPSHOT_25 = ("this_time", "enc", "block_step", "step_dec")  # what update_inputs_v1 changes
+RECOVERED = ("this_time", "block_step", "enc")  # what recover_decode_task writes that the shadow keeps
+
+_SHADOWS_25: "weakref.WeakValueDictionary[int, TokenShadow]" = weakref.WeakValueDictionary()  # id(share_inputs)
+
+def replay_recover(arrays: dict, num_running: int, block_size: int) -> bool:
+    """recover_decode_task.cu (2.5) on host arrays, in place: a block-step slot whose next block
+    exists resumes decoding. False (nothing changed) when a block column is outside the table."""
+    this_time, block_step = arrays["this_time"].reshape(-1), arrays["block_step"].reshape(-1)
+    step_dec, enc, tables = arrays["step_dec"].reshape(-1), arrays["enc"].reshape(-1), arrays["tables"]
+    slots = np.flatnonzero(block_step[:num_running])
+    cols = [int(step_dec[i]) // block_size for i in slots]
+    if any(c < 0 or c >= tables.shape[1] for c in cols):
+        return False
+    for i, col in zip(slots, cols):
+        if tables[i, col] != -1:
+            block_step[i] = False
+            this_time[i] = 1
+            enc[i] = 0
+    return True
+
+
+class TokenShadow:
+    """FD 2.5: the host's exact copy of the state behind the step's token count, for one runner."""
+
+    def __init__(self, runner, backend, block_size: int, served, fallbacks, runner_module=None,
+                 postproc=None) -> None:
+        self.backend, self.glue = backend, backend.glue
+        self.modules = (runner_module, postproc)  # FastDeploy's runner and post-process modules
+        self.block_size = int(block_size)
+        self.share_inputs = si = runner.share_inputs
+        self.tensors = {name: si[key] for name, key in SHADOWED_25.items()}
+        self.snap = {name: backend.new_pinned(self.glue.shape(t), self.glue.dtype(t), f"step_syncs.{name}")
+                     for name, t in self.tensors.items()}
+        self.arrays: dict[str, np.ndarray] = {}
+        self._known: dict[str, bool] = {}
+        self.served, self.fallbacks = served, fallbacks
+        self.pending = None  # the event of the issued snapshot not taken yet
+        self.log: list = []  # host writes and recover replays made since that snapshot was issued
+        self.lost_while_pending: set[str] = set()
+        self.nr: int | None = None  # running slots at this step's _prepare_inputs
+        self.last_answers: dict[str, np.ndarray] = {}  # what was served (tests compare with the device)
+        _SHADOWS_25[id(si)] = self
+        self.load("construction")
+
+    # -- state --------------------------------------------------------------------------------
+    def known(self, name: str) -> bool:
+        return self._known.get(name, False)
+
+    def lose(self, name: str, why: str) -> None:
+        if self._known.get(name):
+            log.info("fd_async_copy step_syncs: lost track of %s (%s); FastDeploy's own wait until the next "
+                     "snapshot or reload", name, why)
+        self._known[name] = False
+        if self.pending is not None:
+            self.lost_while_pending.add(name)
+
+    def lose_all(self, why: str) -> None:
+        for name in SHADOWED_25:
+            self.lose(name, why)
+
+    def fallback(self, cause: str) -> None:
+        self.fallbacks[cause] += 1
+
+    def stale(self) -> str:
+        """Why the shadowed tensors are no longer FastDeploy's ("" when they are)."""
+        for name, key in SHADOWED_25.items():
+            if self.share_inputs[key] is not self.tensors[name]:
+                return f"share_inputs[{key!r}] was re-created"
+        return ""
+
+    def load(self, why: str) -> None:
+        """Every shadow from the device (copies, one event, one wait): at construction and after a
+        dummy run, a reset or a write the host could not follow - never in a plain decode step."""
+        backend = self.backend
+        for name, t in self.tensors.items():
+            backend.copy_d2h(self.snap[name], t, f"step_syncs.load.{name}")
+        backend.wait(backend.record("step_syncs.load"), f"step_syncs.load({why})")
+        for name in self.tensors:
+            self.arrays[name] = backend.read(self.snap[name], f"step_syncs.load.{name}")
+            self._known[name] = True
+        self.pending, self.log, self.lost_while_pending = None, [], set()
+        self.fallbacks[f"shadow loaded ({why})"] += 1
+
+    def ensure_loaded(self) -> None:
+        # the block tables change on the host only (2.5, V1): once lost, only a load brings them back
+        if not self.known("tables"):
+            self.load("after a dummy run, a reset or an untracked write")
+
+    # -- changes ------------------------------------------------------------------------------
+    def host_write(self, name: str, key, value) -> None:
+        if self.pending is not None and name in SNAPSHOT_25:
+            self.log.append((name, key, np.array(value, copy=True)))
+        else:
+            self._apply(name, key, value)
+
+    def _apply(self, name: str, key, value) -> None:
+        if not self.known(name):
+            return
+        try:
+            self.arrays[name][key] = value
+        except Exception as exc:  # never fail FastDeploy's write: the shadow of it is lost instead
+            self.lose(name, f"a write to {name} it cannot follow ({exc})")
+
+    def recover(self, num_running: int) -> None:
+        """recover_decode_task runs on the device now (the start of _prepare_inputs)."""
+        self.nr = num_running
+        if self.pending is not None:
+            self.log.append(("recover", num_running, None))
+        else:
+            self._recover(num_running)
+
+    def _recover(self, num_running: int) -> None:
+        if not all(self.known(n) for n in SHADOWED_25) or not replay_recover(self.arrays, num_running,
+                                                                              self.block_size):
+            for name in RECOVERED:
+                self.lose(name, "recover_decode_task cannot be replayed (a shadow unknown or a block column "
+                                "outside the table)")
+
+    def issue_snapshot(self) -> None:
+        """Right after update_inputs_v1, before FastDeploy records post_process_event: its copies
+        and their event in one batch."""
+        self.pending = self.backend.copy_d2h_many(
+            [(self.snap[name], self.tensors[name], f"step_syncs.{name}") for name in SNAPSHOT_25], "step_syncs.snapshot")
+        self.log, self.lost_while_pending = [], set()
+
+    def settle(self, reader: str) -> None:
+        """Take the issued snapshot once a wait already made covers it (no wait here), then replay
+        what happened since it was issued."""
+        if self.pending is None or not self.backend.query(self.pending):
+            return
+        lost, entries = self.lost_while_pending, self.log
+        self.pending, self.log, self.lost_while_pending = None, [], set()
+        for name in SNAPSHOT_25:
+            self.arrays[name] = self.backend.read(self.snap[name], f"{reader}.{name}")
+            self._known[name] = name not in lost
+        for name, key, value in entries:
+            if name == "recover":
+                self._recover(key)
+            else:
+                self._apply(name, key, value)
+
+    # -- answers --------------------------------------------------------------------------------
+    def answer(self, name: str, site: str, like) -> np.ndarray | None:
+        """What FastDeploy's read of the pinned copy of ``name`` at ``site`` would give (after its
+        event wait), or None (counted) when the host does not know it exactly now."""
+        why = ("the last step's snapshot has not landed" if self.pending is not None
+               else "" if self.known(name) and self.nr is not None else f"the shadow of {name} is not known")
+        if why:
+            self.fallback(f"token_num {site}: {why}")
+            return None
+        values = self.arrays[name].reshape(-1)
+        if name == "this_time":
+            values = values[:self.nr]
+        out = values.reshape(tuple(self.glue.shape(like))).astype(np.dtype(self.glue.dtype(like)), copy=True)
+        self.last_answers[f"{site}.{name}"] = out.copy()
+        self.served[f"token_num {site}"] += 1
+        return out
+
+
+def token_num_off(runner, shadow: TokenShadow) -> str:
+    """Why the shadow may not answer for ``runner`` now ("" when it may)."""
+    why = shadow_not_exact(runner, *shadow.modules) or shadow.stale()
+    if why:
+        return why
+    if getattr(runner.share_inputs, "enable_pd_reorder", False) or any(
+            getattr(b, "enable_ids_reorder", False) for b in (getattr(runner, "attn_backends", None) or ())):
+        return "PD reorder (swap_states moves slots, and the pinned buffers, on the device)"
+    return ""
+
+
+class _ViewWrite(Watched):
+    """``share_inputs["seq_lens_this_time"]`` (a view of the buffer, rebound by every insert): a write
+    through it (2.5 :834, speculative decoding only) is not followed - the shadow of it is lost."""
+
+    def __init__(self, shadow: "TokenShadow", tensor) -> None:
+        super().__init__(tensor)
+        self.shadow = shadow
+
+    def setitem(self, original, key, value):
+        self.shadow.lose("this_time", "a write through the seq_lens_this_time view")
+        return NotImplemented
+
+
+def _watched_25(shadow: TokenShadow) -> list:
+    out = [_Mirror(shadow, name, t) for name, t in shadow.tensors.items()]
+    try:  # (none before the first insert)
+        view = shadow.share_inputs["seq_lens_this_time"]
+    except (KeyError, AttributeError):
+        view = None
+    if view is not None and view is not shadow.tensors["this_time"]:
+        out.append(_ViewWrite(shadow, view))
+    return out
+
+
+def prepare_counted(fd, syncs: RunnerSyncs, runner, args, kwargs):
+    """FastDeploy's ``_prepare_inputs`` with its token_num_event deferred and its read of the pinned
+    count answered from the shadow (the event's wait runs only before a read it does not answer)."""
+    shadow = syncs.shadow
+    if syncs.unwaited:  # before FastDeploy issues this step's copies into the same pinned buffers
+        order_after_skipped_waits(syncs, shadow)
+    dummy = bool(kwargs.get("is_dummy_or_profile_run", args[1] if len(args) > 1 else False))
+    why = "dummy/profile run" if dummy else token_num_off(runner, shadow)
+    if why:  # FastDeploy's own waits; the step state is unknown until reloaded
+        shadow.fallback(f"token_num: {why}")
+        shadow.lose_all(why)
+        return fd(runner, *args, **kwargs)
+    shadow.ensure_loaded()
+    shadow.settle("_prepare_inputs")
+    si = runner.share_inputs
+    shadow.recover(int(si["seq_lens_this_time"].shape[0]))
+    made: list[DeferredEvent] = []
+
+    def make(event):
+        made.append(DeferredEvent(event))
+        return made[-1]
+
+    pinned = si["seq_lens_this_time_cpu"]
+    read = ServedRead(pinned, _Owed(made), lambda: shadow.answer("this_time", "_prepare_inputs", si["seq_lens_this_time"]))
+    with deferred_events(make), watching([read]):
+        result = fd(runner, *args, **kwargs)
+    for event in made:
+        if event.close():
+            shadow.served["token_num _prepare_inputs: wait not needed (no read)"] += 1
+    syncs.unwaited = made  # _postprocess may still wait on them; the next step looks
+    return result
+
+
+def order_after_skipped_waits(state: RunnerSyncs, shadow: TokenShadow) -> None:
+    """FastDeploy waits on every step's ``token_num_event``; that wait also ordered its copies into
+    the pinned ``seq_lens_this_time_cpu``/``is_block_step_cpu`` before the next step's copies into
+    the same buffers. Where the plugin skipped it, the stream this step runs on waits for that
+    event on the device (``cudaStreamWaitEvent``, no host wait): with the current stream changed
+    between steps, the older copy could otherwise land after the newer one and FastDeploy would
+    size a step from a stale count (issue 41). On one stream it is a no-op in effect."""
+    events, state.unwaited = state.unwaited, []
+    for event in events:
+        if event.waited:
+            continue
+        try:
+            stream = paddle.device.current_stream()
+            getattr(stream, "stream_base", stream).wait_event(getattr(event.event, "event_base", event.event))
+            shadow.served["token_num: ordered after the last step's skipped wait (on the device)"] += 1
+        except Exception as exc:  # no device-side order here: FastDeploy's own host wait, counted
+            shadow.fallback(f"token_num: no stream order ({type(exc).__name__}); FastDeploy's wait")
+            event.event.synchronize()
+
+
+class _Owed:
+    """The deferred event(s) made in a _prepare_inputs call, for its read's handler."""
+
+    def __init__(self, events: list) -> None:
+        self.events = events
+
+    def settle(self) -> None:
+        for event in self.events:
+            event.settle()
+
+    def answered(self) -> None:
+        for event in self.events:
+            event.answered()
+
+
+
+def postprocess_reads(shadow: TokenShadow, runner, token_num_event: DeferredEvent) -> list:
+    """``_postprocess``'s reads of the pinned count and block-step flags, answered from the shadow."""
+    si = runner.share_inputs
+    return [
+        ServedRead(si["seq_lens_this_time_cpu"], token_num_event,
+                   lambda: shadow.answer("this_time", "_postprocess", si["seq_lens_this_time"])),
+        ServedRead(si["is_block_step_cpu"], token_num_event,
+                   lambda: shadow.answer("block_step", "_postprocess", si["is_block_step"])),
+    ]
+
+
+def batch_changed(input_batch, what: str) -> None:
+    """``InputBatch.reset_share_inputs`` / ``swap_states`` ran: the shadow of that batch is lost
+    (reloaded before the next step)."""
+    shadow = _SHADOWS_25.get(id(input_batch))
+    if shadow is not None and shadow.share_inputs is input_batch:
+        shadow.lose_all(f"InputBatch.{what}")

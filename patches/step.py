@@ -1,0 +1,63 @@
+"""A runner's step context: what a runner's FastDeploy call hands down to the FastDeploy functions
+it calls without the runner (``get_padding_offset``, ``save_output(_topk)``, ``update_inputs_v1``,
+``Sampler.gather_logprobs``, ``paddle.device.synchronize``). The line's function of the calling
+method opens a ``Step`` for the duration of FastDeploy's call; they find it with ``current()``.
+
+The one place that keys step state by thread: runners stepped by threads of one process
+(tensor-parallel ranks) each see their own step, another thread sees none. A step opened inside
+another of the same runner (``_prepare_inputs`` in ``execute_model``) starts from its fields.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+
+
+class Step:
+    """One runner's call in progress on one thread."""
+
+    __slots__ = ("runner", "saves", "count", "posting", "prompt")
+
+    def __init__(self, runner, outer: "Step | None") -> None:
+        self.runner = runner
+        #: FD 2.4, overlap: the ``OverlapState`` that captures this step's saves
+        self.saves = outer.saves if outer is not None else None
+        #: FD 2.4, step_syncs: (``StepShadow``, count) - the token count ``get_padding_offset`` gets
+        self.count = outer.count if outer is not None else None
+        #: FD 2.5, step_syncs: the runner's part whose ``_postprocess`` runs (``update_inputs_v1``)
+        self.posting = outer.posting if outer is not None else None
+        #: inside ``_get_prompt_logprobs_list`` (logprobs, sync_scope)
+        self.prompt = outer.prompt if outer is not None else False
+
+
+_OPEN: dict[int, Step] = {}  # thread ident -> the step open on that thread
+
+
+def current() -> Step | None:
+    """The step open on this thread, if any."""
+    return _OPEN.get(threading.get_ident())
+
+
+def prompt_runner():
+    """The runner whose ``_get_prompt_logprobs_list`` runs on this thread (None outside it)."""
+    step = _OPEN.get(threading.get_ident())
+    return step.runner if step is not None and step.prompt else None
+
+
+@contextlib.contextmanager
+def opened(runner, **fields):
+    """A step of ``runner`` on this thread, with ``fields`` set, for the duration of the block."""
+    me = threading.get_ident()
+    outer = _OPEN.get(me)
+    step = Step(runner, outer if outer is not None and outer.runner is runner else None)
+    for name, value in fields.items():
+        setattr(step, name, value)
+    _OPEN[me] = step
+    try:
+        yield step
+    finally:
+        if outer is None:
+            _OPEN.pop(me, None)
+        else:
+            _OPEN[me] = outer
