@@ -143,8 +143,9 @@ def get_padding_offset(fd, on, input_ids, token_num, *args, **kwargs):
 
 
 def _update(name, fd, on, *args, **kwargs):
-    registry = on["stop_flag"].state
-    state = registry.for_flag(args[1]) if len(args) > 7 and not kwargs else None
+    registry = on["stop_flag"].state  # (None once a disable() tore it down: no runner has a part)
+    usable = registry is not None and len(args) > 7 and not kwargs
+    state = registry.for_flag(args[1]) if usable else None
     if state is None:
         return fd(*args, **kwargs)
     # stop_flag: the plugin's op writes the device flag (no host copy) ...
@@ -162,7 +163,9 @@ def post_process(fd, on, *args, **kwargs):
     try:
         return fd(*args, **kwargs)
     finally:  # stop_flag: the calling runner's flag made current (unless overlap defers the save)
-        on["stop_flag"].state.after_post_process(kwargs.get("share_inputs"))
+        registry = on["stop_flag"].state
+        if registry is not None:
+            registry.after_post_process(kwargs.get("share_inputs"))
 
 
 def _save(name, fd, on, *args, **kwargs):

@@ -451,6 +451,7 @@ def test_planted_insert_without_waiting_for_the_flag_copy_stalls_a_two_chunk_pro
             real_sync(self, reader)
 
     monkeypatch.setattr(stop_flag_patch.StopFlagState, "sync", sync_but_not_at_inserts)
+    monkeypatch.setattr(stop_flag_patch.StopFlagState, "after_insert", lambda self: None)
     requests = [_req(0, 12, 3)]
     with device_for("sim"), plugin_state(Variant("p", FD24, True, OVERLAP), "sim"), collecting():
         stalled = run_decode(FD24, config(chunk_size=6), requests, max_steps=40)
