@@ -11,7 +11,8 @@ import numpy as np
 import paddle
 
 from ..runner import part, runner_state
-from ..step_syncs import POSTPROC, RUNNER, RunnerSyncs, _Mirror, _device_copy, own_path_reason, shadow_not_exact
+from ..step_syncs import POSTPROC, RUNNER, RunnerSyncs, _Mirror, _device_copy, shadow_not_exact
+from .. import step_syncs as feature  # own_path_reason looked up there (a probe may plant it)
 from .._tensor_watch import Watched, basic_key, host_value, rows_of, watching, _UNKNOWN
 
 log = logging.getLogger("fd_async_copy")
@@ -284,7 +285,7 @@ def set_up(ctx, runner) -> None:
     """After FastDeploy's ``_init_share_inputs`` and the stop part: the seed on the device and the
     shadow, or why this runner keeps FastDeploy's own path."""
     registry = ctx.state
-    why = own_path_reason(runner, ctx.module(RUNNER))  # first: the runner's own reason, not stop_flag's
+    why = feature.own_path_reason(runner, ctx.module(RUNNER))  # first: the runner's own reason, not stop_flag's
     if why:  # the shadow could never be exact for this runner: touch nothing
         registry.stand_down(runner, f"{why}: the host cannot know this runner's step state", logging.INFO)
         return

@@ -10,7 +10,8 @@ import numpy as np
 import paddle
 
 from ..runner import is_cuda_runner, runner_state
-from ..step_syncs import POSTPROC, RUNNER, RunnerSyncs, _Mirror, _device_copy, own_path_reason, shadow_not_exact
+from ..step_syncs import POSTPROC, RUNNER, RunnerSyncs, _Mirror, _device_copy, shadow_not_exact
+from .. import step_syncs as feature  # own_path_reason looked up there (a probe may plant it)
 from .._tensor_watch import DeferredEvent, ServedRead, Watched, deferred_events, watching
 
 log = logging.getLogger("fd_async_copy")
@@ -57,7 +58,7 @@ def set_up(ctx, runner) -> None:
     except Exception as exc:  # never stop FastDeploy: this runner keeps its host seed
         registry.stand_down(runner, f"cannot move the seed to the device ({type(exc).__name__}: {exc})")
         return
-    why = own_path_reason(runner, runner_module)
+    why = feature.own_path_reason(runner, runner_module)
     if why:  # the seed only: FastDeploy's token_num waits stay
         state.token_off = f"{why}: FastDeploy's token_num waits stay"
         log.info("fd_async_copy step_syncs: %s", state.token_off)

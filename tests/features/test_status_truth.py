@@ -8,7 +8,7 @@ import threading
 import pytest
 
 import fd_async_copy_plugin
-from fd_async_copy_plugin.patches.fd24 import step_syncs as step_syncs_patch
+from fd_async_copy_plugin.patches import step_syncs as step_syncs_patch
 from fd_async_copy_plugin.patches.runner import part
 from fd_async_copy_plugin.registry import manager as manager_module
 from fd_async_copy_plugin.runtime import collecting

@@ -387,6 +387,6 @@ def test_the_non_v1_switch_is_found_without_the_runner_modules_envs_name(monkeyp
     importlib.import_module(f"{FD24}.envs")
     renamed = types.ModuleType(f"{FD24}.worker.gpu_model_runner")  # no global named envs
     monkeypatch.setenv("ENABLE_V1_KVCACHE_SCHEDULER", "0")
-    assert "non-V1 scheduler" in step_syncs.own_path_reason(object(), renamed)
+    assert "non-V1 scheduler" in step_syncs.feature.own_path_reason(object(), renamed)
     monkeypatch.setenv("ENABLE_V1_KVCACHE_SCHEDULER", "1")
-    assert step_syncs.own_path_reason(object(), renamed) == ""
+    assert step_syncs.feature.own_path_reason(object(), renamed) == ""
