@@ -27,13 +27,6 @@ from .runner import line
 RUNNER = "worker.gpu_model_runner"
 
 
-def wait_for_last_post_process(runner, req_dicts) -> None:
-    """Before an insert that carries tasks (overlap schedule): the last step's post-process event."""
-    event = getattr(runner, "last_post_process_event", None)
-    if event is not None and req_dicts and getattr(runner, "enable_overlap_schedule", True):
-        event.synchronize()  # FastDeploy's own event object (``paddle.device.cuda.Event``)
-
-
 class FlagRaceFeature(Feature):
     name = "flag_race"
     mirrors = "a hardening of FastDeploy 2.5's overlap schedule (#6259): set_stop at insert after the flag copy"

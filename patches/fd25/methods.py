@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import functools
 
-from .. import flag_race
 from ..common import _get_prompt_logprobs_list, consume  # noqa: F401 - the line's function
 from ..runner import parts_of
 from ..step import current, opened
@@ -23,8 +22,10 @@ def __init__(fd, on, self, *args, **kwargs):
 
 
 def insert_tasks_v1(fd, on, self, req_dicts, *args, **kwargs):
-    if "flag_race" in on:
-        flag_race.wait_for_last_post_process(self, req_dicts)  # flag_race: the flag copy landed
+    event = getattr(self, "last_post_process_event", None)  # FastDeploy's own event object
+    overlapping = getattr(self, "enable_overlap_schedule", True)
+    if "flag_race" in on and event is not None and req_dicts and overlapping:
+        event.synchronize()  # flag_race: the last step's flag copy landed before the insert writes
     syncs = parts_of(self).syncs
     shadow = syncs.shadow if syncs is not None else None
     if shadow is None or shadow.stale():

@@ -246,24 +246,23 @@ def test_fd24_parts_run_in_the_line_functions_order(monkeypatch):
     assert reset == sorted(reset), tail
 
 
-def test_fd25_insert_waits_for_the_flag_copy_before_the_shadow_follows_it(monkeypatch):
-    events: list = []
-    real_wait = fd25_methods.flag_race.wait_for_last_post_process
-    monkeypatch.setattr(fd25_methods.flag_race, "wait_for_last_post_process",
-                        lambda runner, req: (events.append(("flag_race.wait", "")), real_wait(runner, req))[1])
-    _spy(monkeypatch, events, fd25_syncs.TokenShadow, "settle", "shadow.settle")
+def test_fd25_insert_waits_for_the_flag_copy_before_the_shadow_follows_it():
+    """FD 2.5, overlap schedule: flag_race's wait for the last post-process event comes first in the
+    insert, then step_syncs takes the snapshot that event covers (its reads come after the wait)."""
     root = ROOTS["fd25"]
-    module = __import__(f"{root}.worker.gpu_model_runner", fromlist=["GPUModelRunner"])
-    cfg = DriverConfig(max_num_seqs=4, vocab_size=64, max_model_len=32, chunk_size=None)
-    requests = [Request(f"r{i}", [3 + i, 5, 7], max_tokens=4, eos_token_ids=[2]) for i in range(2)]
-    with device_for("sim"), plugin_state(Variant("p", root, True), "sim"), collecting():
-        junction, fd_own = _fd_spy(events, module.GPUModelRunner, "insert_tasks_v1")
-        try:
-            run_decode(root, cfg, requests, max_steps=20)
-        finally:
-            junction.set_bottom(fd_own)
-    found = _order(events, ("flag_race.wait", ""), ("shadow.settle", "insert_tasks_v1"), ("fd", "insert_tasks_v1"))
-    assert found == sorted(found), events[:10]
+    cfg = DriverConfig(max_num_seqs=4, vocab_size=64, max_model_len=32, chunk_size=None, overlap=True)
+    requests = [Request(f"r{i}", [3 + i, 5, 7], max_tokens=3 + i, eos_token_ids=[2]) for i in range(8)]
+    with device_for("sim"), plugin_state(Variant("p", root, True, overlap=True), "sim"), collecting() as census:
+        run_decode(root, cfg, requests, max_steps=60)  # 8 requests in 4 slots: inserts between steps
+    checked = 0
+    for step_events in (s.events for s in census.steps):
+        sites = [f"{kind} {site}" for kind, site in step_events]
+        wait = next((i for i, s in enumerate(sites) if s.startswith("event_wait insert_tasks_v1.post_process")), None)
+        read = next((i for i, s in enumerate(sites) if s.startswith("host_read insert_tasks_v1.this_time")), None)
+        if wait is not None and read is not None:
+            assert wait < read, sites[:6]
+            checked += 1
+    assert checked, "no insert both waited and took the snapshot"
 
 
 # -- the step context --------------------------------------------------------------------------------
