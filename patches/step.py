@@ -10,7 +10,6 @@ another of the same runner (``_prepare_inputs`` in ``execute_model``) starts fro
 
 from __future__ import annotations
 
-import contextlib
 import threading
 
 
@@ -45,19 +44,25 @@ def prompt_runner():
     return step.runner if step is not None and step.prompt else None
 
 
-@contextlib.contextmanager
-def opened(runner, **fields):
-    """A step of ``runner`` on this thread, with ``fields`` set, for the duration of the block."""
-    me = threading.get_ident()
-    outer = _OPEN.get(me)
-    step = Step(runner, outer if outer is not None and outer.runner is runner else None)
-    for name, value in fields.items():
-        setattr(step, name, value)
-    _OPEN[me] = step
-    try:
-        yield step
-    finally:
-        if outer is None:
-            _OPEN.pop(me, None)
+class opened:
+    """``with opened(runner, **fields)``: a step of ``runner`` on this thread, with ``fields`` set,
+    for the duration of the block (a class: cheaper per call than a generator)."""
+
+    __slots__ = ("me", "outer", "step")
+
+    def __init__(self, runner, **fields) -> None:
+        self.me = threading.get_ident()
+        self.outer = outer = _OPEN.get(self.me)
+        self.step = step = Step(runner, outer if outer is not None and outer.runner is runner else None)
+        for name, value in fields.items():
+            setattr(step, name, value)
+
+    def __enter__(self) -> Step:
+        _OPEN[self.me] = self.step
+        return self.step
+
+    def __exit__(self, *exc) -> None:
+        if self.outer is None:
+            _OPEN.pop(self.me, None)
         else:
-            _OPEN[me] = outer
+            _OPEN[self.me] = self.outer
