@@ -14,20 +14,17 @@ import threading
 
 
 class Step:
-    """One runner's call in progress on one thread."""
+    """One runner's call in progress on one thread (its fields: class defaults until set)."""
 
-    __slots__ = ("runner", "saves", "count", "posting", "prompt")
-
-    def __init__(self, runner, outer: "Step | None") -> None:
-        self.runner = runner
-        #: FD 2.4, overlap: the ``OverlapState`` that captures this step's saves
-        self.saves = outer.saves if outer is not None else None
-        #: FD 2.4, step_syncs: (``StepShadow``, count) - the token count ``get_padding_offset`` gets
-        self.count = outer.count if outer is not None else None
-        #: FD 2.5, step_syncs: the runner's part whose ``_postprocess`` runs (``update_inputs_v1``)
-        self.posting = outer.posting if outer is not None else None
-        #: inside ``_get_prompt_logprobs_list`` (logprobs, sync_scope)
-        self.prompt = outer.prompt if outer is not None else False
+    runner = None
+    #: FD 2.4, overlap: the ``OverlapState`` that captures this step's saves
+    saves = None
+    #: FD 2.4, step_syncs: (``StepShadow``, count) - the token count ``get_padding_offset`` gets
+    count = None
+    #: FD 2.5, step_syncs: the runner's ``_postprocess`` runs (``update_inputs_v1`` issues its snapshot)
+    posting = False
+    #: inside ``_get_prompt_logprobs_list`` (logprobs, sync_scope)
+    prompt = False
 
 
 _OPEN: dict[int, Step] = {}  # thread ident -> the step open on that thread
@@ -53,9 +50,11 @@ class opened:
     def __init__(self, runner, **fields) -> None:
         self.me = threading.get_ident()
         self.outer = outer = _OPEN.get(self.me)
-        self.step = step = Step(runner, outer if outer is not None and outer.runner is runner else None)
-        for name, value in fields.items():
-            setattr(step, name, value)
+        self.step = step = Step()
+        if outer is not None and outer.runner is runner:
+            step.__dict__.update(outer.__dict__)
+        step.runner = runner
+        step.__dict__.update(fields)
 
     def __enter__(self) -> Step:
         _OPEN[self.me] = self.step

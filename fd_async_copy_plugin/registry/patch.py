@@ -298,6 +298,7 @@ class Junction:
         function = original.__func__ if self.descriptor else original
         self.links: dict[str, Callable] = {}  # link name (a feature, or a Shared key) -> link
         self.members: dict[str, dict] = {}  # Shared key -> {feature: its PatchContext}
+        self.shared: dict[str, Callable] = {}  # Shared key -> the patch set's function
         self.kinds: dict[str, int] = {}  # link name -> 0 outermost, 1 shared, 2 a feature's own
         self.nexts: dict[str, _Next] = {}  # each link's "next", linked now or not
         self.head: Callable = function
@@ -354,10 +355,14 @@ class Junction:
     def _relink(self) -> None:
         # every link that was attached keeps its next: a link taken out while a call it made is
         # still running (a save captured before disable()) continues with the links after its place
-        following, links = self.bottom, self.links
+        # A shared function is handed what follows it directly (one frame less per call).
+        following, links = self.bottom, dict(self.links)
         for name in sorted(self.nexts, key=self._rank, reverse=True):
             self.nexts[name].target = following
+            if name in links and name in self.members:
+                links[name] = functools.partial(self.shared[name], following, self.members[name])
             following = links.get(name, following)
+        self.links = links
         self.head = following  # the head last: a call in flight sees a whole chain
 
     def attach(self, feature: str, build: Callable[[Any], Any], step: bool = False, outermost: bool = False) -> None:
@@ -371,9 +376,10 @@ class Junction:
             if isinstance(link, Shared):
                 if self.nexts.get(feature) is nxt:
                     del self.nexts[feature]
-                name, on = link.key, {**self.members.get(link.key, {}), feature: link.ctx}
-                self.members = {**self.members, name: on}
-                link = functools.partial(link.function, self.nexts.get(name) or _Next(self, name), on)
+                name, self.shared[link.key] = link.key, link.function
+                self.members = {**self.members, name: {**self.members.get(name, {}), feature: link.ctx}}
+                if name not in self.nexts:
+                    _Next(self, name)
                 self.kinds.setdefault(name, 1)
             else:
                 name = feature
@@ -389,11 +395,9 @@ class Junction:
         with _junctions_lock:
             name = next((key for key, on in self.members.items() if feature in on), feature)
             rest = {f: c for f, c in self.members.get(name, {}).items() if f != feature}
-            if rest:  # the shared function stays, for the features still applied
-                self.members = {**self.members, name: rest}
-                self.links = {**self.links, name: functools.partial(self.links[name].func, self.nexts[name], rest)}
-            else:
-                self.members = {key: on for key, on in self.members.items() if key != name}
+            self.members = {key: (rest if key == name else on) for key, on in self.members.items()
+                            if key != name or rest}  # a shared function stays for the features still applied
+            if not rest:
                 self.links = {key: link for key, link in self.links.items() if key != name}
             self._relink()
             if not self.links:

@@ -101,6 +101,8 @@ class StepShadow:
         self.share_inputs = si = runner.share_inputs
         self.tensors = {name: (runner.seq_lens_this_time_buffer if key is None else si[key])
                         for name, key in SHADOWED.items()}
+        #: S2: ``bad_tokens_len.numpy()`` inside ``_prepare_inputs``, answered from the shadow
+        self.prepare_watch = [_Mirror24(self, "bad_len", self.tensors["bad_len"])]
         self.arrays: dict[str, np.ndarray] = {}
         self._known: dict[str, bool] = {}
         self.fallbacks, self.served = collections.Counter(), collections.Counter()
@@ -276,9 +278,6 @@ class StepShadow:
         return bool(np.any(enc > 0))
 
 
-    def not_exact(self, runner) -> str:
-        """Why no answer of the shadow may be served for ``runner`` now ("" when they may)."""
-        return shadow_not_exact(runner, *self.modules)
 
 
 def set_up(ctx, runner) -> None:
@@ -308,7 +307,7 @@ def set_up(ctx, runner) -> None:
 def inserting(shadow: StepShadow, runner, site: str):
     """Around FastDeploy's insert ``site``: the shadow refreshed, FastDeploy's host writes to the
     shadowed tensors followed (block-table rows staged), the staged rows copied after it."""
-    why = shadow.not_exact(runner)
+    why = shadow_not_exact(runner, *shadow.modules)
     if why:
         shadow.fallback(why)
         for name in SHADOWED:
@@ -340,7 +339,8 @@ def step_count(syncs: RunnerSyncs, runner, dummy: bool) -> int | None:
     bound = not dummy and steps.bound_count_step() and shadow.snapshot_in_flight()
     if not bound:  # free unless the overlap schedule's exact count waits here for the last step
         shadow.refresh("overlap.exact count" if steps.holds_unsaved_step() else "_prepare_inputs")
-    why = "dummy/profile run" if dummy else (shadow.not_exact(runner) or shadow.s1_off and "S1 stood down")
+    why = "dummy/profile run" if dummy else (shadow_not_exact(runner, *shadow.modules)
+                                             or shadow.s1_off and "S1 stood down")
     count = None
     if not why:
         num_running = int(si["seq_lens_this_time"].shape[0])
@@ -363,14 +363,9 @@ def step_count(syncs: RunnerSyncs, runner, dummy: bool) -> int | None:
     return count
 
 
-def bad_tokens_watch(shadow: StepShadow) -> list:
-    """S2: ``bad_tokens_len.numpy()`` inside ``_prepare_inputs``, answered from the shadow."""
-    return [_Mirror24(shadow, "bad_len", shadow.tensors["bad_len"])]
-
-
 def exist_prefill(shadow: StepShadow, runner) -> bool | None:
     """S3/S7: ``exist_prefill()`` from the shadow, or None (FastDeploy's own then)."""
-    why = shadow.not_exact(runner)
+    why = shadow_not_exact(runner, *shadow.modules)
     if why:
         shadow.fallback(f"S3/S7: {why}")
         return None
