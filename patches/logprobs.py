@@ -353,21 +353,6 @@ def build_gather_logprobs(original, ctx):
     return gather_logprobs
 
 
-def build_post_process_normal(original, ctx):
-    copier: LogprobsCopier = ctx.state
-
-    @wraps(original)
-    def post_process_normal(sampler_output, *args, **kwargs):
-        tensors = getattr(sampler_output, "logprobs_tensors", None)
-        if isinstance(tensors, copier.AsyncLogprobsTensors) and getattr(sampler_output, "logz_per_batch", None) is not None:
-            # Keep-Sampling-Mask (2.4 only) renormalises the logprobs with Paddle ops before the
-            # save: give it host-owned tensors read after the copy event.
-            sampler_output.logprobs_tensors = tensors.materialize("ksm_renormalize")
-        return original(sampler_output, *args, **kwargs)
-
-    return post_process_normal
-
-
 class LogprobsFeature(Feature):
     name = "logprobs"
     mirrors = "FastDeploy PR #6362 (async logprob copy), with preallocated pinned buffers"
@@ -377,7 +362,7 @@ class LogprobsFeature(Feature):
     patches = (
         Patch(Target(RUNNER, "GPUModelRunner.__init__"), line("__init__")),
         Patch(Target(POSTPROC, "save_output_topk"), line("save_output_topk")),
-        Patch(Target(POSTPROC, "post_process_normal"), build_post_process_normal, profiles=("fastdeploy-2.4",)),
+        Patch(Target(POSTPROC, "post_process_normal"), line("post_process_normal"), profiles=("fastdeploy-2.4",)),
         Patch(Target(RUNNER, "GPUModelRunner._get_prompt_logprobs_list"), line("_get_prompt_logprobs_list")),
         Patch(Target(SAMPLER, "Sampler.gather_logprobs"), build_gather_logprobs, check_gather_logprobs,
               producer=True),

@@ -168,6 +168,16 @@ def post_process(fd, on, *args, **kwargs):
             registry.after_post_process(kwargs.get("share_inputs"))
 
 
+def post_process_normal(fd, on, sampler_output, *args, **kwargs):
+    tensors = getattr(sampler_output, "logprobs_tensors", None)
+    if isinstance(tensors, on["logprobs"].state.AsyncLogprobsTensors) and \
+            getattr(sampler_output, "logz_per_batch", None) is not None:
+        # logprobs: Keep-Sampling-Mask renormalises the logprobs with Paddle ops before the save:
+        # it gets host-owned tensors, read after the copy event
+        sampler_output.logprobs_tensors = tensors.materialize("ksm_renormalize")
+    return fd(sampler_output, *args, **kwargs)
+
+
 def _save(name, fd, on, *args, **kwargs):
     step = current()
     saves = step.saves if step is not None else None
