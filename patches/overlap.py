@@ -57,6 +57,11 @@ SAVE_OPS = {"save_output": 1, "save_output_topk": 4}
 
 _capturing = threading.local()  # the OverlapState whose post_process is running, if any
 
+#: how a decode step's token count was had (``status()``: ``count_waits``; ``waited_fraction`` is
+#: WAITED / (WAITED + NOT_WAITED)): the host waited for the last step's snapshot (``exact``); sized
+#: by the bound while it was in flight; it had landed before (the first step, or an insert flushed it)
+WAITED, NOT_WAITED, LANDED = "waited for the last step's count", "sized without waiting", "count had landed"
+
 
 class OverlapState:
     """One runner's overlap schedule: the saves of the last step, still to run."""
@@ -75,6 +80,8 @@ class OverlapState:
         self.captured: list = []
         self.in_step = self.after_forward = False
         self.fallbacks, self.served = collections.Counter(), collections.Counter()
+        # decode steps by how their count was had (WAITED, NOT_WAITED, LANDED): the step being run's
+        self.count_waits, self.sized = collections.Counter(), LANDED
         self.saving = threading.RLock()  # one flush at a time; the captured saves move under it
         self.detached = False  # disable() took the part off its runner
 
@@ -91,8 +98,15 @@ class OverlapState:
         """A save op's call; its ``not_need_stop`` is this step's pinned flag, read when it runs."""
         self.captured.append((op, list(args), flag_index, self.flags[self.flag_turn]))
 
+    def count_sized(self, waited: bool) -> None:
+        """``step_syncs`` sized this step while the last step's snapshot was in flight: it ``waited``
+        for that step's exact count, or took the bound (``end_step`` counts it, a flush step not)."""
+        self.sized = WAITED if waited else NOT_WAITED
+
     def report(self) -> dict:
-        return {"token_count": self.count_mode, "fallbacks": dict(self.fallbacks), "served": dict(self.served)}
+        waited, sized = self.count_waits[WAITED], self.count_waits[WAITED] + self.count_waits[NOT_WAITED]
+        return {"token_count": self.count_mode, "fallbacks": dict(self.fallbacks), "served": dict(self.served),
+                "count_waits": dict(self.count_waits), "waited_fraction": waited / sized if sized else None}
 
     def detach(self) -> None:
         with self.saving:
@@ -119,8 +133,10 @@ class OverlapState:
                 self.pending, self.captured = self.pending + self.captured, []
                 self.flag_turn ^= 1
                 self.served["overlap steps"] += 1
+                self.count_waits[self.sized] += 1
             else:  # the batch had drained: this step only saved the last one (FD returned before sampling)
                 self.served["flush step (batch drained)"] += 1
+            self.sized = LANDED
             detached = self.detached
         if detached:
             self.flush("disabled during the step")
