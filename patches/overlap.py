@@ -57,11 +57,6 @@ SAVE_OPS = {"save_output": 1, "save_output_topk": 4}
 
 _capturing = threading.local()  # the OverlapState whose post_process is running, if any
 
-#: how a decode step's token count was had (``status()``: ``count_waits``; ``waited_fraction`` is
-#: WAITED / (WAITED + NOT_WAITED)): the host waited for the last step's snapshot (``exact``); sized
-#: by the bound while it was in flight; it had landed before (the first step, or an insert flushed it)
-WAITED, NOT_WAITED, LANDED = "waited for the last step's count", "sized without waiting", "count had landed"
-
 
 class OverlapState:
     """One runner's overlap schedule: the saves of the last step, still to run."""
@@ -80,8 +75,10 @@ class OverlapState:
         self.captured: list = []
         self.in_step = self.after_forward = False
         self.fallbacks, self.served = collections.Counter(), collections.Counter()
-        # decode steps by how their count was had (WAITED, NOT_WAITED, LANDED): the step being run's
-        self.count_waits, self.sized = collections.Counter(), LANDED
+        # decode steps by whether the last step's event was waited before this step's forward (``exact``
+        # waits for its count there), after it (``bound``), or had landed before (the first step, or
+        # an insert flushed it); waited_fraction: waited / (waited + not waited)
+        self.count_waits, self.sized = collections.Counter(), "landed before"
         self.saving = threading.RLock()  # one flush at a time; the captured saves move under it
         self.detached = False  # disable() took the part off its runner
 
@@ -98,15 +95,10 @@ class OverlapState:
         """A save op's call; its ``not_need_stop`` is this step's pinned flag, read when it runs."""
         self.captured.append((op, list(args), flag_index, self.flags[self.flag_turn]))
 
-    def count_sized(self, waited: bool) -> None:
-        """``step_syncs`` sized this step while the last step's snapshot was in flight: it ``waited``
-        for that step's exact count, or took the bound (``end_step`` counts it, a flush step not)."""
-        self.sized = WAITED if waited else NOT_WAITED
-
     def report(self) -> dict:
-        waited, sized = self.count_waits[WAITED], self.count_waits[WAITED] + self.count_waits[NOT_WAITED]
+        waited, free = self.count_waits["waited for the count"], self.count_waits["not waited"]
         return {"token_count": self.count_mode, "fallbacks": dict(self.fallbacks), "served": dict(self.served),
-                "count_waits": dict(self.count_waits), "waited_fraction": waited / sized if sized else None}
+                "count_waits": dict(self.count_waits), "waited_fraction": waited / (waited + free) if waited + free else None}
 
     def detach(self) -> None:
         with self.saving:
@@ -133,10 +125,9 @@ class OverlapState:
                 self.pending, self.captured = self.pending + self.captured, []
                 self.flag_turn ^= 1
                 self.served["overlap steps"] += 1
-                self.count_waits[self.sized] += 1
+                self.count_waits[self.sized] += 1  # (a flush step, below, is no decode step)
             else:  # the batch had drained: this step only saved the last one (FD returned before sampling)
                 self.served["flush step (batch drained)"] += 1
-            self.sized = LANDED
             detached = self.detached
         if detached:
             self.flush("disabled during the step")
@@ -231,7 +222,7 @@ def build_execute_model(original, ctx):
             state.flush("overlap off")
             state.fallbacks[why] += 1
             return original(self, *args, **kwargs)
-        state.in_step, state.after_forward = True, False
+        state.in_step, state.after_forward, state.sized = True, False, "landed before"
         _capturing.state = state
         try:
             return original(self, *args, **kwargs)
@@ -251,6 +242,8 @@ def build_not_need_stop(original, ctx):
             # FastDeploy 2.4 asks right after launching the forward: the previous step's save runs
             # now, while the GPU computes this one.
             state.after_forward = True
+            if state.pending:  # the last step's event: waited before this forward (exact's count) or not yet
+                state.sized = "waited for the count" if state.backend.copy_waited(state.pending[0][3]) else "not waited"
             state.flush("after forward")
         elif state.pending and not state.in_step:
             return True  # a step's output is still to be saved: the loop must call execute_model

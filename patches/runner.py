@@ -101,12 +101,6 @@ class RunnerState:
         """This step is sized with FD 2.5's upper bound (overlap ``bound``), not the exact count."""
         return self.overlap is not None and self.overlap.in_step and self.overlap.count_mode == "bound"
 
-    def count_sized(self, waited: bool) -> None:
-        """step_syncs sized this step while the last step's snapshot was in flight: ``waited`` for
-        its exact count (``exact``, or no bound), or took the bound (overlap's report)."""
-        if self.overlap is not None:
-            self.overlap.count_sized(waited)
-
     def step_saved(self, reader: str) -> None:
         """A step's save waited on its event: its snapshot has landed."""
         if self.syncs is not None and self.syncs.shadow is not None:

@@ -476,8 +476,7 @@ def build_prepare_inputs(original, ctx):
         if not dummy:
             shadow.ensure_loaded()
         steps = runner_state(self)
-        in_flight = not dummy and shadow.snapshot_in_flight()  # the last step's count not yet landed
-        bound = in_flight and steps.bound_count_step()
+        bound = not dummy and steps.bound_count_step() and shadow.snapshot_in_flight()
         if not bound:  # free unless the overlap schedule's exact count waits here for the last step
             shadow.refresh("overlap.exact count" if steps.holds_unsaved_step() else "_prepare_inputs")
         why = "dummy/profile run" if dummy else (shadow_not_exact(self, runner_module, postproc)
@@ -501,8 +500,6 @@ def build_prepare_inputs(original, ctx):
             for name in (SHADOWED if dummy else ("this_time", "block_step", "enc")):
                 shadow.lose(name, why)
         shadow.count_is_bound = bool(bound and count is not None and not why and shadow.snapshot_in_flight())
-        if in_flight:  # overlap's report: sized by the bound, or it waited for the last step's count
-            steps.count_sized(waited=not shadow.count_is_bound)
         _armed.shadow, _armed.count = (shadow, count) if count is not None else (None, None)
         try:
             with watching([_Mirror24(shadow, "bad_len", shadow.tensors["bad_len"])]):

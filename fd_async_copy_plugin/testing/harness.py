@@ -253,14 +253,12 @@ def count_waits(status: dict | None) -> dict | None:
                if "count_waits" in r]
     if not runners:
         return None
-    from ..patches.overlap import NOT_WAITED, WAITED
-
     counts = collections.Counter()
     for runner in runners:
         counts.update(runner["count_waits"])
-    prepared = counts[WAITED] + counts[NOT_WAITED]
+    prepared = counts["waited for the count"] + counts["not waited"]
     return {"token_count": runners[0]["token_count"], "count_waits": dict(counts),
-            "waited_fraction": counts[WAITED] / prepared if prepared else None}
+            "waited_fraction": counts["waited for the count"] / prepared if prepared else None}
 
 
 def census_row(run: VariantRun, skip: int = 2) -> dict:

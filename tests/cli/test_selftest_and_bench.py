@@ -82,8 +82,8 @@ def test_bench_smoke_json_has_ratio_and_census_side_by_side():
     assert census["fd24-overlap-bound"]["overlap_count_waits"]["waited_fraction"] == 0.0
     assert [name for name, row in census.items() if "overlap_count_waits" in row] == ["fd24-overlap",
                                                                                       "fd24-overlap-bound"]
-    assert re.search(r"fd24-overlap +exact +waited +1\.000 \(count had landed 1, waited for the last step's count "
-                     r"\d+\)\n +fd24-overlap-bound +bound +waited +0\.000 \(", text), text
+    assert re.search(r"fd24-overlap +exact +waited +1\.000 \(landed before 1, waited for the count \d+\)\n"
+                     r" +fd24-overlap-bound +bound +waited +0\.000 \(landed before 1, not waited \d+\)", text), text
     assert set(census) == {"fd24-unpatched", "fd24-backport", "fd24-plugin", "fd24-overlap", "fd24-overlap-bound",
                            "fd25-native", "fd25-native-overlap", "fd25-plugin", "fd25-plugin-overlap",
                            "fddev-native", "fddev-native-overlap", "fddev-plugin", "fddev-plugin-overlap"}

@@ -79,9 +79,7 @@ SCAFFOLDING = ("testing", "cli", "serving_ab", "runtime.simulated", "ops.build",
 #: 8160 for pluggy patch sets (issue 37: the feature catalog hook, ``registry/catalog.py``, the
 #: backends entry point, the diagnostics' observers) and the copy set owning its event (issue 36's
 #: second pass): 5443 code / 8306 physical lines measured. Issue 36 asks for <= 4.6k: not met.
-#: Raised from 5450 for overlap's report of the decode steps that waited for the last step's token
-#: count (issue 40 requires it in ``status()``: ~14 code lines): 5457 code lines measured.
-MAX_RUNTIME_CODE_LINES = 5460
+MAX_RUNTIME_CODE_LINES = 5450
 #: and a ceiling on the physical lines, docs included
 MAX_RUNTIME_LINES = 8350
 
