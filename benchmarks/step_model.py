@@ -65,7 +65,7 @@ no wrong token count. RESULT is PASS only when both modes meet both FD 2.4 targe
 is met and every output is right; the verdict lines name each mode's and FD 2.5's verdict.
 
     python3 benchmarks/step_model.py [--quick] [--output FILE] [--dry-run] [--config NAME:F:FS:P:B:S]
-        [--host-split JSON[:B]] [--finishes A-B] [--insert-ms MS]
+        [--host-split JSON[:B]] [--finishes A-B] [--insert-ms MS] [--graph-sizes]
 
 Issue 40: ``--host-split JSON[:B]`` divides each configuration's prepare time as the measured split
 of ``benchmarks/overlap_exact_phases.py --json`` does (worker loop before exact's wait; count-independent
@@ -73,6 +73,10 @@ and mixed; count-dependent) and adds the variant ``exact, prep first`` (the coun
 share before exact's wait: an upper estimate of moving it); ``--finishes A-B`` makes A..B requests
 finish per step, each refilled by an insert at the next step's start (``--insert-ms`` host per
 request), and an insert first flushes the pending save, as the plugin's ``get_tasks``/insert flush does.
+The variant ``exact, at launch`` prepares by the bound and makes exact's wait right before the forward
+(then ``TRIM_MS`` of trimming): a design, not implemented. ``--graph-sizes`` prints only a simulation
+of counts: how often step N+1's CUDA-graph captured size is known before exact's wait
+(``graph_size_decisions``; docs/overlap-token-count.md, "What FD 2.4's CUDA graph decides").
 
 ``--dry-run`` runs the same schedules on a fake clock (no GPU, no torch; the plugin's HostBackend
 and PinnedRing over host memory): a logic check, and the modelled numbers printed next to the
