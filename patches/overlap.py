@@ -243,7 +243,7 @@ def build_not_need_stop(original, ctx):
             # now, while the GPU computes this one.
             state.after_forward = True
             if state.pending:  # the last step's event: waited before this forward (exact's count) or not yet
-                state.sized = "waited for the count" if state.backend.copy_waited(state.pending[0][3]) else "not waited"
+                state.sized = "waited for the count" if state.backend.copy_waited(state.pending[-1][3]) else "not waited"
             state.flush("after forward")
         elif state.pending and not state.in_step:
             return True  # a step's output is still to be saved: the loop must call execute_model

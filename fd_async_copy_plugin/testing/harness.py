@@ -246,9 +246,10 @@ def fallbacks_by_cause(status: dict | None) -> dict[str, dict[str, int]]:
 
 
 def count_waits(status: dict | None) -> dict | None:
-    """The ``overlap`` feature's decode steps by how their token count was had, summed over its
-    runners (``count_waits``), and ``waited_fraction``: of the steps prepared while the last step was
-    in flight, the share that waited for its count. None where overlap did not run."""
+    """The ``overlap`` feature's decode steps, summed over its runners (``count_waits``: the host
+    waited for the last step's event before the step's forward, not, or it had landed before), and
+    ``waited_fraction``: of the steps with a step in flight, the share that waited (``exact``: all,
+    ``bound``: none). None where overlap did not run."""
     runners = [r for r in (((status or {}).get("features") or {}).get("overlap") or {}).get("runners") or ()
                if "count_waits" in r]
     if not runners:
