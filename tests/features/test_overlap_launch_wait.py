@@ -5,8 +5,8 @@ model whose per-token GEMM rounds by the row count (``rows_dependent_gemm``), th
 bit where ``bound`` alone is not: the host count sets only the packed inputs' length, the real rows'
 positions and values come from the device's lengths.
 
-The prototype lives in this test (a wrapper of the replica's ``padding_cudagraph_inputs``, FD 2.4's
-last call before the model); the patches do not have it."""
+The prototype is ``launch_wait`` in ``benchmarks/overlap_launch_wait.py`` (a wrapper of the replica's
+``padding_cudagraph_inputs``, FD 2.4's last call before the model); the patches do not have it."""
 
 from __future__ import annotations
 
@@ -14,8 +14,6 @@ import dataclasses
 import importlib
 
 import pytest
-
-from fd_async_copy_plugin.patches.runner import part
 
 from test_overlap import EXACT, FD24, run_exact
 
@@ -25,30 +23,14 @@ SCENARIOS = list(EXACT)  # every scenario of the exact suite (test_overlap.py)
 
 
 @pytest.fixture
-def launch_wait(monkeypatch):
+def launch_wait(monkeypatch, benchmark_script):
     """The replica runner's ``padding_cudagraph_inputs`` waits for the last step's snapshot when this
-    step was sized by the bound, and trims ``forward_meta``'s token-indexed tensors to the exact count.
-    Yields the rows trimmed per step (bound - exact)."""
+    step was sized by the bound, and trims the step's token-indexed inputs to the exact count
+    (``benchmarks/overlap_launch_wait.py``'s ``launch_wait``). Yields the rows trimmed per step."""
     monkeypatch.setenv("FD_ASYNC_COPY_OVERLAP_COUNT", "bound")
     runner_class = importlib.import_module(f"{FD24}.worker.gpu_model_runner").GPUModelRunner
-    original = runner_class.padding_cudagraph_inputs
-    trimmed = []
-
-    def padding_cudagraph_inputs(self):
-        syncs = part(self, "syncs")
-        shadow = syncs.shadow if syncs is not None else None
-        if shadow is not None and shadow.count_is_bound:
-            shadow.refresh("launch wait")  # the wait exact makes at _prepare_inputs, made here instead
-            count = shadow.recover_and_count(int(self.share_inputs["seq_lens_this_time"].shape[0]))
-            meta = self.forward_meta
-            trimmed.append(int(meta.ids_remove_padding.shape[0]) - count)
-            for name in ("ids_remove_padding", "batch_id_per_token", "position_ids"):
-                setattr(meta, name, getattr(meta, name)[:count])
-            meta.step_use_cudagraph = meta.step_use_cudagraph and count > 0
-        return original(self)
-
-    monkeypatch.setattr(runner_class, "padding_cudagraph_inputs", padding_cudagraph_inputs)
-    return trimmed
+    with benchmark_script("overlap_launch_wait").launch_wait(runner_class) as trimmed:
+        yield trimmed
 
 
 @pytest.mark.parametrize("backend", ["host", "sim"])
