@@ -65,7 +65,7 @@ no wrong token count. RESULT is PASS only when both modes meet both FD 2.4 targe
 is met and every output is right; the verdict lines name each mode's and FD 2.5's verdict.
 
     python3 benchmarks/step_model.py [--quick] [--output FILE] [--dry-run] [--config NAME:F:FS:P:B:S]
-        [--host-split JSON[:B]] [--finishes A-B] [--insert-ms MS]
+        [--host-split JSON[:B]] [--finishes A-B] [--insert-ms MS] [--graph-sizes]
 
 Issue 40: ``--host-split JSON[:B]`` divides each configuration's prepare time as the measured split
 of ``benchmarks/overlap_exact_phases.py --json`` does (worker loop before exact's wait; count-independent
@@ -73,6 +73,10 @@ and mixed; count-dependent) and adds the variant ``exact, prep first`` (the coun
 share before exact's wait: an upper estimate of moving it); ``--finishes A-B`` makes A..B requests
 finish per step, each refilled by an insert at the next step's start (``--insert-ms`` host per
 request), and an insert first flushes the pending save, as the plugin's ``get_tasks``/insert flush does.
+The variant ``exact, at launch`` prepares by the bound and makes exact's wait right before the forward
+(then ``TRIM_MS`` of trimming): a design, not implemented. ``--graph-sizes`` prints only a simulation
+of counts: how often step N+1's CUDA-graph captured size is known before exact's wait
+(``graph_size_decisions``; docs/overlap-token-count.md, "What FD 2.4's CUDA graph decides").
 
 ``--dry-run`` runs the same schedules on a fake clock (no GPU, no torch; the plugin's HostBackend
 and PinnedRing over host memory): a logic check, and the modelled numbers printed next to the
@@ -833,11 +837,14 @@ def _run_fd25(c: Ctx, cfg: StepConfig, total: int, keep_t: bool) -> None:
 
 
 def _run_overlap(c: Ctx, cfg: StepConfig, total: int, keep_t: bool, exact: bool = False, fd25: bool = False,
-                 prep_first: bool = False) -> None:
+                 prep_first: bool = False, at_launch: bool = False) -> None:
     """#6259's schedule; ``fd25``: FD 2.5's execute_model_overlap: prepare N records token_num_event over
     N's pinned counts, _postprocess N waits it (tn2) and reads them for N+1's upper bound
     (last_token_num), the outputs carry no seq_lens snapshot. ``prep_first`` (exact only): the
     count-independent part of prepare (``cfg.movable_ms``) runs before the wait, not after it.
+    ``at_launch`` (exact only): all of prepare runs sized by the bound, then the wait on N-1's event
+    comes right before forward N's launch, followed by ``TRIM_MS`` of host work (trim the packed
+    inputs to the exact count, decide the graph): the mechanism docs/overlap-token-count.md describes.
     With a measured split the worker loop's share (``cfg.worker_ms``) runs before exact's wait; an
     insert (the finishing pattern's refill) first flushes the pending save, in every mode, as the
     plugin's ``get_tasks``/insert flush does."""
@@ -857,13 +864,18 @@ def _run_overlap(c: Ctx, cfg: StepConfig, total: int, keep_t: bool, exact: bool 
                 c.save(step, ids, nns, cfg.save_ms)
             e.host(cfg.inserts_at(n) * cfg.insert_ms)
         e.host(before)  # the worker loop (and with prep_first the count-free prepare): before any wait
-        if exact and pending is not None:  # the exact count: the one wait, on N-1's event, before prepare N
+        if exact and not at_launch and pending is not None:  # the exact count: the one wait, before prepare N
             waited = (pending.step, *e.outputs_wait(pending))
             pending = None
             bound = int(waited[3].sum())  # N-1's snapshot: N's exact count
         e.host(cfg.prepare_ms - before)  # prepare N (bound: the pinned snapshot of N-2 at most is known here; fd25: N-1's)
         tn = e.token_num_async() if fd25 else None
         e.prepare_kernels(_host_count(c, bound, tn))
+        if at_launch and pending is not None:  # the exact count: the one wait, on N-1's event, before forward N
+            waited = (pending.step, *e.outputs_wait(pending))
+            pending = None
+            bound = int(waited[3].sum())
+            e.host(TRIM_MS)  # trim ids/batch ids to the exact count, step_use_cudagraph, real_token_num
         e.forward(n)
         if waited is not None:  # save N-1 under forward N (its event was waited on before prepare)
             step, ids, nns, _ = waited
@@ -903,6 +915,16 @@ def run_overlap_exact(c, cfg, total):
 
 def run_overlap_exact_prep_first(c, cfg, total):
     _run_overlap(c, cfg, total, keep_t=False, exact=True, prep_first=True)
+
+
+#: host ms between exact's wait and the forward launch in ``exact, at launch``: the snapshot read,
+#: the count replay and the trim. The prototype (benchmarks/overlap_launch_wait.py) took 36-42 us for
+#: them on FD 2.4's own runner on CPU (B=8/64, median); the forward's launch is the model's own.
+TRIM_MS = 0.04
+
+
+def run_overlap_exact_at_launch(c, cfg, total):
+    _run_overlap(c, cfg, total, keep_t=False, exact=True, at_launch=True)
 
 
 def run_fd25(c, cfg, total):
@@ -955,6 +977,7 @@ VARIANTS = {
     "overlap, T kept": run_overlap_t,
     "overlap, exact": run_overlap_exact,
     "exact, prep first": run_overlap_exact_prep_first,  # with a measured split only (what direction 1 could give)
+    "exact, at launch": run_overlap_exact_at_launch,  # prepare by the bound, wait and trim before the forward
     "gpu-only": run_gpu_only,
     "fd25": run_fd25,
     "fd25-overlap": run_fd25_overlap,
@@ -1086,6 +1109,11 @@ def report(cfg: StepConfig, res: dict, model: dict | None, label: str) -> list[s
             f"{cfg.prepare_ms - cfg.worker_ms - cfg.movable_ms:.2f} ms count-dependent after it): {pf['median']:.3f} "
             f"ms/step ({pf['median'] / base:.3f}x fd24); exact / bound {ox['median'] / ov['median']:.3f}x, "
             f"prep first / bound {pf['median'] / ov['median']:.3f}x (issue 40's target <= 1.03x).")
+    if "exact, at launch" in res:
+        al = res["exact, at launch"]
+        say(f"  exact, at launch (prepare sized by the bound, the wait and {TRIM_MS:.2f} ms of trimming to the exact "
+            f"count right before the forward; not implemented): {al['median']:.3f} ms/step ({al['median'] / base:.3f}x "
+            f"fd24); at launch / bound {al['median'] / ov['median']:.3f}x (issue 40's target <= 1.03x).")
     say("  FD 2.5 (its own step: tn = token_num_event.synchronize() in _prepare_inputs, tn2 = the same event in "
         "_postprocess, T = the CPU infer_seed, event = post_process_event at save; no S1-S3/S5-S7):")
     _table(res, model, [n for n in res if n in FD25], {"fd25": "vs fd25", "gpu-only": "vs gpu"}, label)
@@ -1203,6 +1231,91 @@ def torch_setup(no_batch: bool = False):
     return torch, backend, rt, per_ms, cycles_for, time_sleep, probe
 
 
+# --- Issue 40: can the CUDA graph's captured size be decided before exact's wait? -----------------
+
+
+def captured_sizes(max_num_seqs: int) -> list[int]:
+    """FD 2.4's decode capture sizes for ``max_num_seqs`` (no speculative decoding): 1, 2, 4, 8..128 by
+    8, 144..256 by 16, 288..1024 by 32, capped at min(512, max_num_seqs), which is captured too
+    (``config.py:928-943`` builds the list, ``:1647-1667`` caps it, ``:898-926`` dedups and sorts)."""
+    cap = min(512, max_num_seqs)
+    sizes = {1, 2, 4, *range(8, 129, 8), *range(144, 257, 16), *range(288, 1025, 32), cap}
+    return sorted(x for x in sizes if x <= cap)
+
+
+def captured_size(sizes: list[int], count: int) -> int:
+    """``real_shape_to_captured_size[count]`` (``config.py:918-926``): the smallest captured size >= the
+    count (0 for 0: no tokens, no graph)."""
+    return next(x for x in [0, *sizes] if x >= count)
+
+
+def graph_size_decisions(batch: int, finishes: tuple, eos_share: float, known_share: float,
+                         batches: int = 200, seed: int = 40) -> dict:
+    """Draining batches of ``batch`` requests, no insert (an insert flushes the last step first, so
+    its count has landed in either mode); ``finishes`` = (A, B): A..B requests finish per step
+    (uniform), drawn from the running ones. A request can end by EOS or a stop sequence with
+    probability ``eos_share`` (else it runs to its ``max_tokens``: ignore_eos, a fixed length); an
+    EOS-capable request's finish is its known limit with probability ``known_share``, else EOS/stop.
+    For each step N+1 prepared while N runs, the host knows before exact's wait the slots that ran in
+    N (the bound K), N's finishes by a known limit (k) and the EOS-capable slots among the rest (U).
+    The exact count is M = K - k - (N's EOS/stop finishes). Fractions of those steps (M > 0):
+
+    - ``decided``: every count in [K - k - U, K - k] has M's captured size (no wait needed);
+    - ``exact_known``: U == 0, the host has M without the wait;
+    - ``bound_same``: the bound K lands in M's captured size (FD 2.5's sizing keeps FD 2.4's graph);
+    - ``guess_same``: K - k (no EOS/stop finish assumed) lands in M's size: a launch at that size is
+      FD 2.4's graph; on the other steps (``1 - guess_same``) it would need a redo at M.
+    """
+    rng = np.random.default_rng(seed)
+    sizes = captured_sizes(batch)
+    size = {c: captured_size(sizes, c) for c in range(batch + 1)}
+    lo, hi = finishes
+    n = decided = exact_known = bound_same = guess_same = 0
+    for _ in range(batches):
+        eos = rng.random(batch) < eos_share  # per running request: can it end by EOS/stop
+        while len(eos):
+            running = len(eos)
+            ending = rng.choice(running, size=min(running, int(rng.integers(lo, hi + 1))), replace=False)
+            by_eos = eos[ending] & (rng.random(len(ending)) >= known_share)
+            known = len(ending) - int(by_eos.sum())
+            count = running - len(ending)  # M: step N+1's exact token count (one row per decode slot)
+            if count > 0:
+                n += 1
+                guess = running - known
+                can_end = int(eos.sum()) - int((eos[ending] & ~by_eos).sum())  # U: EOS-capable, no known end
+                decided += size[max(guess - can_end, 0)] == size[guess]
+                exact_known += can_end == 0
+                bound_same += size[running] == size[count]
+                guess_same += size[guess] == size[count]
+            eos = np.delete(eos, ending)
+    return {"steps": n, "sizes": sizes, "decided": decided / n, "exact_known": exact_known / n,
+            "bound_same": bound_same / n, "guess_same": guess_same / n}
+
+
+#: (eos_share, known_share) rows of ``--graph-sizes``
+GRAPH_CASES = ((1.0, 0.0), (1.0, 0.5), (0.5, 0.0), (0.1, 0.0), (0.0, 0.0))
+
+
+def graph_size_report(batch: int, finishes: tuple, cases=GRAPH_CASES) -> dict:
+    say(f"captured size of step N+1 before exact's wait: B={batch} draining (no inserts), {finishes[0]}-"
+        f"{finishes[1]} finishes per step")
+    sizes = captured_sizes(batch)
+    say(f"FD 2.4 capture sizes at max_num_seqs={batch}: {', '.join(map(str, sizes))}")
+    say(f"{'EOS-capable':>12s}{'known end':>10s}{'steps':>7s}{'decided':>9s}{'exact known':>13s}"
+        f"{'bound same':>12s}{'guess same':>12s}")
+    out = {}
+    for eos_share, known_share in cases:
+        r = out[(eos_share, known_share)] = graph_size_decisions(batch, finishes, eos_share, known_share)
+        say(f"{eos_share:12.2f}{known_share:10.2f}{r['steps']:7d}{r['decided']:9.3f}{r['exact_known']:13.3f}"
+            f"{r['bound_same']:12.3f}{r['guess_same']:12.3f}")
+    say("EOS-capable: share of requests that can end by EOS/stop; known end: share of their finishes at a "
+        "known limit. decided: every count the EOS-capable slots leave possible has one captured size (no "
+        "wait); exact known: no EOS-capable slot left (the host has the count); bound same / guess same: "
+        "the bound / the bound less the known finishes lands in the exact count's captured size (a launch "
+        "there is FD 2.4's graph; otherwise a redo). A simulation of counts, not a measurement.")
+    return out
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer steps, one round")
@@ -1224,6 +1337,9 @@ def main(argv=None) -> int:
                         "by an insert at the next step's start (e.g. 1-3)")
     parser.add_argument("--insert-ms", type=float, default=0.05,
                         help="host ms per inserted request with --finishes (default 0.05, an assumption)")
+    parser.add_argument("--graph-sizes", action="store_true",
+                        help="only simulate whether step N+1's CUDA-graph captured size is known before exact's "
+                             "wait (--batch, --finishes, default 1-3); no GPU, no schedule")
     args = parser.parse_args(argv)
     steps = args.steps or (60 if args.quick else 200)
     warmup = args.warmup or (10 if args.quick else 30)
@@ -1240,6 +1356,12 @@ def main(argv=None) -> int:
             raise ValueError
     except ValueError:
         parser.error(f"--finishes {args.finishes}: expected A-B with 1 <= A <= B <= --batch, e.g. 1-3")
+    if args.graph_sizes:
+        say(f"$ python3 benchmarks/step_model.py {' '.join(argv if argv is not None else sys.argv[1:])}")
+        graph_size_report(args.batch, finishes or (1, 3))
+        if args.output:
+            Path(args.output).write_text(OUT.getvalue())
+        return 0
     if finishes:
         configs = {k: replace(c, finishes=finishes, insert_ms=args.insert_ms) for k, c in configs.items()}
     if args.host_split:

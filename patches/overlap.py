@@ -73,6 +73,10 @@ class OverlapState:
         self.captured: list = []
         self.in_step = self.after_forward = False
         self.fallbacks, self.served = collections.Counter(), collections.Counter()
+        # decode steps by whether the last step's event was waited before this step's forward (``exact``
+        # waits for its count there), after it (``bound``), or had landed before (the first step, or
+        # an insert flushed it); waited_fraction: waited / (waited + not waited)
+        self.count_waits, self.sized = collections.Counter(), "landed before"
         self.saving = threading.RLock()  # one flush at a time; the captured saves move under it
         self.detached = False  # disable() took the part off its runner
 
@@ -91,6 +95,8 @@ class OverlapState:
         be saved outside a step (the loop must call execute_model to flush it)."""
         if self.in_step and not self.after_forward:
             self.after_forward = True
+            if self.pending:  # the last step's event: waited before this forward (exact's count) or not yet
+                self.sized = "waited for the count" if self.backend.copy_waited(self.pending[-1][3]) else "not waited"
             self.flush("after forward")
             return False
         return bool(self.pending and not self.in_step)
@@ -100,7 +106,9 @@ class OverlapState:
         self.captured.append((op, list(args), flag_index, self.flags[self.flag_turn]))
 
     def report(self) -> dict:
-        return {"token_count": self.count_mode, "fallbacks": dict(self.fallbacks), "served": dict(self.served)}
+        waited, free = self.count_waits["waited for the count"], self.count_waits["not waited"]
+        return {"token_count": self.count_mode, "fallbacks": dict(self.fallbacks), "served": dict(self.served),
+                "count_waits": dict(self.count_waits), "waited_fraction": waited / (waited + free) if waited + free else None}
 
     def detach(self) -> None:
         with self.saving:
@@ -127,6 +135,7 @@ class OverlapState:
                 self.pending, self.captured = self.pending + self.captured, []
                 self.flag_turn ^= 1
                 self.served["overlap steps"] += 1
+                self.count_waits[self.sized] += 1  # (a flush step, below, is no decode step)
             else:  # the batch had drained: this step only saved the last one (FD returned before sampling)
                 self.served["flush step (batch drained)"] += 1
             detached = self.detached

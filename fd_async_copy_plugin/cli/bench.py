@@ -271,6 +271,22 @@ def format_overhead(report: dict) -> str:
     return line
 
 
+def format_count_waits(census: dict) -> str:
+    """Per overlap run: of the decode steps with a step in flight, the share whose forward came after
+    the host waited for that step (its exact token count; ``exact``: all, ``bound``: none), with the
+    step counts."""
+    rows = [(name, row["overlap_count_waits"]) for name, row in census.items() if row.get("overlap_count_waits")]
+    if not rows:
+        return "overlap: no overlap run in the census"
+    lines = ["overlap: decode steps that waited for the last step's token count (census runs):"]
+    for name, waits in rows:
+        fraction = waits["waited_fraction"]
+        counts = ", ".join(f"{cause} {n}" for cause, n in sorted(waits["count_waits"].items()))
+        lines.append(f"  {name:20s} {waits['token_count']:6s} waited "
+                     f"{'n/a' if fraction is None else f'{fraction:.3f}':>6s} ({counts})")
+    return "\n".join(lines)
+
+
 def format_report(report: dict, format_census) -> str:
     w = report["workload"]
     lines = [
@@ -307,6 +323,8 @@ def format_report(report: dict, format_census) -> str:
         {k: {"host_waits": v["host_waits_with_logprobs"]} for k, v in report["census_per_step"].items()}
     ))
     lines.append(WAITS_LEGEND)
+    lines.append("")
+    lines.append(format_count_waits(report["census_per_step"]))
     fallbacks = [(name, feature, cause, n) for name, row in report["census_per_step"].items()
                  for feature, causes in (row.get("fallbacks") or {}).items() for cause, n in causes.items()]
     lines.append("")

@@ -245,6 +245,23 @@ def fallbacks_by_cause(status: dict | None) -> dict[str, dict[str, int]]:
     return out
 
 
+def count_waits(status: dict | None) -> dict | None:
+    """The ``overlap`` feature's decode steps, summed over its runners (``count_waits``: the host
+    waited for the last step's event before the step's forward, not, or it had landed before), and
+    ``waited_fraction``: of the steps with a step in flight, the share that waited (``exact``: all,
+    ``bound``: none). None where overlap did not run."""
+    runners = [r for r in (((status or {}).get("features") or {}).get("overlap") or {}).get("runners") or ()
+               if "count_waits" in r]
+    if not runners:
+        return None
+    counts = collections.Counter()
+    for runner in runners:
+        counts.update(runner["count_waits"])
+    prepared = counts["waited for the count"] + counts["not waited"]
+    return {"token_count": runners[0]["token_count"], "count_waits": dict(counts),
+            "waited_fraction": counts["waited for the count"] / prepared if prepared else None}
+
+
 def census_row(run: VariantRun, skip: int = 2) -> dict:
     """Per-step means over steps after ``skip`` warm-up steps, split by patched path or not."""
     steps = run.census.steps[skip:] or run.census.steps
@@ -259,6 +276,9 @@ def census_row(run: VariantRun, skip: int = 2) -> dict:
         s.first_read_after_wait(on_patched_path) in (True, None) for s in steps
     )
     row["fallbacks"] = fallbacks_by_cause(getattr(run, "final_status", None))
+    waits = count_waits(getattr(run, "final_status", None))
+    if waits is not None:
+        row["overlap_count_waits"] = waits
     row["pinned_alloc_after_warmup"] = sum(s.count("pinned_alloc") + s.count("pinned_free") for s in steps)
     if any(k == "host_wait" for s in run.census.steps for k, _ in s.events):
         row["host_waits"] = host_waits(run.census.steps, skip)

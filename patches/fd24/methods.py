@@ -88,7 +88,7 @@ def execute_model(fd, on, self, *args, **kwargs):
         state.flush("overlap off")
         state.fallbacks[why] += 1
         return fd(self, *args, **kwargs)
-    state.in_step, state.after_forward = True, False
+    state.in_step, state.after_forward, state.sized = True, False, "landed before"
     try:
         with opened(self, saves=state):  # overlap: this step's saves are captured
             return fd(self, *args, **kwargs)

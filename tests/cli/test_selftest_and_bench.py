@@ -76,6 +76,14 @@ def test_bench_smoke_json_has_ratio_and_census_side_by_side():
     assert (f"plugin host overhead per decode step: {report['plugin_overhead_us_per_step']:+.1f} us (per round: "
             f"plugin - unpatched\n  medians; the median of 2 rounds, range {diffs[0]:+.1f} .. {diffs[1]:+.1f} us)") in text
     census = report["census_per_step"]
+    # overlap's decode steps prepared while the last step was in flight: exact waited for its count
+    # before every one, bound before none; the bench prints that fraction per overlap run
+    assert census["fd24-overlap"]["overlap_count_waits"]["waited_fraction"] == 1.0, census["fd24-overlap"]
+    assert census["fd24-overlap-bound"]["overlap_count_waits"]["waited_fraction"] == 0.0
+    assert [name for name, row in census.items() if "overlap_count_waits" in row] == ["fd24-overlap",
+                                                                                      "fd24-overlap-bound"]
+    assert re.search(r"fd24-overlap +exact +waited +1\.000 \(landed before 1, waited for the count \d+\)\n"
+                     r" +fd24-overlap-bound +bound +waited +0\.000 \(landed before 1, not waited \d+\)", text), text
     assert set(census) == {"fd24-unpatched", "fd24-backport", "fd24-plugin", "fd24-overlap", "fd24-overlap-bound",
                            "fd25-native", "fd25-native-overlap", "fd25-plugin", "fd25-plugin-overlap",
                            "fddev-native", "fddev-native-overlap", "fddev-plugin", "fddev-plugin-overlap"}

@@ -604,3 +604,35 @@ def test_reset_share_inputs_with_a_pending_step_saves_it_first():
             junction.set_bottom(fd_save)
     assert checked and checked[0] == (checked[0][0], checked[0][0] + 1, False), checked
 
+
+
+@pytest.mark.parametrize("backend", ["host", "sim"])
+def test_status_reports_the_share_of_decode_steps_that_waited_for_the_last_steps_count(backend, count_mode):
+    """``status()``: each decode step by whether the host waited for the last step's event before
+    this step's forward. ``exact`` does for every step with a step in flight (its exact count: fraction
+    1.0), ``bound`` never (0.0); the first step (nothing in flight) and the flush step that saves the
+    last one when the batch drains (not a decode step) are not in the fraction."""
+    requests = [_req(i, 4 + i, 6 + 2 * i) for i in range(5)]  # finishing at different steps
+    cfg = config(chunk_size=None, block_size=64)  # no insert after the first step
+    run = run_variant(Variant("p", FD24, True, OVERLAP), cfg, requests, backend=backend, max_steps=60)
+    (runner,) = run.final_status["features"]["overlap"]["runners"]
+    waits, served = runner["count_waits"], runner["served"]
+    assert runner["token_count"] == count_mode and served["overlap steps"] >= 10, runner
+    assert served["flush step (batch drained)"] == 1, served
+    assert sum(waits.values()) == served["overlap steps"], (waits, served)  # the flush step is not one
+    assert waits["landed before"] == 1, waits  # the first step: no step before it
+    expected = {"exact": "waited for the count", "bound": "not waited"}[count_mode]
+    assert waits[expected] == served["overlap steps"] - 1, waits
+    assert runner["waited_fraction"] == {"exact": 1.0, "bound": 0.0}[count_mode], runner
+
+
+def test_a_step_after_an_insert_flushed_the_last_one_did_not_wait_for_its_count():
+    """An insert finishes the pending save (its event waited) before the step is prepared: the last
+    step had landed, so that step is not counted as one that waited for it."""
+    requests, arrivals = workload()
+    run = run_variant(Variant("p", FD24, True, OVERLAP), config(), requests, arrivals=arrivals, backend="sim",
+                      max_steps=200)
+    (runner,) = run.final_status["features"]["overlap"]["runners"]
+    waits = runner["count_waits"]
+    assert waits["landed before"] >= 10 and waits.get("waited for the count", 0) >= 1, waits
+    assert "not waited" not in waits and runner["waited_fraction"] == 1.0, runner

@@ -90,3 +90,60 @@ def test_bad_options_are_one_line_errors(argv):
     assert done.returncode == 2
     err = done.stderr.strip().splitlines()
     assert re.search(r"error: --(finishes|host-split)", err[-1]) and "Traceback" not in "\n".join(err)
+
+
+def test_exact_at_launch_leaves_only_the_trim_after_the_wait(tmp_path):
+    """``exact, at launch``: all of prepare sized by the bound, then the wait and the trim right
+    before the forward: bound's time plus the wake-up and the trim, whatever the split says."""
+    out = _run("--dry-run", "--quick", "--only", "hostheavy", "--host-split", _split(tmp_path) + ":64").stdout
+    exact, first, launch, bound = (_ms(out, v) for v in ("overlap, exact", "exact, prep first", "exact, at launch",
+                                                          "fd24+overlap"))
+    assert bound < launch < first < exact
+    assert launch == pytest.approx(bound + 0.04, abs=0.05)  # TRIM_MS after the wait
+    assert re.search(r"at launch / bound 1\.0[0-2]\dx", out) and "0 mismatches" in out
+
+
+def _call(expression: str):
+    """``expression`` over the script loaded as ``sm``, in a subprocess (it must import without Paddle,
+    which this process may have imported); its value back as JSON."""
+    code = f"""
+import importlib.util, json, sys
+spec = importlib.util.spec_from_file_location("sm", {PATH!r})
+sm = importlib.util.module_from_spec(spec); sys.modules["sm"] = sm; spec.loader.exec_module(sm)
+print(json.dumps({expression}))
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_captured_sizes_and_the_size_a_count_replays():
+    """FD 2.4's decode capture list (config.py) and ``real_shape_to_captured_size``: the smallest
+    captured size >= the count."""
+    s64, s60, s256, s1024, mapped = _call(
+        "[sm.captured_sizes(64), sm.captured_sizes(60), sm.captured_sizes(256), sm.captured_sizes(1024), "
+        "[sm.captured_size(sm.captured_sizes(256), n) for n in (0, 1, 3, 4, 5, 16, 17, 129, 256)]]")
+    assert s64 == [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64]
+    assert s60[-2:] == [56, 60]  # max_num_seqs itself is captured
+    assert s256[-9:] == [128, 144, 160, 176, 192, 208, 224, 240, 256]
+    assert s1024[-2:] == [480, 512]  # capped at 512
+    assert mapped == [0, 1, 4, 4, 8, 16, 24, 144, 256]
+
+
+def test_graph_size_decisions_bound_their_cases():
+    none_eos, all_eos, half = _call("[sm.graph_size_decisions(64, (1, 3), e, k, batches=20) "
+                                    "for e, k in ((0.0, 0.0), (1.0, 0.0), (1.0, 0.5))]")
+    assert none_eos["decided"] == none_eos["exact_known"] == none_eos["guess_same"] == 1.0
+    assert none_eos["bound_same"] < 0.9  # a finish crossing a size edge: the bound replays another graph
+    assert all_eos["decided"] == all_eos["exact_known"] == 0.0  # every running slot could end by EOS
+    assert all_eos["guess_same"] == all_eos["bound_same"]  # nothing known: the guess is the bound
+    assert all_eos["guess_same"] < half["guess_same"] < 1.0
+
+
+def test_graph_sizes_option_prints_its_table_and_runs_no_schedule():
+    done = _run("--graph-sizes", "--finishes", "1-3")
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = done.stdout
+    assert "FD 2.4 capture sizes at max_num_seqs=64: 1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64" in out
+    rows = [line.split() for line in out.splitlines() if re.match(r"\s+\d\.\d\d\s+\d\.\d\d\s+\d+\s", line)]
+    assert len(rows) == len(_call("sm.GRAPH_CASES")) and "RESULT" not in out and "fd24" not in out
