@@ -3,13 +3,18 @@
 FastDeploy 2.4 writes its step state from the host at task insertion
 (``share_inputs["seq_lens_encoder"][idx : idx + 1] = length`` ...) and reads some of it back on the
 host (``if share_inputs["is_block_step"][idx]:``, ``bad_tokens_len.numpy()``). To keep a host copy
-of that state without reproducing FastDeploy's insert logic, the plugin watches the tensors
-themselves: Paddle's ``Tensor.__setitem__``, ``__getitem__`` and ``numpy`` are declared patches of
-the feature (``PATCHES``: applied and reverted with it, listed by ``status()``'s feature and by the
-one-wrapper-per-attribute test), and their links do nothing but call Paddle's own method unless the
-calling thread is inside ``watching(...)`` and the tensor is one of its watched tensors (by
-identity). Another thread - FastDeploy's output thread, a ZMQ thread - always gets Paddle's own
-behaviour, even during an insert; nothing is replaced class-wide around a FastDeploy call.
+of that state without reproducing FastDeploy's insert code, the plugin watches those tensors where
+FastDeploy reaches them: for the duration of one FastDeploy call (an insert, ``_prepare_inputs``),
+``watching(handlers, runner=...)`` installs a ``ScopedInputs`` view as ``runner.share_inputs`` (and a
+stand-in for a runner attribute that aliases a watched tensor, ``seq_lens_this_time_buffer``). Its
+item access hands back a ``StandIn`` for a watched tensor - only on the calling thread, only while
+the call runs - whose ``__setitem__``, ``__getitem__`` and ``numpy`` go to the tensor's handler
+first; everything else is the real tensor's and every other key is the real tensor. Paddle's tensor
+class is never touched: no other thread and no other code pays for the watch.
+
+A write the watch did not see (through a reference FastDeploy got before the call, a view, another
+thread) still moves the tensor's in-place version counter: the scope compares it before each
+answer and at the end, and the handler's shadow is lost (reloaded, counted) rather than stale.
 """
 
 from __future__ import annotations
@@ -22,65 +27,203 @@ import paddle
 
 from fd_async_copy_plugin.registry.patch import Patch, Target, wraps
 
+_ident = threading.get_ident
 
-class _Scope(threading.local):
-    active: dict | None = None  # id(tensor) -> Watched, while this thread is inside watching()
-
-
-_scope = _Scope()
+#: runner attributes that alias a share_inputs tensor FastDeploy writes inside the watched calls
+RUNNER_ALIASES = ("seq_lens_this_time_buffer",)
+#: objects FastDeploy builds in a watched call that keep its share_inputs (re-pointed at the end)
+HOLDERS = ("sampling_metadata", "forward_meta")
 
 
 class Watched:
     """Handler of one watched tensor: ``setitem(original, key, value)``, ``getitem(original, key)``
     and ``numpy(original)`` answer for Paddle's method (``setitem`` answers None once it made the
-    write itself), or return ``NotImplemented`` to let Paddle's own method run."""
+    write itself), or return ``NotImplemented`` to let Paddle's own method run. ``unseen()`` is
+    told when the tensor was written past the watch."""
 
     def __init__(self, tensor) -> None:
         self.tensor = tensor
+        self.version = 0  # the tensor's in-place version the watch last saw
 
     def setitem(self, original, *args):
         return NotImplemented
 
     getitem = numpy = setitem
 
-
-def _build(method: str):
-    """The link of Paddle's tensor method: the calling thread's handler of that tensor first."""
-
-    def build(original, ctx):
-        @wraps(original)
-        def link(self, *args, **kwargs):
-            active = _scope.active
-            handler = active.get(id(self)) if active and not kwargs else None
-            if handler is not None and handler.tensor is self and not (args and method == "numpy"):
-                result = getattr(handler, method)(original, *args)
-                if result is not NotImplemented:
-                    return result
-            return original(self, *args, **kwargs)
-
-        return link
-
-    return build
+    def unseen(self) -> None:
+        """The tensor was written where the watch did not see it."""
 
 
-#: the feature's patches of Paddle's tensor methods (their links pass through outside ``watching``)
-PATCHES = tuple(Patch(Target("paddle", f"Tensor.{name}", absolute=True), _build(method))
-                for name, method in (("__setitem__", "setitem"), ("__getitem__", "getitem"), ("numpy", "numpy")))
+class _Scope:
+    """One ``watching`` block: its handlers by tensor identity, its thread, open while it runs."""
+
+    __slots__ = ("handlers", "owner", "open", "standins")
+
+    def __init__(self, handlers) -> None:
+        self.handlers = {id(h.tensor): h for h in handlers if h is not None and h.tensor is not None}
+        self.owner = _ident()
+        self.open = True
+        self.standins: dict[int, StandIn] = {}
+        for h in self.handlers.values():
+            h.version = h.tensor._inplace_version()
+
+    def standin(self, tensor):
+        """``tensor``'s stand-in for this thread while the block runs, else ``tensor`` itself."""
+        if not self.open or _ident() != self.owner:
+            return tensor
+        handler = self.handlers.get(id(tensor))
+        if handler is None or handler.tensor is not tensor:
+            return tensor
+        out = self.standins.get(id(tensor))
+        if out is None:
+            out = self.standins[id(tensor)] = StandIn(tensor, handler, self)
+        return out
+
+    def check(self) -> None:
+        for h in self.handlers.values():
+            if h.tensor._inplace_version() != h.version:
+                h.unseen()
+                h.version = h.tensor._inplace_version()
+
+
+def _real(value):
+    return value.tensor if type(value) is StandIn else value
+
+
+class StandIn:
+    """A watched tensor as FastDeploy's watched call gets it from ``share_inputs``: its handler
+    answers ``__setitem__``, ``__getitem__`` and ``numpy()``; everything else is the tensor's. It is
+    not a ``paddle.Tensor``: it is handed out only for the tensors whose watched calls use nothing
+    else on them (``share_inputs[k] = stand_in`` stores the tensor)."""
+
+    __slots__ = ("tensor", "handler", "scope")
+
+    def __init__(self, tensor, handler: Watched, scope: _Scope) -> None:
+        self.tensor, self.handler, self.scope = tensor, handler, scope
+
+    def _handler(self):
+        """The handler when this thread's scope is open (its version checked first), else None."""
+        scope, h = self.scope, self.handler
+        if not scope.open or _ident() != scope.owner:
+            return None
+        if self.tensor._inplace_version() != h.version:
+            h.unseen()
+        return h
+
+    def __setitem__(self, key, value):
+        value = _real(value)
+        h = self._handler()
+        if h is None or h.setitem(type(self.tensor).__setitem__, key, value) is NotImplemented:
+            self.tensor[key] = value
+        if h is not None:
+            h.version = self.tensor._inplace_version()
+
+    def __getitem__(self, key):
+        key = _real(key)
+        h = self._handler()
+        if h is not None:
+            result = h.getitem(type(self.tensor).__getitem__, key)
+            if result is not NotImplemented:
+                return result
+        return self.tensor[key]
+
+    def numpy(self, *args, **kwargs):
+        h = self._handler() if not (args or kwargs) else None
+        if h is not None:
+            result = h.numpy(type(self.tensor).numpy)
+            if result is not NotImplemented:
+                return result
+        return self.tensor.numpy(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.tensor, name)
+
+    def __len__(self):
+        return len(self.tensor)
+
+    def __bool__(self):
+        return bool(self.tensor)
+
+    def __iter__(self):
+        return iter(self.tensor)
+
+    def __repr__(self):
+        return f"StandIn({self.tensor!r})"
+
+
+class ScopedInputs:
+    """FastDeploy's ``share_inputs`` (a dict on 2.4, an ``InputBatch`` on 2.5) during a watched
+    call: item access hands back ``scope.standin(tensor)``; writes store real tensors; attributes
+    and everything else are the real object's. Once the call returned (or on another thread) it is
+    the real object in all but identity."""
+
+    __slots__ = ("_real_", "_scope_")
+
+    def __init__(self, real, scope: _Scope) -> None:
+        object.__setattr__(self, "_real_", real)
+        object.__setattr__(self, "_scope_", scope)
+
+    def __getitem__(self, key):
+        value = self._real_[key]
+        return self._scope_.standin(value) if self._scope_.open else value
+
+    def get(self, key, default=None):
+        return self[key] if key in self._real_ else default
+
+    def __setitem__(self, key, value):
+        self._real_[key] = _real(value)
+
+    def __delitem__(self, key):
+        del self._real_[key]
+
+    def __contains__(self, key):
+        return key in self._real_
+
+    def __iter__(self):
+        return iter(self._real_)
+
+    def __len__(self):
+        return len(self._real_)
+
+    def __getattr__(self, name):
+        return getattr(self._real_, name)
+
+    def __setattr__(self, name, value):
+        setattr(self._real_, name, _real(value))
+
+    def __delattr__(self, name):
+        delattr(self._real_, name)
+
+    def __repr__(self):
+        return repr(self._real_)
 
 
 @contextlib.contextmanager
-def watching(handlers):
-    """Watch ``handlers`` (``Watched`` objects) on this thread for the duration of the block."""
-    previous = _scope.active
-    active = dict(previous or {})
-    for h in handlers:
-        if h is not None and h.tensor is not None:
-            active[id(h.tensor)] = h
-    _scope.active = active
+def watching(handlers, *, runner):
+    """Watch ``handlers`` (``Watched`` objects) on this thread while the block runs: ``runner``'s
+    ``share_inputs`` (and its attributes in ``RUNNER_ALIASES``) hand out stand-ins meanwhile."""
+    scope = _Scope(handlers)
+    real = runner.share_inputs
+    swapped = {"share_inputs": (real, ScopedInputs(real, scope))}
+    for name in RUNNER_ALIASES:
+        value = runner.__dict__.get(name)
+        if value is not None and scope.handlers.get(id(value)) is not None:
+            swapped[name] = (value, scope.standin(value))
+    for name, (_, stand_in) in swapped.items():
+        setattr(runner, name, stand_in)
     try:
         yield
     finally:
-        _scope.active = previous
+        scope.open = False
+        for name, (value, stand_in) in swapped.items():
+            if runner.__dict__.get(name) is stand_in:  # else FastDeploy re-created it: keep FD's
+                setattr(runner, name, value)
+        proxy = swapped["share_inputs"][1]
+        for name in HOLDERS:  # what FastDeploy built in the call keeps the real object
+            holder = runner.__dict__.get(name)
+            if holder is not None and getattr(holder, "share_inputs", None) is proxy:
+                holder.share_inputs = real
+        scope.check()
 
 
 _BASIC = (int, np.integer, slice, type(Ellipsis))

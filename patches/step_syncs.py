@@ -59,8 +59,8 @@ import paddle
 from fd_async_copy_plugin.registry.patch import IncompatibleError, Junction, Patch, Target, wraps
 
 from .runner import FeatureRunners, RunnerFeature, is_cuda_runner, part, per_runner, runner_state
-from ._tensor_watch import (CREATE_EVENT, PATCHES as TENSOR_WATCH, DeferredEvent, ServedRead, Watched, basic_key,
-                            deferred_events, host_value, rows_of, watching, _UNKNOWN)
+from ._tensor_watch import (CREATE_EVENT, DeferredEvent, ServedRead, Watched, basic_key, deferred_events, host_value,
+                            rows_of, watching, _UNKNOWN)
 
 log = logging.getLogger("fd_async_copy")
 
@@ -100,6 +100,10 @@ class _Mirror(Watched):
             self.shadow.lose(self.name, f"a write FastDeploy made to {self.name} with a device value or a mask")
         else:
             self.shadow.host_write(self.name, key, v)
+
+    def unseen(self) -> None:
+        self.shadow.fallback(f"a write to {self.name} past the watch (an earlier reference or another thread)")
+        self.shadow.lose(self.name, "a write FastDeploy made past the watch")
 
 
 class _Mirror24(_Mirror):
@@ -159,6 +163,11 @@ class _StagedTable(Watched):
             return NotImplemented
         shadow.dirty.update(rows)
         return None
+
+    def unseen(self) -> None:
+        self.shadow.fallback("a write to tables past the watch (an earlier reference or another thread)")
+        self.shadow.flush()
+        self.shadow.lose("tables", "a block-table write made past the watch")
 
 
 class StepShadow:
@@ -452,7 +461,7 @@ def build_insert(original, ctx):
         if original.__name__ != "_dummy_prefill_inputs":
             shadow.ensure_loaded()
         shadow.refresh(original.__name__)
-        with watching(shadow.handlers()):
+        with watching(shadow.handlers(), runner=self):
             try:
                 return original(self, *args, **kwargs)
             finally:
@@ -502,7 +511,7 @@ def build_prepare_inputs(original, ctx):
         shadow.count_is_bound = bool(bound and count is not None and not why and shadow.snapshot_in_flight())
         _armed.shadow, _armed.count = (shadow, count) if count is not None else (None, None)
         try:
-            with watching([_Mirror24(shadow, "bad_len", shadow.tensors["bad_len"])]):
+            with watching([_Mirror24(shadow, "bad_len", shadow.tensors["bad_len"])], runner=self):
                 return original(self, *args, **kwargs)
         finally:
             _armed.shadow = _armed.count = None
@@ -886,7 +895,7 @@ def build_prepare_inputs_tokens_25(original, ctx):
 
         pinned = si["seq_lens_this_time_cpu"]
         read = ServedRead(pinned, _Owed(made), lambda: shadow.answer("this_time", "_prepare_inputs", si["seq_lens_this_time"]))
-        with deferred_events(make), watching([read]):
+        with deferred_events(make), watching([read], runner=self):
             result = original(self, *args, **kwargs)
         for event in made:
             if event.close():
@@ -950,7 +959,7 @@ def build_postprocess_25(original, ctx):
         _posting.runner = self
         token_num_event.open()
         try:
-            with watching(reads):
+            with watching(reads, runner=self):
                 return original(self, model_output, p_done_idxs, token_num_event, *args, **kwargs)
         finally:
             _posting.runner = previous
@@ -978,7 +987,7 @@ def build_insert_25(original, ctx):
         if shadow is None or shadow.stale():
             return original(self, *args, **kwargs)
         shadow.settle("insert_tasks_v1")
-        with watching(_watched_25(shadow)):
+        with watching(_watched_25(shadow), runner=self):
             return original(self, *args, **kwargs)
 
     return insert_tasks_v1
@@ -1032,7 +1041,6 @@ class StepSyncsFeature(RunnerFeature):
             Patch(Target(RUNNER, "GPUModelRunner._prepare_inputs"), build_prepare_inputs),
             Patch(Target(RUNNER, "GPUModelRunner.exist_prefill"), build_exist_prefill, step=True),
             Patch(Target(POSTPROC, "get_padding_offset"), build_get_padding_offset, check_get_padding_offset),
-            *TENSOR_WATCH,
         )),
         Patch(Target(RUNNER, "GPUModelRunner.__init__"), build_init_25, profiles=FD25, step=True),
         Patch(Target(RUNNER, "GPUModelRunner._prepare_inputs"), build_prepare_inputs_25, profiles=FD25),
@@ -1044,7 +1052,6 @@ class StepSyncsFeature(RunnerFeature):
             Patch(Target(INPUT_BATCH, "InputBatch.reset_share_inputs"), build_input_batch_lose),
             Patch(Target(INPUT_BATCH, "InputBatch.swap_states"), build_input_batch_lose),
             CREATE_EVENT,
-            *TENSOR_WATCH,
         )),
     )
 
