@@ -39,7 +39,11 @@ class Watched:
     """Handler of one watched tensor: ``setitem(original, key, value)``, ``getitem(original, key)``
     and ``numpy(original)`` answer for Paddle's method (``setitem`` answers None once it made the
     write itself), or return ``NotImplemented`` to let Paddle's own method run. ``unseen()`` is
-    told when the tensor was written past the watch."""
+    told when the tensor was written past the watch. ``once``: a read-only handler whose call reads
+    the tensor once; when every handler of a scope is ``once`` and has been read, the runner gets
+    its real ``share_inputs`` back for the rest of the call (no view on FastDeploy's other reads)."""
+
+    once = False
 
     def __init__(self, tensor) -> None:
         self.tensor = tensor
@@ -54,38 +58,6 @@ class Watched:
         """The tensor was written where the watch did not see it."""
 
 
-class _Scope:
-    """One ``watching`` block: its handlers by tensor identity, its thread, open while it runs."""
-
-    __slots__ = ("handlers", "owner", "open", "standins")
-
-    def __init__(self, handlers) -> None:
-        self.handlers = {id(h.tensor): h for h in handlers if h is not None and h.tensor is not None}
-        self.owner = _ident()
-        self.open = True
-        self.standins: dict[int, StandIn] = {}
-        for h in self.handlers.values():
-            h.version = h.tensor._inplace_version()
-
-    def standin(self, tensor):
-        """``tensor``'s stand-in for this thread while the block runs, else ``tensor`` itself."""
-        if not self.open or _ident() != self.owner:
-            return tensor
-        handler = self.handlers.get(id(tensor))
-        if handler is None or handler.tensor is not tensor:
-            return tensor
-        out = self.standins.get(id(tensor))
-        if out is None:
-            out = self.standins[id(tensor)] = StandIn(tensor, handler, self)
-        return out
-
-    def check(self) -> None:
-        for h in self.handlers.values():
-            if h.tensor._inplace_version() != h.version:
-                h.unseen()
-                h.version = h.tensor._inplace_version()
-
-
 def _real(value):
     return value.tensor if type(value) is StandIn else value
 
@@ -98,7 +70,7 @@ class StandIn:
 
     __slots__ = ("tensor", "handler", "scope")
 
-    def __init__(self, tensor, handler: Watched, scope: _Scope) -> None:
+    def __init__(self, tensor, handler: Watched, scope: "watching") -> None:
         self.tensor, self.handler, self.scope = tensor, handler, scope
 
     def _handler(self):
@@ -111,70 +83,59 @@ class StandIn:
         return h
 
     def __setitem__(self, key, value):
-        value = _real(value)
+        if type(value) is StandIn:
+            value = value.tensor
+        t, h = self.tensor, self._handler()
+        if h is None:
+            t[key] = value
+            return
+        if h.setitem(type(t).__setitem__, key, value) is NotImplemented:
+            t[key] = value
+        h.version = t._inplace_version()
+
+    def _read(self, method: str, paddles: str, *args):
+        """The handler's answer to a read (``NotImplemented``: Paddle's own read)."""
         h = self._handler()
-        if h is None or h.setitem(type(self.tensor).__setitem__, key, value) is NotImplemented:
-            self.tensor[key] = value
-        if h is not None:
-            h.version = self.tensor._inplace_version()
+        if h is None:
+            return NotImplemented
+        result = getattr(h, method)(getattr(type(self.tensor), paddles), *args)
+        if self.scope.pending is not None:
+            self.scope.read(self.tensor)
+        return result
 
     def __getitem__(self, key):
-        key = _real(key)
-        h = self._handler()
-        if h is not None:
-            result = h.getitem(type(self.tensor).__getitem__, key)
-            if result is not NotImplemented:
-                return result
-        return self.tensor[key]
+        result = self._read("getitem", "__getitem__", _real(key))
+        return self.tensor[_real(key)] if result is NotImplemented else result
 
     def numpy(self, *args, **kwargs):
-        h = self._handler() if not (args or kwargs) else None
-        if h is not None:
-            result = h.numpy(type(self.tensor).numpy)
-            if result is not NotImplemented:
-                return result
-        return self.tensor.numpy(*args, **kwargs)
+        result = NotImplemented if args or kwargs else self._read("numpy", "numpy")
+        return self.tensor.numpy(*args, **kwargs) if result is NotImplemented else result
 
     def __getattr__(self, name):
         return getattr(self.tensor, name)
 
-    def __len__(self):
-        return len(self.tensor)
-
-    def __bool__(self):
-        return bool(self.tensor)
-
-    def __iter__(self):
-        return iter(self.tensor)
-
-    def __repr__(self):
-        return f"StandIn({self.tensor!r})"
-
 
 class ScopedInputs:
     """FastDeploy's ``share_inputs`` (a dict on 2.4, an ``InputBatch`` on 2.5) during a watched
-    call: item access hands back ``scope.standin(tensor)``; writes store real tensors; attributes
-    and everything else are the real object's. Once the call returned (or on another thread) it is
-    the real object in all but identity."""
+    call: item access hands back a watched tensor's ``StandIn`` (on the call's thread, while it
+    runs); writes store real tensors; attributes and everything else are the real object's. Once
+    the call returned (or on another thread) it is the real object in all but identity."""
 
-    __slots__ = ("_real_", "_scope_")
+    __slots__ = ("_real_", "_stand_ins_")
 
-    def __init__(self, real, scope: _Scope) -> None:
+    def __init__(self, real, stand_ins: dict) -> None:
         object.__setattr__(self, "_real_", real)
-        object.__setattr__(self, "_scope_", scope)
+        object.__setattr__(self, "_stand_ins_", stand_ins)  # id(tensor) -> StandIn
 
     def __getitem__(self, key):
         value = self._real_[key]
-        return self._scope_.standin(value) if self._scope_.open else value
-
-    def get(self, key, default=None):
-        return self[key] if key in self._real_ else default
+        out = self._stand_ins_.get(id(value))
+        if out is not None and out.tensor is value and out.scope.open and _ident() == out.scope.owner:
+            return out
+        return value
 
     def __setitem__(self, key, value):
         self._real_[key] = _real(value)
-
-    def __delitem__(self, key):
-        del self._real_[key]
 
     def __contains__(self, key):
         return key in self._real_
@@ -191,39 +152,66 @@ class ScopedInputs:
     def __setattr__(self, name, value):
         setattr(self._real_, name, _real(value))
 
-    def __delattr__(self, name):
-        delattr(self._real_, name)
 
-    def __repr__(self):
-        return repr(self._real_)
+class watching:
+    """``with watching(handlers, runner=runner):`` watch ``handlers`` (``Watched`` objects) on this
+    thread while the block runs: ``runner.share_inputs`` (and the runner attributes in
+    ``RUNNER_ALIASES`` that hold a watched tensor) hand out stand-ins meanwhile."""
 
+    __slots__ = ("runner", "owner", "open", "stand_ins", "swapped", "pending")
 
-@contextlib.contextmanager
-def watching(handlers, *, runner):
-    """Watch ``handlers`` (``Watched`` objects) on this thread while the block runs: ``runner``'s
-    ``share_inputs`` (and its attributes in ``RUNNER_ALIASES``) hand out stand-ins meanwhile."""
-    scope = _Scope(handlers)
-    real = runner.share_inputs
-    swapped = {"share_inputs": (real, ScopedInputs(real, scope))}
-    for name in RUNNER_ALIASES:
-        value = runner.__dict__.get(name)
-        if value is not None and scope.handlers.get(id(value)) is not None:
-            swapped[name] = (value, scope.standin(value))
-    for name, (_, stand_in) in swapped.items():
-        setattr(runner, name, stand_in)
-    try:
-        yield
-    finally:
-        scope.open = False
-        for name, (value, stand_in) in swapped.items():
-            if runner.__dict__.get(name) is stand_in:  # else FastDeploy re-created it: keep FD's
+    def __init__(self, handlers, *, runner) -> None:
+        self.runner, self.owner, self.open = runner, _ident(), False
+        self.stand_ins = {}
+        for h in handlers:
+            if h is not None and h.tensor is not None:
+                h.version = h.tensor._inplace_version()
+                self.stand_ins[id(h.tensor)] = StandIn(h.tensor, h, self)
+        # the reads still to come when every handler reads once (None: the view stays to the end)
+        once = all(out.handler.once for out in self.stand_ins.values())
+        self.pending = set(self.stand_ins) if once and self.stand_ins else None
+
+    def __enter__(self):
+        runner, stand_ins = self.runner, self.stand_ins
+        real = runner.share_inputs
+        self.swapped = [("share_inputs", real, ScopedInputs(real, stand_ins))]
+        attrs = runner.__dict__
+        for name in RUNNER_ALIASES:
+            out = stand_ins.get(id(attrs.get(name)))
+            if out is not None and out.tensor is attrs[name]:
+                self.swapped.append((name, out.tensor, out))
+        for name, _, stand_in in self.swapped:
+            setattr(runner, name, stand_in)
+        self.open = True
+        return self
+
+    def read(self, tensor) -> None:
+        """A ``once`` handler's read was made: the last one gives the runner its objects back."""
+        self.pending.discard(id(tensor))
+        if not self.pending:
+            self._restore()
+
+    def _restore(self) -> None:
+        runner, attrs = self.runner, self.runner.__dict__
+        for name, value, stand_in in self.swapped:
+            if attrs.get(name) is stand_in:  # else FastDeploy re-created it during the call: FD's stays
                 setattr(runner, name, value)
-        proxy = swapped["share_inputs"][1]
-        for name in HOLDERS:  # what FastDeploy built in the call keeps the real object
-            holder = runner.__dict__.get(name)
-            if holder is not None and getattr(holder, "share_inputs", None) is proxy:
-                holder.share_inputs = real
-        scope.check()
+        if self.swapped:
+            _, real, view = self.swapped[0]
+            for name in HOLDERS:  # what FastDeploy built in the call keeps the real object
+                holder = attrs.get(name)
+                if holder is not None and getattr(holder, "share_inputs", None) is view:
+                    holder.share_inputs = real
+        self.swapped = []
+
+    def __exit__(self, *exc) -> None:
+        self.open = False
+        self._restore()
+        for out in self.stand_ins.values():  # a write the watch did not see, after the last it saw
+            h = out.handler
+            if out.tensor._inplace_version() != h.version:
+                h.unseen()
+                h.version = out.tensor._inplace_version()
 
 
 _BASIC = (int, np.integer, slice, type(Ellipsis))
@@ -326,6 +314,8 @@ class DeferredEvent:
 class ServedRead(Watched):
     """``numpy()`` of a pinned buffer that ``event``'s wait covers: ``answer()`` (an exact host
     value, or None), else the owed wait first and Paddle's own read."""
+
+    once = True
 
     def __init__(self, tensor, event: DeferredEvent, answer) -> None:
         super().__init__(tensor)

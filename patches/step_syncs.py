@@ -128,6 +128,12 @@ class _Mirror24(_Mirror):
         return NotImplemented
 
 
+class _BadTokensRead(_Mirror24):
+    """``_prepare_inputs``' one read of ``bad_tokens_len`` (S2); the view goes after it."""
+
+    once = True
+
+
 class _StagedTable(Watched):
     """``block_tables``: host writes go into a pinned mirror; the rows written are copied to the
     device asynchronously when the FastDeploy call returns (``StepShadow.flush``)."""
@@ -511,7 +517,7 @@ def build_prepare_inputs(original, ctx):
         shadow.count_is_bound = bool(bound and count is not None and not why and shadow.snapshot_in_flight())
         _armed.shadow, _armed.count = (shadow, count) if count is not None else (None, None)
         try:
-            with watching([_Mirror24(shadow, "bad_len", shadow.tensors["bad_len"])], runner=self):
+            with watching([_BadTokensRead(shadow, "bad_len", shadow.tensors["bad_len"])], runner=self):
                 return original(self, *args, **kwargs)
         finally:
             _armed.shadow = _armed.count = None

@@ -105,6 +105,26 @@ def test_a_runner_attribute_aliasing_a_watched_tensor_is_a_stand_in_during_the_c
     assert [c[0] for c in recorder.calls] == ["setitem"] and buffer.numpy().tolist() == [0, 3, 0, 0]
 
 
+class _Once(_Recorder):
+    once = True
+
+
+def test_a_scope_of_reads_once_gives_the_runner_its_share_inputs_back_after_the_reads():
+    runner = _Runner()
+    real = runner.share_inputs
+    first, second = _Once(real["a"]), _Once(real["b"])
+    with watching([first, second], runner=runner):
+        assert runner.share_inputs["a"].numpy().tolist() == [-7] * 4
+        assert isinstance(runner.share_inputs, ScopedInputs)  # one read still to come
+        assert runner.share_inputs["b"].numpy().tolist() == [-7] * 4
+        assert runner.share_inputs is real  # FastDeploy's other reads: its own dict, no view
+        assert real["a"].numpy().tolist() == [0, 1, 2, 3]
+    with watching([_Recorder(real["a"]), _Once(real["b"])], runner=runner):
+        runner.share_inputs["b"].numpy()
+        assert isinstance(runner.share_inputs, ScopedInputs)  # a handler that is not once: the view stays
+    assert runner.share_inputs is real
+
+
 def test_fastdeploy_replacing_share_inputs_during_the_call_keeps_its_new_object():
     runner = _Runner()
     fresh = {"a": paddle.to_tensor(np.arange(2, dtype="int64"))}
