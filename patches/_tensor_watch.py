@@ -2,19 +2,15 @@
 
 FastDeploy 2.4 writes its step state from the host at task insertion
 (``share_inputs["seq_lens_encoder"][idx : idx + 1] = length`` ...) and reads some of it back on the
-host (``if share_inputs["is_block_step"][idx]:``, ``bad_tokens_len.numpy()``). To keep a host copy
-of that state without reproducing FastDeploy's insert code, the plugin watches those tensors where
-FastDeploy reaches them: for the duration of one FastDeploy call (an insert, ``_prepare_inputs``),
-``watching(handlers, runner=...)`` installs a ``ScopedInputs`` view as ``runner.share_inputs`` (and a
-stand-in for a runner attribute that aliases a watched tensor, ``seq_lens_this_time_buffer``). Its
-item access hands back a ``StandIn`` for a watched tensor - only on the calling thread, only while
-the call runs - whose ``__setitem__``, ``__getitem__`` and ``numpy`` go to the tensor's handler
-first; everything else is the real tensor's and every other key is the real tensor. Paddle's tensor
-class is never touched: no other thread and no other code pays for the watch.
-
-A write the watch did not see (through a reference FastDeploy got before the call, a view, another
-thread) still moves the tensor's in-place version counter: the scope compares it before each
-answer and at the end, and the handler's shadow is lost (reloaded, counted) rather than stale.
+host (``if share_inputs["is_block_step"][idx]:``, ``bad_tokens_len.numpy()``). The plugin watches
+those tensors where FastDeploy reaches them: for one FastDeploy call (an insert, ``_prepare_inputs``)
+``watching(handlers, runner=...)`` makes ``runner.share_inputs`` a ``ScopedInputs`` view (and
+``runner.seq_lens_this_time_buffer`` a stand-in) whose item access hands back a ``StandIn`` for a
+watched tensor, on the calling thread only, while the call runs: its ``__setitem__``,
+``__getitem__`` and ``numpy`` go to the tensor's handler first, everything else is the tensor's.
+Paddle's tensor class is never touched. A write the watch did not see (an earlier reference, a
+view, another thread) moves the tensor's in-place version counter: checked before each answer and
+at the end, it loses the handler's shadow (reloaded, counted) rather than leaving it stale.
 """
 
 from __future__ import annotations
