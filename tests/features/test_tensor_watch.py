@@ -213,6 +213,31 @@ def test_planted_blind_watch_goes_stale_and_is_caught(monkeypatch):
         run_pair(config(7), requests, arrivals, "sim")
 
 
+def test_another_thread_reads_fastdeploys_own_tensors_during_an_insert(monkeypatch):
+    """While FD's insert runs inside the watch, a second thread (an output or ZMQ thread) that reads
+    ``runner.share_inputs`` gets FD's real tensors; the inserting thread gets stand-ins."""
+    module = __import__(f"{ROOTS['fd24']}.worker.gpu_model_runner", fromlist=["GPUModelRunner"])
+    fd_insert = vars(module.GPUModelRunner)["insert_tasks_v1"]
+    seen = collections.Counter()
+
+    def insert_tasks_v1(self, req_dicts, num_running_requests=None):
+        def other_thread():
+            seen[type(self.share_inputs["seq_lens_encoder"]).__name__, "other"] += 1
+
+        worker = threading.Thread(target=other_thread)
+        worker.start()
+        worker.join(10)
+        seen[type(self.share_inputs["seq_lens_encoder"]).__name__, "inserting"] += 1
+        return fd_insert(self, req_dicts, num_running_requests)
+
+    monkeypatch.setattr(module.GPUModelRunner, "insert_tasks_v1", insert_tasks_v1)
+    requests, arrivals = workload(5, steps=6)
+    run_pair(config(5), requests, arrivals, "host")
+    assert seen[("Tensor", "other")] > 0 and seen[("StandIn", "inserting")] > 0, seen
+    # every insert of the plugin's run got stand-ins, of the unpatched reference run tensors
+    assert seen[("StandIn", "other")] == 0 and seen[("Tensor", "inserting")] == seen[("StandIn", "inserting")], seen
+
+
 def test_the_module_declares_no_patch_of_paddles_tensor():
     feature = step_syncs.StepSyncsFeature()
     targets = [p.target for p in feature.patches]
