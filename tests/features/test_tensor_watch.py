@@ -125,6 +125,22 @@ def test_a_scope_of_reads_once_gives_the_runner_its_share_inputs_back_after_the_
     assert runner.share_inputs is real
 
 
+def test_what_fastdeploy_builds_in_the_call_keeps_its_real_share_inputs():
+    """FD's ``_prepare_inputs`` builds ``SamplingMetadata(share_inputs=self.share_inputs)``: after the
+    call it holds FD's own object, not the view (the sampler reads it all step long)."""
+    runner = _Runner()
+    real = runner.share_inputs
+
+    class SamplingMetadata:
+        def __init__(self, share_inputs):
+            self.share_inputs = share_inputs
+
+    with watching([_Recorder(real["a"])], runner=runner):
+        runner.sampling_metadata = SamplingMetadata(share_inputs=runner.share_inputs)
+        assert isinstance(runner.sampling_metadata.share_inputs, ScopedInputs)
+    assert runner.sampling_metadata.share_inputs is real
+
+
 def test_fastdeploy_replacing_share_inputs_during_the_call_keeps_its_new_object():
     runner = _Runner()
     fresh = {"a": paddle.to_tensor(np.arange(2, dtype="int64"))}
