@@ -33,11 +33,10 @@ HOLDERS = ("sampling_metadata", "forward_meta")
 
 class Watched:
     """Handler of one watched tensor: ``setitem(original, key, value)``, ``getitem(original, key)``
-    and ``numpy(original)`` answer for Paddle's method (``setitem`` answers None once it made the
-    write itself), or return ``NotImplemented`` to let Paddle's own method run. ``unseen()`` is
-    told when the tensor was written past the watch. ``once``: a read-only handler whose call reads
-    the tensor once; when every handler of a scope is ``once`` and has been read, the runner gets
-    its real ``share_inputs`` back for the rest of the call (no view on FastDeploy's other reads)."""
+    and ``numpy(original)`` answer for Paddle's method (``setitem``: None once it wrote), or return
+    ``NotImplemented`` for Paddle's own. ``unseen()``: the tensor was written past the watch.
+    ``once``: a read-only handler read once per call; when all of a scope's are and have been read,
+    the runner gets its ``share_inputs`` back for the rest of the call."""
 
     once = False
 
@@ -81,10 +80,12 @@ class StandIn:
     def __setitem__(self, key, value):
         if type(value) is StandIn:
             value = value.tensor
-        t, h = self.tensor, self._handler()
-        if h is None:
+        t, h, scope = self.tensor, self.handler, self.scope
+        if not scope.open or _ident() != scope.owner:
             t[key] = value
             return
+        if t._inplace_version() != h.version:
+            h.unseen()
         if h.setitem(type(t).__setitem__, key, value) is NotImplemented:
             t[key] = value
         h.version = t._inplace_version()

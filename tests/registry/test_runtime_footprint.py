@@ -82,7 +82,7 @@ SCAFFOLDING = ("testing", "cli", "serving_ab", "runtime.simulated", "ops.build",
 #: Raised from 5450 for step_syncs' watch scoped to FD's share_inputs (issue 37: a view of
 #: share_inputs and a stand-in per watched tensor, the in-place version check, a scope of one-time
 #: reads handing share_inputs back: ~90 code lines in place of three patches of Paddle's Tensor
-#: class that every thread paid for): 5537 code / 8449 physical lines measured.
+#: class that every thread paid for): 5539 code / 8450 physical lines measured.
 MAX_RUNTIME_CODE_LINES = 5540
 #: and a ceiling on the physical lines, docs included
 MAX_RUNTIME_LINES = 8450
