@@ -2,14 +2,15 @@
 
 FastDeploy 2.4 writes its step state from the host at task insertion
 (``share_inputs["seq_lens_encoder"][idx : idx + 1] = length`` ...) and reads some of it back on the
-host (``if share_inputs["is_block_step"][idx]:``, ``bad_tokens_len.numpy()``). To keep a host copy
-of that state without reproducing FastDeploy's insert logic, the plugin watches the tensors
-themselves: Paddle's ``Tensor.__setitem__``, ``__getitem__`` and ``numpy`` are declared patches of
-the feature (``PATCHES``: applied and reverted with it, listed by ``status()``'s feature and by the
-one-wrapper-per-attribute test), and their links do nothing but call Paddle's own method unless the
-calling thread is inside ``watching(...)`` and the tensor is one of its watched tensors (by
-identity). Another thread - FastDeploy's output thread, a ZMQ thread - always gets Paddle's own
-behaviour, even during an insert; nothing is replaced class-wide around a FastDeploy call.
+host (``if share_inputs["is_block_step"][idx]:``, ``bad_tokens_len.numpy()``). The plugin watches
+those tensors where FastDeploy reaches them: for one FastDeploy call (an insert, ``_prepare_inputs``)
+``watching(handlers, runner=...)`` makes ``runner.share_inputs`` a ``ScopedInputs`` view (and
+``runner.seq_lens_this_time_buffer`` a stand-in) whose item access hands back a ``StandIn`` for a
+watched tensor, on the calling thread only, while the call runs: its ``__setitem__``,
+``__getitem__`` and ``numpy`` go to the tensor's handler first, everything else is the tensor's.
+Paddle's tensor class is never touched. A write the watch did not see (an earlier reference, a
+view, another thread) moves the tensor's in-place version counter: checked before each answer and
+at the end, it loses the handler's shadow (reloaded, counted) rather than leaving it stale.
 """
 
 from __future__ import annotations
@@ -22,65 +23,192 @@ import paddle
 
 from fd_async_copy_plugin.registry.patch import Patch, Target, wraps
 
+_ident = threading.get_ident
 
-class _Scope(threading.local):
-    active: dict | None = None  # id(tensor) -> Watched, while this thread is inside watching()
-
-
-_scope = _Scope()
+#: runner attributes that alias a share_inputs tensor FastDeploy writes inside the watched calls
+RUNNER_ALIASES = ("seq_lens_this_time_buffer",)
+#: objects FastDeploy builds in a watched call that keep its share_inputs (re-pointed at the end)
+HOLDERS = ("sampling_metadata", "forward_meta")
 
 
 class Watched:
     """Handler of one watched tensor: ``setitem(original, key, value)``, ``getitem(original, key)``
-    and ``numpy(original)`` answer for Paddle's method (``setitem`` answers None once it made the
-    write itself), or return ``NotImplemented`` to let Paddle's own method run."""
+    and ``numpy(original)`` answer for Paddle's method (``setitem``: None once it wrote), or return
+    ``NotImplemented`` for Paddle's own. ``unseen()``: the tensor was written past the watch.
+    ``once``: a read-only handler read once per call; when all of a scope's are and have been read,
+    the runner gets its ``share_inputs`` back for the rest of the call."""
+
+    once = False
 
     def __init__(self, tensor) -> None:
         self.tensor = tensor
+        self.version = 0  # the tensor's in-place version the watch last saw
 
     def setitem(self, original, *args):
         return NotImplemented
 
     getitem = numpy = setitem
 
-
-def _build(method: str):
-    """The link of Paddle's tensor method: the calling thread's handler of that tensor first."""
-
-    def build(original, ctx):
-        @wraps(original)
-        def link(self, *args, **kwargs):
-            active = _scope.active
-            handler = active.get(id(self)) if active and not kwargs else None
-            if handler is not None and handler.tensor is self and not (args and method == "numpy"):
-                result = getattr(handler, method)(original, *args)
-                if result is not NotImplemented:
-                    return result
-            return original(self, *args, **kwargs)
-
-        return link
-
-    return build
+    def unseen(self) -> None:
+        """The tensor was written where the watch did not see it."""
 
 
-#: the feature's patches of Paddle's tensor methods (their links pass through outside ``watching``)
-PATCHES = tuple(Patch(Target("paddle", f"Tensor.{name}", absolute=True), _build(method))
-                for name, method in (("__setitem__", "setitem"), ("__getitem__", "getitem"), ("numpy", "numpy")))
+def _real(value):
+    return value.tensor if type(value) is StandIn else value
 
 
-@contextlib.contextmanager
-def watching(handlers):
-    """Watch ``handlers`` (``Watched`` objects) on this thread for the duration of the block."""
-    previous = _scope.active
-    active = dict(previous or {})
-    for h in handlers:
-        if h is not None and h.tensor is not None:
-            active[id(h.tensor)] = h
-    _scope.active = active
-    try:
-        yield
-    finally:
-        _scope.active = previous
+class StandIn:
+    """A watched tensor as FastDeploy's watched call gets it from ``share_inputs``: its handler
+    answers ``__setitem__``, ``__getitem__`` and ``numpy()``; everything else is the tensor's. It is
+    not a ``paddle.Tensor``: it is handed out only for the tensors whose watched calls use nothing
+    else on them (``share_inputs[k] = stand_in`` stores the tensor)."""
+
+    __slots__ = ("tensor", "handler", "scope")
+
+    def __init__(self, tensor, handler: Watched, scope: "watching") -> None:
+        self.tensor, self.handler, self.scope = tensor, handler, scope
+
+    def _handler(self):
+        """The handler when this thread's scope is open (its version checked first), else None."""
+        scope, h = self.scope, self.handler
+        if not scope.open or _ident() != scope.owner:
+            return None
+        if self.tensor._inplace_version() != h.version:
+            h.unseen()
+        return h
+
+    def __setitem__(self, key, value):
+        if type(value) is StandIn:
+            value = value.tensor
+        t, h, scope = self.tensor, self.handler, self.scope
+        if not scope.open or _ident() != scope.owner:
+            t[key] = value
+            return
+        if t._inplace_version() != h.version:
+            h.unseen()
+        if h.setitem(type(t).__setitem__, key, value) is NotImplemented:
+            t[key] = value
+        h.version = t._inplace_version()
+
+    def _read(self, method: str, paddles: str, *args):
+        """The handler's answer to a read (``NotImplemented``: Paddle's own read)."""
+        h = self._handler()
+        if h is None:
+            return NotImplemented
+        result = getattr(h, method)(getattr(type(self.tensor), paddles), *args)
+        if self.scope.pending is not None:
+            self.scope.read(self.tensor)
+        return result
+
+    def __getitem__(self, key):
+        result = self._read("getitem", "__getitem__", _real(key))
+        return self.tensor[_real(key)] if result is NotImplemented else result
+
+    def numpy(self, *args, **kwargs):
+        result = NotImplemented if args or kwargs else self._read("numpy", "numpy")
+        return self.tensor.numpy(*args, **kwargs) if result is NotImplemented else result
+
+    def __getattr__(self, name):
+        return getattr(self.tensor, name)
+
+
+class ScopedInputs:
+    """FastDeploy's ``share_inputs`` (a dict on 2.4, an ``InputBatch`` on 2.5) during a watched
+    call: item access hands back a watched tensor's ``StandIn`` (on the call's thread, while it
+    runs); writes store real tensors; attributes and everything else are the real object's. Once
+    the call returned (or on another thread) it is the real object in all but identity."""
+
+    __slots__ = ("_real_", "_stand_ins_")
+
+    def __init__(self, real, stand_ins: dict) -> None:
+        object.__setattr__(self, "_real_", real)
+        object.__setattr__(self, "_stand_ins_", stand_ins)  # id(tensor) -> StandIn
+
+    def __getitem__(self, key):
+        value = self._real_[key]
+        out = self._stand_ins_.get(id(value))
+        if out is not None and out.tensor is value and out.scope.open and _ident() == out.scope.owner:
+            return out
+        return value
+
+    def __setitem__(self, key, value):
+        self._real_[key] = _real(value)
+
+    def __contains__(self, key):
+        return key in self._real_
+
+    def __iter__(self):
+        return iter(self._real_)
+
+    def __len__(self):
+        return len(self._real_)
+
+    def __getattr__(self, name):
+        return getattr(self._real_, name)
+
+    def __setattr__(self, name, value):
+        setattr(self._real_, name, _real(value))
+
+
+class watching:
+    """``with watching(handlers, runner=runner):`` watch ``handlers`` (``Watched`` objects) on this
+    thread while the block runs: ``runner.share_inputs`` (and the runner attributes in
+    ``RUNNER_ALIASES`` that hold a watched tensor) hand out stand-ins meanwhile."""
+
+    __slots__ = ("runner", "owner", "open", "stand_ins", "swapped", "pending")
+
+    def __init__(self, handlers, *, runner) -> None:
+        self.runner, self.owner, self.open = runner, _ident(), False
+        self.stand_ins = {}
+        for h in handlers:
+            if h is not None and h.tensor is not None:
+                h.version = h.tensor._inplace_version()
+                self.stand_ins[id(h.tensor)] = StandIn(h.tensor, h, self)
+        # the reads still to come when every handler reads once (None: the view stays to the end)
+        once = all(out.handler.once for out in self.stand_ins.values())
+        self.pending = set(self.stand_ins) if once and self.stand_ins else None
+
+    def __enter__(self):
+        runner, stand_ins = self.runner, self.stand_ins
+        real = runner.share_inputs
+        self.swapped = [("share_inputs", real, ScopedInputs(real, stand_ins))]
+        attrs = runner.__dict__
+        for name in RUNNER_ALIASES:
+            out = stand_ins.get(id(attrs.get(name)))
+            if out is not None and out.tensor is attrs[name]:
+                self.swapped.append((name, out.tensor, out))
+        for name, _, stand_in in self.swapped:
+            setattr(runner, name, stand_in)
+        self.open = True
+        return self
+
+    def read(self, tensor) -> None:
+        """A ``once`` handler's read was made: the last one gives the runner its objects back."""
+        self.pending.discard(id(tensor))
+        if not self.pending:
+            self._restore()
+
+    def _restore(self) -> None:
+        runner, attrs = self.runner, self.runner.__dict__
+        for name, value, stand_in in self.swapped:
+            if attrs.get(name) is stand_in:  # else FastDeploy re-created it during the call: FD's stays
+                setattr(runner, name, value)
+        if self.swapped:
+            _, real, view = self.swapped[0]
+            for name in HOLDERS:  # what FastDeploy built in the call keeps the real object
+                holder = attrs.get(name)
+                if holder is not None and getattr(holder, "share_inputs", None) is view:
+                    holder.share_inputs = real
+        self.swapped = []
+
+    def __exit__(self, *exc) -> None:
+        self.open = False
+        self._restore()
+        for out in self.stand_ins.values():  # a write the watch did not see, after the last it saw
+            h = out.handler
+            if out.tensor._inplace_version() != h.version:
+                h.unseen()
+                h.version = out.tensor._inplace_version()
 
 
 _BASIC = (int, np.integer, slice, type(Ellipsis))
@@ -183,6 +311,8 @@ class DeferredEvent:
 class ServedRead(Watched):
     """``numpy()`` of a pinned buffer that ``event``'s wait covers: ``answer()`` (an exact host
     value, or None), else the owed wait first and Paddle's own read."""
+
+    once = True
 
     def __init__(self, tensor, event: DeferredEvent, answer) -> None:
         super().__init__(tensor)

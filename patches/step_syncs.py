@@ -57,7 +57,7 @@ import paddle
 from fd_async_copy_plugin.registry.patch import IncompatibleError, Junction, Patch, Target
 
 from .runner import FeatureRunners, RunnerFeature, line
-from ._tensor_watch import CREATE_EVENT, PATCHES as TENSOR_WATCH, Watched, basic_key, host_value, _UNKNOWN
+from ._tensor_watch import CREATE_EVENT, Watched, basic_key, host_value, _UNKNOWN
 
 RUNNER = "worker.gpu_model_runner"
 POSTPROC = "model_executor.pre_and_post_process"
@@ -163,13 +163,12 @@ class StepSyncsFeature(RunnerFeature):
                   "_dummy_prefill_inputs", "_prepare_inputs", "exist_prefill", step=("exist_prefill",)),
         Patch(Target(POSTPROC, "get_padding_offset"), line("get_padding_offset"), check_get_padding_offset,
               profiles=FD24),
-        *(dataclasses.replace(p, profiles=FD24) for p in TENSOR_WATCH),
         *_on_line(FD25, "__init__", "_prepare_inputs", "_postprocess", "_save_model_output", "insert_tasks_v1",
                   step=("__init__",)),
         Patch(Target(POSTPROC, "update_inputs_v1"), line("update_inputs_v1"), profiles=FD25),
         *(Patch(Target(INPUT_BATCH, f"InputBatch.{n}"), line(f"input_batch_{n}"), profiles=FD25)
           for n in ("reset_share_inputs", "swap_states")),
-        *(dataclasses.replace(p, profiles=FD25) for p in (CREATE_EVENT, *TENSOR_WATCH)),
+        dataclasses.replace(CREATE_EVENT, profiles=FD25),
     )
 
     def mirrors_in(self, profile: str) -> str:

@@ -121,7 +121,7 @@ def _prepare_inputs(fd, on, self, *args, **kwargs):
     dummy = bool(kwargs.get("is_dummy_or_profile_run", args[0] if args else False))
     count = step_syncs.step_count(syncs, self, dummy)  # step_syncs: T, and S1's count
     armed = (syncs.shadow, count) if count is not None else None
-    with opened(self, count=armed), watching(syncs.shadow.prepare_watch):
+    with opened(self, count=armed), watching(syncs.shadow.prepare_watch, runner=self):
         return fd(self, *args, **kwargs)  # S1 in get_padding_offset, S2 from the shadow
 
 

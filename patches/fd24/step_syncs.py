@@ -53,6 +53,12 @@ class _Mirror24(_Mirror):
         return NotImplemented
 
 
+class _BadTokensRead(_Mirror24):
+    """``_prepare_inputs``' one read of ``bad_tokens_len`` (S2); the view goes after it."""
+
+    once = True
+
+
 class _StagedTable(Watched):
     """``block_tables``: host writes go into a pinned mirror; the rows written are copied to the
     device asynchronously when the FastDeploy call returns (``StepShadow.flush``)."""
@@ -89,6 +95,11 @@ class _StagedTable(Watched):
         shadow.dirty.update(rows)
         return None
 
+    def unseen(self) -> None:
+        self.shadow.fallback("a write to tables past the watch (an earlier reference or another thread)")
+        self.shadow.flush()
+        self.shadow.lose("tables", "a block-table write made past the watch")
+
 
 class StepShadow:
     """The host's exact copy of the step state it needs, for one runner."""
@@ -102,7 +113,7 @@ class StepShadow:
         self.tensors = {name: (runner.seq_lens_this_time_buffer if key is None else si[key])
                         for name, key in SHADOWED.items()}
         #: S2: ``bad_tokens_len.numpy()`` inside ``_prepare_inputs``, answered from the shadow
-        self.prepare_watch = [_Mirror24(self, "bad_len", self.tensors["bad_len"])]
+        self.prepare_watch = [_BadTokensRead(self, "bad_len", self.tensors["bad_len"])]
         self.arrays: dict[str, np.ndarray] = {}
         self._known: dict[str, bool] = {}
         self.fallbacks, self.served = collections.Counter(), collections.Counter()
@@ -317,7 +328,7 @@ def inserting(shadow: StepShadow, runner, site: str):
     if site != "_dummy_prefill_inputs":
         shadow.ensure_loaded()
     shadow.refresh(site)
-    with watching(shadow.handlers()):
+    with watching(shadow.handlers(), runner=runner):
         try:
             yield
         finally:

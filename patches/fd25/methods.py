@@ -31,7 +31,7 @@ def insert_tasks_v1(fd, on, self, req_dicts, *args, **kwargs):
     if shadow is None or shadow.stale():
         return fd(self, req_dicts, *args, **kwargs)
     shadow.settle("insert_tasks_v1")  # step_syncs: the last snapshot taken, FD's writes followed
-    with watching(step_syncs._watched_25(shadow)):
+    with watching(step_syncs._watched_25(shadow), runner=self):
         return fd(self, req_dicts, *args, **kwargs)
 
 
@@ -53,7 +53,7 @@ def _postprocess(fd, on, self, model_output, p_done_idxs, token_num_event, *args
     token_num_event.open()
     try:
         reads = step_syncs.postprocess_reads(shadow, self, token_num_event)
-        with opened(self, posting=True), watching(reads):
+        with opened(self, posting=True), watching(reads, runner=self):
             return fd(self, model_output, p_done_idxs, token_num_event, *args, **kwargs)
     finally:
         if token_num_event.close():

@@ -328,7 +328,7 @@ def prepare_counted(fd, syncs: RunnerSyncs, runner, args, kwargs):
 
     pinned = si["seq_lens_this_time_cpu"]
     read = ServedRead(pinned, _Owed(made), lambda: shadow.answer("this_time", "_prepare_inputs", si["seq_lens_this_time"]))
-    with deferred_events(make), watching([read]):
+    with deferred_events(make), watching([read], runner=runner):
         result = fd(runner, *args, **kwargs)
     for event in made:
         if event.close():

@@ -23,7 +23,6 @@ import pytest
 
 import fd_async_copy_plugin
 from fd_async_copy_plugin.patches import common, overlap, runner as runner_module, stop_flag, step
-from fd_async_copy_plugin.patches._tensor_watch import Watched, watching
 from fd_async_copy_plugin.patches.fd24 import methods as fd24_methods, step_syncs as fd24_syncs
 from fd_async_copy_plugin.patches.fd25 import methods as fd25_methods, step_syncs as fd25_syncs
 from fd_async_copy_plugin.registry import hookspecs
@@ -325,64 +324,6 @@ def test_feature_modules_keep_no_state_on_the_runner_but_through_runner_state():
             if "_fdac_" in path.read_text():
                 hits.append(str(path.relative_to(CHECKOUT)))
     assert hits == ["patches/runner.py"], hits
-
-
-# -- scoped tensor watching ----------------------------------------------------------------------------
-
-
-class _Recorder(Watched):
-    def __init__(self, tensor) -> None:
-        super().__init__(tensor)
-        self.calls = []
-
-    def setitem(self, original, key, value):
-        self.calls.append(("setitem", threading.get_ident()))
-        return NotImplemented
-
-    def numpy(self, original):
-        self.calls.append(("numpy", threading.get_ident()))
-        return np.full(self.tensor.shape, -7, dtype="int64")
-
-
-def test_another_thread_gets_paddles_own_methods_while_a_thread_watches():
-    fd_async_copy_plugin.enable(features=("stop_flag", "step_syncs"), backend="host", root=ROOTS["fd24"])
-    __import__(f"{ROOTS['fd24']}.worker.gpu_model_runner")
-    assert fd_async_copy_plugin.status()["features"]["step_syncs"]["state"] in ("applied", "partial")
-    tensor = paddle.to_tensor(np.arange(4, dtype="int64"))
-    recorder = _Recorder(tensor)
-    before = {name: paddle.Tensor.__dict__[name] for name in ("__setitem__", "__getitem__", "numpy")}
-    inside, other = threading.Event(), {}
-
-    def second_thread():
-        inside.wait(10)
-        tensor[1] = 41
-        other["numpy"] = tensor.numpy().tolist()
-
-    worker = threading.Thread(target=second_thread)
-    worker.start()
-    with watching([recorder]):
-        assert {n: paddle.Tensor.__dict__[n] for n in before} == before  # nothing replaced around the call
-        inside.set()
-        worker.join(10)
-        watched = tensor.numpy().tolist()
-    assert not worker.is_alive()
-    assert other["numpy"] == [0, 41, 2, 3]  # Paddle's own numpy and __setitem__ on the other thread
-    assert watched == [-7] * 4  # this thread's call went to the handler
-    assert recorder.calls == [("numpy", threading.get_ident())]
-    assert tensor.numpy().tolist() == [0, 41, 2, 3]
-
-
-def test_paddle_tensor_methods_are_replaced_only_by_declared_patches():
-    names = [n for n, v in vars(paddle.Tensor).items() if callable(v)]
-    before = {n: vars(paddle.Tensor)[n] for n in names}
-    fd_async_copy_plugin.enable(features=ALL, backend="host", root=ROOTS["fd24"])
-    __import__(f"{ROOTS['fd24']}.worker.gpu_model_runner")
-    declared = {p.target.attr.split(".", 1)[1] for f in _features().values() for p in f.patches
-                if p.target.absolute and p.target.attr.startswith("Tensor.")}
-    changed = {n for n in names if vars(paddle.Tensor).get(n) is not before[n]}
-    assert changed == declared == {"__setitem__", "__getitem__", "numpy"}
-    fd_async_copy_plugin.disable()
-    assert all(vars(paddle.Tensor)[n] is before[n] for n in names)
 
 
 @pytest.mark.parametrize("check_first", [True, False], ids=["check, then enable", "enable, then check"])

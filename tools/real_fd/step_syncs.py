@@ -1,7 +1,7 @@
 """Section ``step_syncs``: the FastDeploy 2.4 code shapes that ``patches/step_syncs.py`` relies on (issue 11).
 
-The feature keeps a host shadow of six step tensors by watching ``Tensor.__setitem__`` during three
-runner calls, answers two host reads from the shadow, hands ``get_padding_offset`` a host token count
+The feature keeps a host shadow of six step tensors by watching FastDeploy's ``share_inputs`` (a view
+whose stand-ins answer ``__setitem__``, ``__getitem__`` and ``numpy``) during three runner calls, answers two host reads from the shadow, hands ``get_padding_offset`` a host token count
 and moves the sampling seed to the device. Each of those is only exact if FastDeploy's code has a
 particular shape. This section reads that code by AST (it works when nothing imports) and checks it:
 

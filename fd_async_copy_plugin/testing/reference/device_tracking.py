@@ -95,8 +95,8 @@ _FUNCTION_MODULES = ("paddle.tensor", "paddle.base.dygraph.generated_tensor_meth
 
 _HERE = os.path.abspath(__file__)
 _PLACEMENT = os.path.join(os.path.dirname(_HERE), "placement.py")
-#: the step_syncs tensor watch is a dispatch layer in front of Paddle's Tensor methods: a read that
-#: passes through it belongs to its caller (its handlers' own reads are in ``patches/step_syncs.py``)
+#: the stand-ins of step_syncs' share_inputs watch dispatch to Paddle's Tensor methods: a read that
+#: passes through one belongs to its caller (its handlers' own reads are in ``patches/step_syncs.py``)
 _WATCH = importlib.util.find_spec("fd_async_copy_plugin.patches._tensor_watch")
 _PADDLE_DEVICE = os.path.join(os.path.dirname(_HERE), "paddle_device.py")  # the routed CUDA event
 _SKIPPED_FILES = {_HERE, _PLACEMENT, _PADDLE_DEVICE, os.path.abspath(functools.__file__), os.path.abspath(contextlib.__file__)}

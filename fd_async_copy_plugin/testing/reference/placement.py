@@ -115,6 +115,9 @@ def pin_memory(t: paddle.Tensor, site: str) -> paddle.Tensor:
 def copy_async(dst: paddle.Tensor, src: paddle.Tensor, site: str) -> None:
     """``dst.copy_(src, False)`` of a device tensor into a pinned buffer: a non-blocking D2H (on the
     simulator, Paddle's copy: no ordering after another stream's copy, ``framework_copy_d2h``)."""
+    # FastDeploy calls ``copy_`` on what ``share_inputs`` gave it: a watched tensor's stand-in
+    # (step_syncs, inside a watched call) forwards the method to its tensor
+    dst = dst if isinstance(dst, paddle.Tensor) else dst.tensor
     backend = replica_backend.current()
     getattr(backend, "framework_copy_d2h", backend.copy_d2h)(dst, src, site)
 
