@@ -115,11 +115,17 @@ class RuntimeBackend(CopyBackend):
 
     # -- copies ----------------------------------------------------------------------------------
     def copy_d2h_many(self, copies, label):
+        """Issue the non-blocking D2H copies ``(dst, src, copy_label)`` as one copy set with its own
+        event (``label``; None: the first copy's label), returned and kept by each destination:
+        every copy checked before the first is issued, the set issued under one lock acquisition."""
         dsts, names = [dst for dst, _, _ in copies], [name for _, _, name in copies]
         facts = self._sources([src for _, src, _ in copies])
         return self._issue(dsts, names, facts, names[0] if label is None else label)
 
     def fill(self, ring, writer, sources, labels, label, reserve=None):
+        """One step's copies into ``ring`` (``PinnedRing.fill``, whose lock is held): a slot for
+        ``sources`` (``PinnedRing.acquire``), each source copied into its buffer as one copy set
+        with its event ``label``. Returns (the slot, the event)."""
         # The ring's lock held (``PinnedRing.fill``): each source's facts read once, for the slot's
         # choice and for its copy.
         # (``map`` over C callables: no comprehension frame per call)

@@ -65,28 +65,19 @@ class _Api(ctypes.Structure):
 
 
 class D2HBatch:
-    """``fdac_d2h_batch`` (custom_ops/copy_batch.cc): the C call that issues a copy set - its
-    capacity check, its D2H copies and its event record - in one ctypes call, through the process's
-    own ``cudaMemcpyAsync`` and ``cudaEventRecord`` (``memcpy_async``, ``event_record``: their
-    addresses) and, once ``use_batch_api`` turned it on, the copies in one ``cudaMemcpyBatchAsync``.
-    Its argument arrays are reused, under its own lock (backends sharing the runtime may issue at once)."""
+    """The C call that issues a copy set (``fdac_d2h_set_issue``, custom_ops/copy_batch.cc; each
+    set is a ``CopySet``) - its capacity check, its D2H copies and its event record - in one ctypes
+    call, through the process's own ``cudaMemcpyAsync`` and ``cudaEventRecord`` (``memcpy_async``,
+    ``event_record``: their addresses) and, once ``use_batch_api`` turned it on, the copies in one
+    ``cudaMemcpyBatchAsync``."""
 
     MAX = 16  # copies per call
 
     def __init__(self, lib, memcpy_async: int, event_record: int, fail) -> None:
-        fn = lib.fdac_d2h_batch
-        fn.argtypes = [ctypes.c_void_p, ctypes.c_int] + [ctypes.c_void_p] * 7
-        fn.restype = ctypes.c_int
         self._api = _Api(memcpy_async, event_record, None, 0)
-        self._fn, self._fail, self._api_at = fn, fail, ctypes.addressof(self._api)
+        self._fail, self._api_at = fail, ctypes.addressof(self._api)
         self._set_issue = lib.fdac_d2h_set_issue
         self._set_issue.argtypes, self._set_issue.restype = [ctypes.c_void_p] * 3, ctypes.c_int
-        self._dst, self._src = (ctypes.c_void_p * self.MAX)(), (ctypes.c_void_p * self.MAX)()
-        self._nbytes, self._capacity = (ctypes.c_size_t * self.MAX)(), (ctypes.c_size_t * self.MAX)()
-        self._failed = ctypes.c_int(-1)
-        self._arrays = tuple(ctypes.addressof(a) for a in (self._dst, self._src, self._nbytes, self._capacity))
-        self._failed_at = ctypes.addressof(self._failed)
-        self._lock = threading.Lock()
         #: ``cudaMemcpyBatchAsync`` of the runtime: (address, ABI) until ``use_batch_api`` decided
         self.batch_api: tuple[int, int] | None = None
         self.batch_api_state = "not offered (a runtime without cudaMemcpyBatchAsync: CUDA < 12.8)"
@@ -104,19 +95,6 @@ class D2HBatch:
         if not ok:
             self.batch_api = None
 
-    def issue(self, dst: list, src: list, nbytes: list, stream: int, event: int | None,
-              capacity: list | None = None) -> None:
-        """Copies ``nbytes[i]`` bytes from device address ``src[i]`` to host address ``dst[i]`` (up to
-        ``MAX``; zero bytes: skipped), then records ``event`` (None: none), all on ``stream``; first
-        checks ``nbytes[i] <= capacity[i]`` (None: the sizes themselves) and issues nothing if not."""
-        count = len(dst)
-        with self._lock:
-            self._dst[:count], self._src[:count], self._nbytes[:count] = dst, src, nbytes
-            self._capacity[:count] = nbytes if capacity is None else capacity
-            code = self._fn(self._api_at, count, *self._arrays, stream, event, self._failed_at)
-            failed = self._failed.value
-        self._raise(code, failed, count, nbytes, capacity or nbytes)
-
     def _raise(self, code: int, failed: int, count: int, nbytes, capacity) -> None:
         if code == -2:
             raise ValueError(f"fdac_d2h_batch: copy {failed} of {nbytes[failed]} bytes does not fit its destination's "
@@ -133,8 +111,9 @@ class _SetArgs(ctypes.Structure):
 
 class CopySet:
     """A copy set described once for the C call (``fdac_d2h_set_issue``): its destinations and
-    their capacities fixed; ``issue`` writes the sources (and the sizes, when they changed) into
-    its own arrays and passes three arguments. Its owner serialises the calls (the backend lock)."""
+    their capacities fixed (up to ``D2HBatch.MAX``); ``issue`` writes the sources (and the sizes,
+    when they changed) into its own arrays and passes three arguments. Its owner serialises the
+    calls (the backend lock)."""
 
     __slots__ = ("count", "_dst", "_src", "_nbytes", "_capacity", "_args", "_at", "_batch")
 
@@ -148,7 +127,9 @@ class CopySet:
 
     def issue(self, src: list, nbytes: list | None, stream: int, event: int | None) -> None:
         """Sets the sources ``src`` and, unless None (as the last call's), the sizes ``nbytes``, then
-        issues the set on ``stream`` and records ``event`` there."""
+        issues the set on ``stream`` and records ``event`` there (None: none): ``nbytes[i]`` bytes
+        from device address ``src[i]`` to the host address ``dst[i]`` (zero bytes: skipped). First
+        checks every size against its capacity and issues nothing if one does not fit."""
         self._src[:] = src
         if nbytes is not None:
             self._nbytes[:] = nbytes

@@ -37,6 +37,7 @@ import time
 
 import numpy as np
 
+from .cudart import CopySet
 from .glue import composed_facts
 
 _N = 256  # elements per probe tensor
@@ -295,7 +296,7 @@ def _check_batch_api(device, glue, rt, ops, kernels):
                 pinned.fill(0xAB)
                 # the parts land in reverse order in the buffer: a batch that ignored a copy's address would show
                 dsts = [pinned.ptr + _PATTERN.nbytes - 8 * b for b in parts[1:]]
-                batch.issue(dsts, [address + 8 * a for a in parts[:-1]], sizes, stream, event)
+                CopySet(batch, dsts, sizes).issue([address + 8 * a for a in parts[:-1]], sizes, stream, event)
                 rt.event_synchronize(event)
                 got = pinned.values()
         finally:
