@@ -6,7 +6,7 @@ it is imported only when asked for, never by ``enable()`` with a real backend.
 
 from __future__ import annotations
 
-from ..config import API_BACKENDS as BACKENDS  # the one list of backend names
+from ..config import BACKENDS  # the one list of backend names
 from .backend import (
     AsyncCopyError,
     BufferInUseError,

@@ -248,15 +248,11 @@ class CopyBackend:
     #: GPU work it covers). Test runs bound it (``fd_async_copy_plugin.testing.watchdog``).
     wait_timeout: float | None = None
 
-    def __init__(self, glue=None, rt=None) -> None:
+    def __init__(self, glue, rt) -> None:
         if glue is None:
             from .glue import paddle_glue
 
             glue = paddle_glue()
-        if rt is None:
-            from .cudart import HostRuntime
-
-            rt = HostRuntime()
         self.glue = glue  # tensor accessors (runtime/glue.py): the only framework-specific part
         self.rt = rt  # the CUDA layer (runtime/cudart.py), or its host-memory stand-in
         self._lock = threading.RLock()

@@ -27,7 +27,7 @@ CUDART_ENV = "FD_ASYNC_COPY_CUDART"
 SONAMES = ("libcudart.so.13", "libcudart.so.12", "libcudart.so")
 
 # driver_types.h
-_MEMCPY_HOST_TO_HOST, _MEMCPY_HOST_TO_DEVICE, _MEMCPY_DEVICE_TO_HOST = 0, 1, 2
+_MEMCPY_HOST_TO_DEVICE, _MEMCPY_DEVICE_TO_HOST = 1, 2
 HOST_ALLOC_PORTABLE = 0x01
 EVENT_BLOCKING_SYNC = 0x01
 EVENT_DISABLE_TIMING = 0x02
@@ -189,7 +189,6 @@ class CudaRuntime:
             "cudaHostAlloc": [ctypes.POINTER(P), S, ctypes.c_uint],
             "cudaFreeHost": [P],
             "cudaMemcpyAsync": [P, P, S, I, P],
-            "cudaMemcpy": [P, P, S, I],
             "cudaEventCreateWithFlags": [ctypes.POINTER(P), ctypes.c_uint],
             "cudaEventRecord": [P, P],
             "cudaEventQuery": [P],
@@ -346,17 +345,8 @@ class HostRuntime:
         self.allocations = 0
         self.frees = 0
 
-    def device_count(self) -> int:
-        return 0
-
     def get_device(self) -> int:
         return 0
-
-    def set_device(self, device: int) -> None:
-        return None
-
-    def versions(self) -> dict:
-        return {"runtime": 0, "driver": 0, "library": self.origin}
 
     def pointer_info(self, ptr: int) -> tuple[str, int]:
         return "host", -1

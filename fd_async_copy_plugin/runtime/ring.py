@@ -125,10 +125,7 @@ class PinnedRing:
     def _select(self) -> PinnedSlot | None:
         """The reuse policy: the next free slot of the initial ones in ring order, else the first
         free added slot (so added slots go idle once the consumer caught up), or None."""
-        slots = self.slots
-        if len(slots) == self.base_slots and self.is_free(slots[self._next]):
-            return slots[self._next]  # the common step: the next slot in ring order is free
-        base = min(self.base_slots, len(slots))
+        base = min(self.base_slots, len(self.slots))
         for offset in range(base):
             candidate = self.slots[(self._next + offset) % base]
             if self.is_free(candidate):
