@@ -183,8 +183,8 @@ class CopySetState:
     """A copy set - a ring slot's buffers, a decode step's outputs - described once: its
     destinations' facts (``facts``), the C call's descriptor of them (``c``: ``cudart.CopySet``, None
     where copies go one runtime call each), ``sizes_at``, the backend's reshape count when ``c``'s
-    sizes were written; and its last issue: its own ``event``, the copies' ``names``, its ``stream``
-    (-1: several). Each destination it wrote names it (``_Pinned.set``): a reader finds its event there.
+    sizes were written; and its last issue: its own ``event``, the copies' ``names``, its
+    ``stream``. Each destination it wrote names it (``_Pinned.set``): a reader finds its event there.
     ``whole``: every destination still names it and no H2D copy read one since (cleared by the copy
     that changed that): its next issue on the same stream needs no ordering check."""
 

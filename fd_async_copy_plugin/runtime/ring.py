@@ -240,6 +240,11 @@ class PinnedRing:
                 return None
         return slot
 
+    def _take(self, slot: PinnedSlot) -> PinnedSlot:
+        """Hand out ``_free_next``'s slot as it is (its buffers hold the shapes asked for already)."""
+        self._acquires += 1
+        return self._hand_out(slot)
+
     def _acquire(self, writer: str, shapes: dict[str, list[int]], reserve) -> PinnedSlot:
         self._acquires += 1
         slot = self._free_next()
