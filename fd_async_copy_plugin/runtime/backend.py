@@ -125,23 +125,17 @@ class PinnedMemory:
     ``_track``); ``release_freed`` does the rest from plugin code.
     """
 
-    def __init__(self, rt, ptr: int, nbytes: int, backend=None) -> None:
+    def __init__(self, rt, ptr: int, nbytes: int) -> None:
         self.rt, self.ptr, self.nbytes = rt, ptr, nbytes
         self.facts: _Pinned | None = None
         self.released = False
-
-    def fences(self) -> tuple:
-        """The events of the last copies into and out of this memory (None where there was none)."""
-        facts = self.facts
-        if facts is None:
-            return ()
-        return (None if facts.set is None else facts.set.event), facts.h2d_event
 
     def release(self) -> None:
         if self.released:
             return
         self.released = True
-        for event in self.fences():
+        facts = self.facts  # the events of the last copies into and out of this memory
+        for event in () if facts is None else (facts.set and facts.set.event, facts.h2d_event):
             if event is not None and not event.done:
                 for handle in event.native:  # (an event needs no current device to be waited on)
                     self.rt.event_synchronize(handle)  # GIL released: other threads keep running
