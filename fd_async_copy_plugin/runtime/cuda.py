@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 from functools import partial
+from math import prod
 from operator import itemgetter
 
 from . import census
@@ -130,9 +131,9 @@ class RuntimeBackend(CopyBackend):
         # choice and for its copy.
         # (``map`` over C callables: no comprehension frame per call)
         facts, names = self._sources(sources.values()), list(map(labels.__getitem__, sources))
-        slot = ring._free_next()  # the common step: the next slot, its buffers already of these shapes
+        slot = ring._free_next()  # the common step: the next slot, its buffers large enough
         event = None if slot is None else self._issue(list(map(slot.buffers.__getitem__, sources)), names, facts,
-                                                      label, refit=False)
+                                                      label, grow=False)
         if event is not None:
             return ring._take(slot), event
         slot = ring._acquire(writer, dict(zip(sources, map(_shape, facts))), reserve)
@@ -157,7 +158,7 @@ class RuntimeBackend(CopyBackend):
         copied on.)"""
         return self.glue.stream(device) if device is not None else self.rt.host_stream()
 
-    def _issue(self, dsts, names, sources: list, label: str, refit: bool = True) -> CopyEvent | None:
+    def _issue(self, dsts, names, sources: list, label: str, grow: bool = True) -> CopyEvent | None:
         """The one function that issues D2H copies: copy each source (its ``_sources`` facts) into
         its destination as one copy set with its own event ``label``; each destination names the set
         (``_Pinned.set``) and a reader waits on the set's event.
@@ -172,8 +173,9 @@ class RuntimeBackend(CopyBackend):
         unordered copies into one buffer may land in either order. Sources on several GPUs (rare)
         are issued as one copy set per GPU, the event returned covering them all.
 
-        ``refit=False``: a destination that would need fitting makes it return None, having issued
-        nothing (``fill``'s common step: the ring then chooses and fits a slot)."""
+        ``grow=False``: a destination too small for its source (or not a pinned buffer) makes it
+        return None, having issued nothing (``fill``'s common step: the ring then chooses, grows and
+        fits a slot)."""
         pinned, glue = self._pinned, self.glue
         address, shape_of, fitted, srcs = glue.address, glue.shape, [], []
         device = sources[0][0] if sources else -2
@@ -182,7 +184,8 @@ class RuntimeBackend(CopyBackend):
             shape = source[2]
             if (facts is None or facts.buf() is not dst or shape != facts.shape or source[3] != facts.dtype
                     or address(dst) != facts.ptr or shape_of(dst) != shape):
-                if not refit:
+                if not grow and (facts is None or facts.buf() is not dst or (prod(shape) if shape else 1)
+                                 * facts.flat.itemsize > facts.memory().nbytes):
                     return None
                 facts = self._fit(dst, shape, source[3])  # (the buffer as the backend left it: nothing to fit)
             fitted.append(facts)

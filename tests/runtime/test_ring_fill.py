@@ -60,6 +60,7 @@ def test_the_simulator_catches_a_reuse_policy_bug_through_fill():
     slot, event = ring.fill("w", _sources(), LABELS, "s")
     held = slot.buffers["ids"]
     ring._select = lambda: slot  # the bug: the referenced slot is chosen again
+    ring._free_next = lambda: None  # (the common step declines: the policy chooses)
     with pytest.raises(BufferInUseError, match="still referenced"):
         ring.fill("w", _sources(step=2), LABELS, "s")
     del held
