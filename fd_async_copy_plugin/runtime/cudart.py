@@ -220,12 +220,7 @@ class CudaRuntime:
         self._error_string.argtypes, self._error_string.restype = [I], ctypes.c_char_p
 
     name = "cuda"
-    batch: D2HBatch | None = None
-
-    def host_stream(self) -> int:
-        """Copies from host memory have no stream of their own here (``cuda`` copies from GPUs)."""
-        return 0
-  # the custom ops' fdac_d2h_batch, once ``use_batch`` found it
+    batch: D2HBatch | None = None  # the custom ops' C call, once ``use_batch`` found it
 
     def use_batch(self, lib: ctypes.CDLL) -> None:
         """Issue batches of copies through ``lib``'s ``fdac_d2h_batch`` (the custom-ops module), offering
