@@ -329,7 +329,8 @@ class CudaBackend(RuntimeBackend):
         if glue is None:
             ok, why = cuda_available()
             if not ok:
-                raise RuntimeError(f"backend 'cuda' is unavailable: {why}")
+                raise RuntimeError(f"backend 'cuda' needs CUDA: {why}. Use FD_ASYNC_COPY_BACKEND=host to run the "
+                                   "patched code with synchronous copies")
         if rt is None:
             from .cudart import runtime
 
