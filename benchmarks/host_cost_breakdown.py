@@ -432,8 +432,14 @@ def make_variants(backend, out, is_cuda: bool, batched=None, looped=None):
 
         floor = {"floor: 3 ctypes cudaMemcpyAsync + 1 cudaEventRecord": (floor_produce, floor_consume, floor_cleanup)}
         if batched is not None:  # the same calls from C: one ctypes call (fdac_d2h_batch)
-            issue = batched.rt.batch.issue
             copies = ([floor_bufs[f] for f in DTYPES], [glue.address(out[f]) for f in DTYPES], [nbytes[f] for f in DTYPES])
+
+            def one_set(rt):  # the C call on one copy set of these buffers, its sizes written once
+                copy_set = _cudart.CopySet(rt.batch, copies[0], copies[2])
+                copy_set._nbytes[:] = copies[2]
+                return lambda dst, src, sizes, stream, event: copy_set.issue(src, None, stream, event)
+
+            issue = one_set(batched.rt)
 
             def batch_produce(state):
                 i = state["i"] = state.get("i", 0) ^ 1
@@ -443,7 +449,7 @@ def make_variants(backend, out, is_cuda: bool, batched=None, looped=None):
             floor["floor: fdac_d2h_batch (3 copies + record, one C call)"] = (batch_produce, floor_consume,
                                                                             floor_cleanup)
         if looped is not None:  # the same C call with the batch call off: a cudaMemcpyAsync each
-            loop_issue = looped.rt.batch.issue
+            loop_issue = one_set(looped.rt)
 
             def loop_produce(state):
                 i = state["i"] = state.get("i", 0) ^ 1

@@ -18,7 +18,6 @@ from typing import Mapping
 #: ``fd_async_copy.backends`` entry-point group (``registry.manager.backend_names``), loaded only
 #: when asked for: that is how tests and ``selftest`` select their fake CUDA runtime.
 BACKENDS = ("auto", "cuda", "host")
-API_BACKENDS = BACKENDS  # the name ``runtime`` imports
 
 ENV_ENABLE = "FD_ASYNC_COPY"
 ENV_FEATURES = "FD_ASYNC_COPY_FEATURES"

@@ -126,10 +126,8 @@ def _parse_source(path: str, text: str) -> ast.Module:
         raise _Unreadable(f"cannot parse ({type(exc).__name__}: {exc})") from None
 
 
-def _class(tree: ast.Module | None, name: str) -> ast.ClassDef | None:
+def _class(tree: ast.Module, name: str) -> ast.ClassDef | None:
     """The module-level class ``name`` Python binds: its last definition."""
-    if tree is None:
-        return None
     found = None
     for node in tree.body:
         if isinstance(node, ast.ClassDef) and node.name == name:
@@ -145,9 +143,7 @@ def _methods(cls: ast.ClassDef | None) -> dict[str, ast.FunctionDef]:
     }
 
 
-def _functions(tree: ast.Module | None) -> set[str]:
-    if tree is None:
-        return set()
+def _functions(tree: ast.Module) -> set[str]:
     return {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
 
 

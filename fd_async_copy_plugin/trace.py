@@ -363,10 +363,10 @@ def wrap_event_record() -> tuple:
             t.instant(f"event record {label}", {"label": label})
         return event
 
-    def _issue(self, dsts, names, sources, label):
-        event = issue(self, dsts, names, sources, label)
+    def _issue(self, dsts, names, sources, label, grow=True):
+        event = issue(self, dsts, names, sources, label, grow)
         t = _tracer
-        if t is not None:
+        if t is not None and event is not None:  # (None: nothing issued, ``fill`` chooses a slot)
             t.instant(f"event record {label}", {"label": label})
         return event
 

@@ -7,24 +7,18 @@ from __future__ import annotations
 from fd_async_copy_plugin.runtime import PinnedRing
 from fd_async_copy_plugin.runtime.backend import CopyBackend, PinnedMemory
 from fd_async_copy_plugin.runtime.cuda import RuntimeBackend
-from fd_async_copy_plugin.runtime.cudart import CopySet, D2HBatch
+from fd_async_copy_plugin.runtime.cudart import CopySet
 
 
 def record_event_before_copies(monkeypatch) -> None:
     """The C call records the set's event first, then issues the copies: the event covers none."""
-    issue, set_issue = D2HBatch.issue, CopySet.issue
-
-    def early(self, dst, src, nbytes, stream, event, capacity=None):
-        if event is not None:
-            issue(self, [], [], [], stream, event)
-        issue(self, dst, src, nbytes, stream, None, capacity)
+    set_issue = CopySet.issue
 
     def set_early(self, src, nbytes, stream, event):
         if event is not None:
-            issue(self._batch, [], [], [], stream, event)
+            set_issue(CopySet(self._batch, [], []), [], [], stream, event)
         set_issue(self, src, nbytes, stream, None)
 
-    monkeypatch.setattr(D2HBatch, "issue", early)
     monkeypatch.setattr(CopySet, "issue", set_early)
 
 

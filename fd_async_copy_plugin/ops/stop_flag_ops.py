@@ -46,6 +46,8 @@ class StopFlagOps:
         self.path = getattr(module, "__file__", None)
         self.cuda_library = cuda_library
         self.cuda_why = cuda_why
+        # FastDeploy's update semantics on CPU tensors, its arguments as given (a pybind function)
+        self.update_inputs_host, self.get_stop = module.update_inputs_host, module.get_stop
         if cuda_library is not None:
             self.update_inputs_v1_cuda = self._update_inputs_v1_cuda
             self.update_inputs_cuda = self._update_inputs_cuda
@@ -55,9 +57,6 @@ class StopFlagOps:
         return self.cuda_library is not None
 
     # --- host-pointer flag access --------------------------------------------------------------
-
-    def get_stop(self, flag):
-        return self.module.get_stop(flag)
 
     def set_stop(self, flag, value: bool) -> None:
         self.module.set_stop(flag, bool(value))
@@ -75,15 +74,6 @@ class StopFlagOps:
             stop_flags, not_need_stop, seq_lens_this_time, seq_lens_encoder, seq_lens_decoder,
             step_seq_lens_decoder, prompt_lens, topk_ids, input_ids, block_tables, stop_nums,
             next_tokens, is_block_step, int(block_size), bool(prefill_one_step_stop),
-        )
-
-    def update_inputs_host(
-        self, stop_flags, not_need_stop, seq_lens_this_time, seq_lens_encoder, seq_lens_decoder,
-        input_ids, stop_nums, next_tokens, is_block_step,
-    ) -> None:
-        self.module.update_inputs_host(
-            stop_flags, not_need_stop, seq_lens_this_time, seq_lens_encoder, seq_lens_decoder,
-            input_ids, stop_nums, next_tokens, is_block_step,
         )
 
     # --- CUDA kernels (GPU tensors) ------------------------------------------------------------
@@ -257,13 +247,7 @@ def _rows(t) -> int:
 
 
 def _row_stride(t) -> int:
-    shape = list(t.shape)
-    if len(shape) < 2:
-        return 1
-    stride = 1
-    for dim in shape[1:]:
-        stride *= int(dim)
-    return stride
+    return prod(list(t.shape)[1:])  # (1 for a tensor of fewer than two dimensions)
 
 
 def _raise_on_status(lib: StopFlagLibrary, status: int) -> None:

@@ -6,7 +6,7 @@ it is imported only when asked for, never by ``enable()`` with a real backend.
 
 from __future__ import annotations
 
-from ..config import API_BACKENDS as BACKENDS  # the one list of backend names
+from ..config import BACKENDS  # the one list of backend names
 from .backend import (
     AsyncCopyError,
     BufferInUseError,
@@ -23,15 +23,9 @@ from .ring import PinnedRing, PinnedSlot, RingFull
 def make_backend(name: str) -> CopyBackend:
     """Build a backend by name (``auto`` resolves to ``cuda`` or raises with the reason)."""
     if name in ("auto", "cuda"):
-        from .cuda import CudaBackend, cuda_available
+        from .cuda import CudaBackend
 
-        ok, why = cuda_available()
-        if not ok:
-            raise RuntimeError(
-                f"backend {name!r} needs CUDA: {why}. Use FD_ASYNC_COPY_BACKEND=host to run the "
-                "patched code with synchronous copies"
-            )
-        return CudaBackend()
+        return CudaBackend()  # (raises saying why where CUDA is not usable)
     if name == "host":
         return HostBackend()
     if name == "sim":

@@ -17,6 +17,7 @@ the backend's (re-entrant) lock; host waits do not hold it.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import itertools
@@ -105,8 +106,6 @@ def _track(keeper, memory: "PinnedMemory") -> None:
     with _live_lock:
         _live[id(ref)] = (ref, memory)
         if not _atexit_registered:
-            import atexit
-
             atexit.register(release_freed)
             _atexit_registered = True
 
@@ -126,23 +125,17 @@ class PinnedMemory:
     ``_track``); ``release_freed`` does the rest from plugin code.
     """
 
-    def __init__(self, rt, ptr: int, nbytes: int, backend=None) -> None:
+    def __init__(self, rt, ptr: int, nbytes: int) -> None:
         self.rt, self.ptr, self.nbytes = rt, ptr, nbytes
         self.facts: _Pinned | None = None
         self.released = False
-
-    def fences(self) -> tuple:
-        """The events of the last copies into and out of this memory (None where there was none)."""
-        facts = self.facts
-        if facts is None:
-            return ()
-        return (None if facts.set is None else facts.set.event), facts.h2d_event
 
     def release(self) -> None:
         if self.released:
             return
         self.released = True
-        for event in self.fences():
+        facts = self.facts  # the events of the last copies into and out of this memory
+        for event in () if facts is None else (facts.set and facts.set.event, facts.h2d_event):
             if event is not None and not event.done:
                 for handle in event.native:  # (an event needs no current device to be waited on)
                     self.rt.event_synchronize(handle)  # GIL released: other threads keep running
@@ -184,8 +177,8 @@ class CopySetState:
     """A copy set - a ring slot's buffers, a decode step's outputs - described once: its
     destinations' facts (``facts``), the C call's descriptor of them (``c``: ``cudart.CopySet``, None
     where copies go one runtime call each), ``sizes_at``, the backend's reshape count when ``c``'s
-    sizes were written; and its last issue: its own ``event``, the copies' ``names``, its ``stream``
-    (-1: several). Each destination it wrote names it (``_Pinned.set``): a reader finds its event there.
+    sizes were written; and its last issue: its own ``event``, the copies' ``names``, its
+    ``stream``. Each destination it wrote names it (``_Pinned.set``): a reader finds its event there.
     ``whole``: every destination still names it and no H2D copy read one since (cleared by the copy
     that changed that): its next issue on the same stream needs no ordering check."""
 
@@ -238,8 +231,10 @@ def _mark_done(event: CopyEvent) -> None:
 
 
 class CopyBackend:
-    """The bookkeeping every backend shares: pinned buffers, their events, waits and host reads.
-    ``RuntimeBackend`` (runtime/cuda.py) issues the copies and records the events on a runtime."""
+    """The bookkeeping of the copy backend: pinned buffers, their events, waits and host reads.
+    ``RuntimeBackend`` (runtime/cuda.py), its one implementation, issues the copies
+    (``copy_d2h_many``, ``fill``, ``_copy_h2d``) and records the events (``_record_native``) on a
+    runtime."""
 
     name = "abstract"
     #: Seconds one host wait (on an event, or for the backend lock a wait or drain takes) may last
@@ -247,15 +242,11 @@ class CopyBackend:
     #: GPU work it covers). Test runs bound it (``fd_async_copy_plugin.testing.watchdog``).
     wait_timeout: float | None = None
 
-    def __init__(self, glue=None, rt=None) -> None:
+    def __init__(self, glue, rt) -> None:
         if glue is None:
             from .glue import paddle_glue
 
             glue = paddle_glue()
-        if rt is None:
-            from .cudart import HostRuntime
-
-            rt = HostRuntime()
         self.glue = glue  # tensor accessors (runtime/glue.py): the only framework-specific part
         self.rt = rt  # the CUDA layer (runtime/cudart.py), or its host-memory stand-in
         self._lock = threading.RLock()
@@ -328,9 +319,6 @@ class CopyBackend:
         if facts is None or facts.buf() is not dst:
             raise ValueError("copy_d2h: the destination is not a pinned buffer of this backend (new_pinned)")
         glue = self.glue
-        if (shape == facts.shape and dtype == facts.dtype and glue.address(dst) == facts.ptr
-                and glue.shape(dst) == shape and facts.memory() is not None):
-            return facts  # the buffer exactly as the backend left it (every step's case): nothing to fit
         if facts.memory() is None or glue.address(dst) != facts.ptr:
             raise AsyncCopyError(
                 "copy_d2h: the pinned buffer no longer points at its memory (a framework op such as a "
@@ -353,10 +341,6 @@ class CopyBackend:
     def is_pinned(self, t) -> bool:
         return self._facts(t) is not None
 
-    def unusable_for(self, src) -> str:
-        """Why copies of ``src`` must not go through this backend ("" when they may)."""
-        return ""
-
     def reused_while_referenced(self, message: str, buffers: dict) -> None:
         """A ring chose a slot whose ``buffers`` are still referenced (a reuse-policy bug; the ring
         adds a slot instead). The simulator raises ``BufferInUseError`` here."""
@@ -365,18 +349,6 @@ class CopyBackend:
     def copy_d2h(self, dst, src, label: str) -> CopyEvent:
         """Issue a non-blocking D2H copy of ``src`` into the pinned buffer ``dst``: a copy set of one."""
         return self.copy_d2h_many(((dst, src, label),), label)
-
-    def copy_d2h_many(self, copies, label: str | None) -> CopyEvent:
-        """Issue the non-blocking D2H copies ``(dst, src, copy_label)`` as one copy set with its own
-        event (``label``; None: the first copy's label), returned and kept by each destination:
-        every copy checked before the first is issued, the set issued under one lock acquisition."""
-        raise NotImplementedError
-
-    def fill(self, ring, writer: str, sources: dict, labels: dict, label: str, reserve=None):
-        """One step's copies into ``ring`` (``PinnedRing.fill``, whose lock is held): a slot for
-        ``sources`` (``PinnedRing.acquire``), each source copied into its buffer as one copy set
-        with its event ``label``. Returns (the slot, the event)."""
-        raise NotImplementedError
 
     def copy_h2d(self, dst_ptr: int, device: int | None, src, offset: int, nbytes: int, label: str) -> CopyEvent:
         """Issue a non-blocking H2D copy of ``nbytes`` at byte ``offset`` of the pinned buffer ``src``
@@ -539,14 +511,6 @@ class CopyBackend:
         if event is not None and not event.done:
             self.wait(event, reader)
         return self.read(t, reader, start, end)
-
-    # -- the runtime's part (``RuntimeBackend``) ------------------------------------------------
-    def _copy_h2d(self, dst_ptr: int, device, facts: _Pinned, memory: PinnedMemory, offset: int, nbytes: int,
-                  label: str) -> CopyEvent:
-        raise NotImplementedError
-
-    def _record_native(self, label: str) -> CopyEvent:
-        raise NotImplementedError
 
 
 _NP_DTYPES = {

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 from functools import partial
+from math import prod
 from operator import itemgetter
 
 from . import census
@@ -115,18 +116,28 @@ class RuntimeBackend(CopyBackend):
 
     # -- copies ----------------------------------------------------------------------------------
     def copy_d2h_many(self, copies, label):
+        """Issue the non-blocking D2H copies ``(dst, src, copy_label)`` as one copy set with its own
+        event (``label``; None: the first copy's label), returned and kept by each destination:
+        every copy checked before the first is issued, the set issued under one lock acquisition."""
         dsts, names = [dst for dst, _, _ in copies], [name for _, _, name in copies]
         facts = self._sources([src for _, src, _ in copies])
         return self._issue(dsts, names, facts, names[0] if label is None else label)
 
     def fill(self, ring, writer, sources, labels, label, reserve=None):
+        """One step's copies into ``ring`` (``PinnedRing.fill``, whose lock is held): a slot for
+        ``sources`` (``PinnedRing.acquire``), each source copied into its buffer as one copy set
+        with its event ``label``. Returns (the slot, the event)."""
         # The ring's lock held (``PinnedRing.fill``): each source's facts read once, for the slot's
         # choice and for its copy.
         # (``map`` over C callables: no comprehension frame per call)
-        facts = self._sources(sources.values())
+        facts, names = self._sources(sources.values()), list(map(labels.__getitem__, sources))
+        slot = ring._free_next()  # the common step: the next slot, its buffers large enough
+        event = None if slot is None else self._issue(list(map(slot.buffers.__getitem__, sources)), names, facts,
+                                                      label, grow=False)
+        if event is not None:
+            return ring._take(slot), event
         slot = ring._acquire(writer, dict(zip(sources, map(_shape, facts))), reserve)
-        return slot, self._issue(list(map(slot.buffers.__getitem__, sources)), list(map(labels.__getitem__, sources)),
-                                 facts, label)
+        return slot, self._issue(list(map(slot.buffers.__getitem__, sources)), names, facts, label)
 
     def _sources(self, sources) -> list[tuple]:
         """Each source's checked facts: (device, address, shape, dtype, ...) (see ``_plan_other``)."""
@@ -147,7 +158,7 @@ class RuntimeBackend(CopyBackend):
         copied on.)"""
         return self.glue.stream(device) if device is not None else self.rt.host_stream()
 
-    def _issue(self, dsts, names, sources: list, label: str) -> CopyEvent:
+    def _issue(self, dsts, names, sources: list, label: str, grow: bool = True) -> CopyEvent | None:
         """The one function that issues D2H copies: copy each source (its ``_sources`` facts) into
         its destination as one copy set with its own event ``label``; each destination names the set
         (``_Pinned.set``) and a reader waits on the set's event.
@@ -159,7 +170,12 @@ class RuntimeBackend(CopyBackend):
         a steady step passes it only the sources, the stream and the event. Without the C call
         (``HostRuntime``, a build without it) a runtime call each. A destination whose last copy went
         on another stream and is not known complete is waited on first (``_order_after``): two
-        unordered copies into one buffer may land in either order."""
+        unordered copies into one buffer may land in either order. Sources on several GPUs (rare)
+        are issued as one copy set per GPU, the event returned covering them all.
+
+        ``grow=False``: a destination too small for its source (or not a pinned buffer) makes it
+        return None, having issued nothing (``fill``'s common step: the ring then chooses, grows and
+        fits a slot)."""
         pinned, glue = self._pinned, self.glue
         address, shape_of, fitted, srcs = glue.address, glue.shape, [], []
         device = sources[0][0] if sources else -2
@@ -168,13 +184,21 @@ class RuntimeBackend(CopyBackend):
             shape = source[2]
             if (facts is None or facts.buf() is not dst or shape != facts.shape or source[3] != facts.dtype
                     or address(dst) != facts.ptr or shape_of(dst) != shape):
+                if not grow and (facts is None or facts.buf() is not dst or (prod(shape) if shape else 1)
+                                 * facts.flat.itemsize > facts.memory().nbytes):
+                    return None
                 facts = self._fit(dst, shape, source[3])  # (the buffer as the backend left it: nothing to fit)
             fitted.append(facts)
             srcs.append(source[1])
             if source[0] != device:
                 device = -2
         if device == -2:  # sources on several GPUs, or none (an event on no stream, complete)
-            return self._issue_streams(fitted, names, sources, label)
+            groups: dict = {}
+            for i, source in enumerate(sources):
+                groups.setdefault(source[0], []).append(i)
+            events = [self._issue([dsts[i] for i in group], [names[i] for i in group], [sources[i] for i in group],
+                                  label) for group in groups.values()]
+            return CopyEvent(label, sum((e.native for e in events), ()), events)
         batch = self.rt.batch
         if batch is not None and len(fitted) > batch.MAX:
             batch = None
@@ -235,39 +259,6 @@ class RuntimeBackend(CopyBackend):
             if h2d is not None and facts.h2d_stream != stream and not h2d.done:
                 self._order_after(h2d, names[i])
         return claim
-
-    def _issue_streams(self, fitted, names, sources, label) -> CopyEvent:
-        """``_issue`` for sources on several GPUs (rare): a runtime call per copy and an event handle
-        per stream, in one set's event (backend lock taken here)."""
-        with self._lock:
-            if census._ACTIVE is not None:
-                for name in names:
-                    census.record("async_d2h", name)
-            streams, groups = {}, {}  # device -> stream; stream -> indices of its copies
-            for i, source in enumerate(sources):
-                stream = streams.get(source[0])
-                if stream is None:
-                    stream = streams[source[0]] = self._stream(source[0])
-                groups.setdefault(stream, []).append(i)
-            described, handles, memcpy = CopySetState(fitted), [], self.rt.memcpy_d2h_async
-            for stream, indices in groups.items():
-                self._ordered(described, [fitted[i] for i in indices], stream, [names[i] for i in indices])
-            for (device, stream), indices in zip(streams.items(), groups.values()):
-                handles.append(self._event(stream, -1 if device is None else device))
-                for i in indices:
-                    if fitted[i].nbytes:
-                        memcpy(fitted[i].ptr, sources[i][1], fitted[i].nbytes, stream)
-                self.rt.event_record(handles[-1], stream)
-            last = self._last
-            event = CopyEvent(label, tuple(handles), [last.get(stream) for stream in groups])
-            for stream in groups:
-                last[stream] = event
-            described.event, described.names, described.stream = event, names, -1  # (-1: several streams)
-            for i, facts in enumerate(fitted):
-                if facts.set is not None:
-                    facts.set.whole = False
-                facts.set, facts.index = described, i
-            return event
 
     def _order_after(self, earlier: CopyEvent, name: str) -> None:
         """A copy into memory whose last copy went on another stream and may still run: the host
@@ -338,7 +329,8 @@ class CudaBackend(RuntimeBackend):
         if glue is None:
             ok, why = cuda_available()
             if not ok:
-                raise RuntimeError(f"backend 'cuda' is unavailable: {why}")
+                raise RuntimeError(f"backend 'cuda' needs CUDA: {why}. Use FD_ASYNC_COPY_BACKEND=host to run the "
+                                   "patched code with synchronous copies")
         if rt is None:
             from .cudart import runtime
 

@@ -27,7 +27,7 @@ CUDART_ENV = "FD_ASYNC_COPY_CUDART"
 SONAMES = ("libcudart.so.13", "libcudart.so.12", "libcudart.so")
 
 # driver_types.h
-_MEMCPY_HOST_TO_HOST, _MEMCPY_HOST_TO_DEVICE, _MEMCPY_DEVICE_TO_HOST = 0, 1, 2
+_MEMCPY_HOST_TO_DEVICE, _MEMCPY_DEVICE_TO_HOST = 1, 2
 HOST_ALLOC_PORTABLE = 0x01
 EVENT_BLOCKING_SYNC = 0x01
 EVENT_DISABLE_TIMING = 0x02
@@ -65,28 +65,19 @@ class _Api(ctypes.Structure):
 
 
 class D2HBatch:
-    """``fdac_d2h_batch`` (custom_ops/copy_batch.cc): the C call that issues a copy set - its
-    capacity check, its D2H copies and its event record - in one ctypes call, through the process's
-    own ``cudaMemcpyAsync`` and ``cudaEventRecord`` (``memcpy_async``, ``event_record``: their
-    addresses) and, once ``use_batch_api`` turned it on, the copies in one ``cudaMemcpyBatchAsync``.
-    Its argument arrays are reused, under its own lock (backends sharing the runtime may issue at once)."""
+    """The C call that issues a copy set (``fdac_d2h_set_issue``, custom_ops/copy_batch.cc; each
+    set is a ``CopySet``) - its capacity check, its D2H copies and its event record - in one ctypes
+    call, through the process's own ``cudaMemcpyAsync`` and ``cudaEventRecord`` (``memcpy_async``,
+    ``event_record``: their addresses) and, once ``use_batch_api`` turned it on, the copies in one
+    ``cudaMemcpyBatchAsync``."""
 
     MAX = 16  # copies per call
 
     def __init__(self, lib, memcpy_async: int, event_record: int, fail) -> None:
-        fn = lib.fdac_d2h_batch
-        fn.argtypes = [ctypes.c_void_p, ctypes.c_int] + [ctypes.c_void_p] * 7
-        fn.restype = ctypes.c_int
         self._api = _Api(memcpy_async, event_record, None, 0)
-        self._fn, self._fail, self._api_at = fn, fail, ctypes.addressof(self._api)
+        self._fail, self._api_at = fail, ctypes.addressof(self._api)
         self._set_issue = lib.fdac_d2h_set_issue
         self._set_issue.argtypes, self._set_issue.restype = [ctypes.c_void_p] * 3, ctypes.c_int
-        self._dst, self._src = (ctypes.c_void_p * self.MAX)(), (ctypes.c_void_p * self.MAX)()
-        self._nbytes, self._capacity = (ctypes.c_size_t * self.MAX)(), (ctypes.c_size_t * self.MAX)()
-        self._failed = ctypes.c_int(-1)
-        self._arrays = tuple(ctypes.addressof(a) for a in (self._dst, self._src, self._nbytes, self._capacity))
-        self._failed_at = ctypes.addressof(self._failed)
-        self._lock = threading.Lock()
         #: ``cudaMemcpyBatchAsync`` of the runtime: (address, ABI) until ``use_batch_api`` decided
         self.batch_api: tuple[int, int] | None = None
         self.batch_api_state = "not offered (a runtime without cudaMemcpyBatchAsync: CUDA < 12.8)"
@@ -104,19 +95,6 @@ class D2HBatch:
         if not ok:
             self.batch_api = None
 
-    def issue(self, dst: list, src: list, nbytes: list, stream: int, event: int | None,
-              capacity: list | None = None) -> None:
-        """Copies ``nbytes[i]`` bytes from device address ``src[i]`` to host address ``dst[i]`` (up to
-        ``MAX``; zero bytes: skipped), then records ``event`` (None: none), all on ``stream``; first
-        checks ``nbytes[i] <= capacity[i]`` (None: the sizes themselves) and issues nothing if not."""
-        count = len(dst)
-        with self._lock:
-            self._dst[:count], self._src[:count], self._nbytes[:count] = dst, src, nbytes
-            self._capacity[:count] = nbytes if capacity is None else capacity
-            code = self._fn(self._api_at, count, *self._arrays, stream, event, self._failed_at)
-            failed = self._failed.value
-        self._raise(code, failed, count, nbytes, capacity or nbytes)
-
     def _raise(self, code: int, failed: int, count: int, nbytes, capacity) -> None:
         if code == -2:
             raise ValueError(f"fdac_d2h_batch: copy {failed} of {nbytes[failed]} bytes does not fit its destination's "
@@ -133,8 +111,9 @@ class _SetArgs(ctypes.Structure):
 
 class CopySet:
     """A copy set described once for the C call (``fdac_d2h_set_issue``): its destinations and
-    their capacities fixed; ``issue`` writes the sources (and the sizes, when they changed) into
-    its own arrays and passes three arguments. Its owner serialises the calls (the backend lock)."""
+    their capacities fixed (up to ``D2HBatch.MAX``); ``issue`` writes the sources (and the sizes,
+    when they changed) into its own arrays and passes three arguments. Its owner serialises the
+    calls (the backend lock)."""
 
     __slots__ = ("count", "_dst", "_src", "_nbytes", "_capacity", "_args", "_at", "_batch")
 
@@ -148,7 +127,9 @@ class CopySet:
 
     def issue(self, src: list, nbytes: list | None, stream: int, event: int | None) -> None:
         """Sets the sources ``src`` and, unless None (as the last call's), the sizes ``nbytes``, then
-        issues the set on ``stream`` and records ``event`` there."""
+        issues the set on ``stream`` and records ``event`` there (None: none): ``nbytes[i]`` bytes
+        from device address ``src[i]`` to the host address ``dst[i]`` (zero bytes: skipped). First
+        checks every size against its capacity and issues nothing if one does not fit."""
         self._src[:] = src
         if nbytes is not None:
             self._nbytes[:] = nbytes
@@ -208,7 +189,6 @@ class CudaRuntime:
             "cudaHostAlloc": [ctypes.POINTER(P), S, ctypes.c_uint],
             "cudaFreeHost": [P],
             "cudaMemcpyAsync": [P, P, S, I, P],
-            "cudaMemcpy": [P, P, S, I],
             "cudaEventCreateWithFlags": [ctypes.POINTER(P), ctypes.c_uint],
             "cudaEventRecord": [P, P],
             "cudaEventQuery": [P],
@@ -240,12 +220,7 @@ class CudaRuntime:
         self._error_string.argtypes, self._error_string.restype = [I], ctypes.c_char_p
 
     name = "cuda"
-    batch: D2HBatch | None = None
-
-    def host_stream(self) -> int:
-        """Copies from host memory have no stream of their own here (``cuda`` copies from GPUs)."""
-        return 0
-  # the custom ops' fdac_d2h_batch, once ``use_batch`` found it
+    batch: D2HBatch | None = None  # the custom ops' C call, once ``use_batch`` found it
 
     def use_batch(self, lib: ctypes.CDLL) -> None:
         """Issue batches of copies through ``lib``'s ``fdac_d2h_batch`` (the custom-ops module), offering
@@ -365,17 +340,8 @@ class HostRuntime:
         self.allocations = 0
         self.frees = 0
 
-    def device_count(self) -> int:
-        return 0
-
     def get_device(self) -> int:
         return 0
-
-    def set_device(self, device: int) -> None:
-        return None
-
-    def versions(self) -> dict:
-        return {"runtime": 0, "driver": 0, "library": self.origin}
 
     def pointer_info(self, ptr: int) -> tuple[str, int]:
         return "host", -1

@@ -37,6 +37,7 @@ import time
 
 import numpy as np
 
+from .cudart import CopySet
 from .glue import composed_facts
 
 _N = 256  # elements per probe tensor
@@ -158,6 +159,15 @@ def _copy_and_wait(rt, dst: int, src: int, nbytes: int, stream: int) -> None:
         rt.event_destroy(event)
 
 
+def _pattern_copied(rt, src: int, stream: int) -> np.ndarray:
+    """``_PATTERN.nbytes`` bytes at device address ``src`` copied by the layer into poisoned pinned
+    memory on ``stream`` and waited for, as int64 values."""
+    with _Pinned(rt, _PATTERN.nbytes) as pinned:
+        pinned.fill(0xAB)
+        _copy_and_wait(rt, pinned.ptr, src, _PATTERN.nbytes, stream)
+        return pinned.values()
+
+
 def _check_current_device(device, glue, rt, ops, kernels):
     paddle_device, cuda_device = glue.current_device(), rt.get_device()
     ok = paddle_device == cuda_device == device
@@ -185,10 +195,7 @@ def _check_data_ptr(device, glue, rt, ops, kernels):
     expected = "device" if rt.name == "cuda" else "host"
     if kind != expected or (expected == "device" and where != device):
         return False, f"data_ptr() {address:#x} is {kind} memory on device {where}, expected {expected} memory on gpu:{device}"
-    with _Pinned(rt, _PATTERN.nbytes) as pinned:
-        pinned.fill(0xAB)
-        _copy_and_wait(rt, pinned.ptr, address, _PATTERN.nbytes, glue.stream(device))
-        got = pinned.values()
+    got = _pattern_copied(rt, address, glue.stream(device))
     same = bool(np.array_equal(got, _PATTERN))
     return same, f"data_ptr() {address:#x} ({kind} memory): copying {_PATTERN.nbytes} bytes from it gives the tensor's values: {same}"
 
@@ -205,10 +212,7 @@ def _check_contiguous(device, glue, rt, ops, kernels):
         return False, disagree
     if not glue.is_contiguous(view):
         return True, "a fresh tensor reports contiguous, its transposed view not (never copied by address)"
-    with _Pinned(rt, _PATTERN.nbytes) as pinned:  # reported contiguous: it must be dense at its address
-        pinned.fill(0xAB)
-        _copy_and_wait(rt, pinned.ptr, glue.address(view), _PATTERN.nbytes, glue.stream(device))
-        got = pinned.values().reshape(16, 16)
+    got = _pattern_copied(rt, glue.address(view), glue.stream(device)).reshape(16, 16)  # dense at its address?
     dense = bool(np.array_equal(got, square.T))
     return dense, f"a transposed tensor reports contiguous; copying it by address gives its values: {dense}"
 
@@ -218,10 +222,7 @@ def _check_stream_order(device, glue, rt, ops, kernels):
     ops.synchronize(device)
     ops.busy(device)
     ops.fill(t, 7)  # queued behind the busy work on the framework's current stream
-    with _Pinned(rt, _PATTERN.nbytes) as pinned:
-        pinned.fill(0xAB)
-        _copy_and_wait(rt, pinned.ptr, glue.address(t), _PATTERN.nbytes, glue.stream(device))
-        got = pinned.values()
+    got = _pattern_copied(rt, glue.address(t), glue.stream(device))
     ops.synchronize(device)
     ok = bool((got == 7).all())
     return ok, f"a copy on the reported stream after a framework op sees that op's result: {ok} (first values {got[:4].tolist()})"
@@ -295,7 +296,7 @@ def _check_batch_api(device, glue, rt, ops, kernels):
                 pinned.fill(0xAB)
                 # the parts land in reverse order in the buffer: a batch that ignored a copy's address would show
                 dsts = [pinned.ptr + _PATTERN.nbytes - 8 * b for b in parts[1:]]
-                batch.issue(dsts, [address + 8 * a for a in parts[:-1]], sizes, stream, event)
+                CopySet(batch, dsts, sizes).issue([address + 8 * a for a in parts[:-1]], sizes, stream, event)
                 rt.event_synchronize(event)
                 got = pinned.values()
         finally:

@@ -125,10 +125,7 @@ class PinnedRing:
     def _select(self) -> PinnedSlot | None:
         """The reuse policy: the next free slot of the initial ones in ring order, else the first
         free added slot (so added slots go idle once the consumer caught up), or None."""
-        slots = self.slots
-        if len(slots) == self.base_slots and self.is_free(slots[self._next]):
-            return slots[self._next]  # the common step: the next slot in ring order is free
-        base = min(self.base_slots, len(slots))
+        base = min(self.base_slots, len(self.slots))
         for offset in range(base):
             candidate = self.slots[(self._next + offset) % base]
             if self.is_free(candidate):
@@ -170,7 +167,7 @@ class PinnedRing:
     def fill(self, writer: str, sources: dict, labels: dict, label: str, reserve=None):
         """``acquire`` a slot for ``sources`` (field -> source tensor), copy each into its buffer
         (``labels``: field -> that copy's label) and record ``label``: (the slot, the event). A
-        step's copies in one call, each source's facts read once (``CopyBackend.fill``). Hold
+        step's copies in one call, each source's facts read once (``RuntimeBackend.fill``). Hold
         ``lock`` until the result references the buffers if other threads acquire too."""
         with self.lock:
             return self.backend.fill(self, writer, sources, labels, label, reserve)
@@ -232,7 +229,7 @@ class PinnedRing:
     def _free_next(self) -> PinnedSlot | None:
         """The slot of the common step: the next one in ring order, when the ring holds its initial
         slots only and nothing outside it references that slot's buffers (``is_free``, inline); else
-        None. Hands nothing out: ``_acquire`` does."""
+        None. Hands nothing out: ``_take`` does (``RuntimeBackend.fill``'s common step)."""
         slots = self.slots
         if len(slots) != self.base_slots:
             return None
@@ -243,16 +240,17 @@ class PinnedRing:
                 return None
         return slot
 
+    def _take(self, slot: PinnedSlot) -> PinnedSlot:
+        """Hand out ``_free_next``'s slot as it is (its buffers hold the shapes asked for already)."""
+        self._acquires += 1
+        return self._hand_out(slot)
+
     def _acquire(self, writer: str, shapes: dict[str, list[int]], reserve) -> PinnedSlot:
         self._acquires += 1
-        slot = self._free_next()
-        if slot is not None and shapes == slot.served:  # the common step: what it held last time fits
-            return self._hand_out(slot)
-        slots = self.slots
-        if len(slots) > self.base_slots:
+        if len(self.slots) > self.base_slots:
             self.release_idle()
         slot = self._choose(writer)
-        if slot is not None and shapes == slot.served:  # the common step: what it held last time fits
+        if slot is not None and shapes == slot.served:  # what it held last time fits
             return self._hand_out(slot)
         fits = slot is not None
         for name, shape in shapes.items() if fits else ():  # (a loop: a generator costs ~0.5 us here)

@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fd_async_copy_plugin.runtime import CopyBackend, PinnedRing
+from fd_async_copy_plugin.runtime import PinnedRing
+from fd_async_copy_plugin.runtime.cuda import RuntimeBackend
 
 from test_logprobs_ring_bounds import WIDTH, _host, _inputs, _patched
 
@@ -16,7 +17,7 @@ import fd_async_copy_plugin
 @pytest.mark.parametrize("backend", ["host", "sim"])
 def test_each_step_is_one_fill_and_matches_fastdeploy(lpkit, monkeypatch, backend):
     calls = {"fill": 0, "acquire": 0, "copy_d2h_many": 0}
-    fill, acquire, many = PinnedRing.fill, PinnedRing.acquire, CopyBackend.copy_d2h_many
+    fill, acquire, many = PinnedRing.fill, PinnedRing.acquire, RuntimeBackend.copy_d2h_many
 
     def counting(name, fn):
         def wrapper(*args, **kwargs):

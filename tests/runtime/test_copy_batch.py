@@ -65,6 +65,11 @@ def fake(libs, tmp_path):
     return Fake(libs[0], tmp_path)
 
 
+def issue(batch, dst, src, nbytes, stream, event, capacity=None):
+    """The C call on one copy set of these addresses (a ``CopySet`` described for them)."""
+    CopySet(batch, list(dst), list(capacity or nbytes)).issue(list(src), list(nbytes), stream, event)
+
+
 def _sources(rows=2, cols=3, step=1):
     return {"ids": paddle.arange(rows * cols, dtype="int64").reshape([rows, cols]) * step,
             "lp": paddle.full([rows, cols], 0.25 * step, dtype="float32"),
@@ -82,11 +87,11 @@ def test_the_batch_issues_each_copy_in_order_then_the_record_through_the_given_r
     src = [np.arange(n, dtype=np.int64) for n in (4, 0, 3)]
     dst = [np.zeros(max(1, n), dtype=np.int64) for n in (4, 0, 3)]
     copies = [(d.ctypes.data, s.ctypes.data, s.nbytes) for d, s in zip(dst, src)]
-    fake.rt.batch.issue(*zip(*copies), STREAM, 42)
+    issue(fake.rt.batch, *zip(*copies), STREAM, 42)
     assert fake.log() == [("copy", *copies[0], STREAM), ("copy", *copies[2], STREAM), ("record", 42, 0, 0, STREAM)]
     fake.rt.event_synchronize(42)  # (the fake's copies land at a wait)
     assert dst[0].tolist() == [0, 1, 2, 3] and dst[2].tolist() == [0, 1, 2]  # (the zero-byte copy skipped)
-    fake.rt.batch.issue(*zip(*copies[:1]), STREAM, None)  # no event: no record
+    issue(fake.rt.batch, *zip(*copies[:1]), STREAM, None)  # no event: no record
     assert [e[0] for e in fake.log()[3:]] == ["copy"]
 
 
@@ -94,7 +99,7 @@ def test_the_call_checks_every_capacity_before_it_issues_anything(fake, libs):
     fake.rt.use_batch(ctypes.CDLL(libs[1]))
     a, b = np.arange(4, dtype=np.int64), np.zeros(4, dtype=np.int64)
     with pytest.raises(ValueError, match="copy 1 of 32 bytes does not fit its destination's 16"):
-        fake.rt.batch.issue([b.ctypes.data] * 2, [a.ctypes.data] * 2, [32, 32], STREAM, 7, [32, 16])
+        issue(fake.rt.batch, [b.ctypes.data] * 2, [a.ctypes.data] * 2, [32, 32], STREAM, 7, [32, 16])
     assert fake.log() == []  # nothing issued, no record
 
 
@@ -103,12 +108,12 @@ def test_a_failing_copy_stops_the_batch_and_raises_naming_the_call(fake, libs):
     a, b = np.arange(4, dtype=np.int64), np.zeros(4, dtype=np.int64)
     fake.var("fake_fail_copy").value = 1  # the second copy fails
     with pytest.raises(CudaError, match="cudaMemcpyAsync failed: fake error") as failure:
-        fake.rt.batch.issue([b.ctypes.data] * 3, [a.ctypes.data] * 3, [32] * 3, STREAM, 7)
+        issue(fake.rt.batch, [b.ctypes.data] * 3, [a.ctypes.data] * 3, [32] * 3, STREAM, 7)
     assert failure.value.code == 700 and [e[0] for e in fake.log()] == ["copy"]  # nothing after it
     fake.var("fake_fail_copy").value = -1
     fake.var("fake_fail_record").value = 1
     with pytest.raises(CudaError, match="cudaEventRecord failed"):
-        fake.rt.batch.issue([b.ctypes.data], [a.ctypes.data], [32], STREAM, 7)
+        issue(fake.rt.batch, [b.ctypes.data], [a.ctypes.data], [32], STREAM, 7)
 
 
 @pytest.mark.parametrize("batched", [False, True], ids=["per-copy", "batch"])

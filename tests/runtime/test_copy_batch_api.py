@@ -20,7 +20,7 @@ from fd_async_copy_plugin.runtime.cuda import RuntimeBackend
 from fd_async_copy_plugin.runtime.cudart import CudaError
 from fd_async_copy_plugin.runtime.probe import PaddleProbeOps, _check_batch_api, probe_accessors
 
-from test_copy_batch import CUSTOM_OPS, FIELDS, LABELS, Fake, _sources, libs  # noqa: F401 (fixture)
+from test_copy_batch import CUSTOM_OPS, FIELDS, LABELS, Fake, _sources, issue, libs  # noqa: F401 (fixture)
 from test_cuda_layer import STREAM, GpuLikeGlue
 
 
@@ -58,14 +58,14 @@ def test_an_offered_batch_call_is_used_only_once_turned_on(fakes, libs, tmp_path
     batch = fake.rt.batch
     assert batch.batch_api[1] == abi and batch.batch_api_state.startswith(f"offered (CUDA {abi})")
     src, dst, copies = _three()
-    batch.issue(*zip(*copies), STREAM, 42)  # offered, not checked: a copy each
+    issue(batch, *zip(*copies), STREAM, 42)  # offered, not checked: a copy each
     assert [e[0] for e in fake.log()] == ["copy", "copy", "record"] and fake.var("fake_batch_calls").value == 0
     batch.use_batch_api(True, "checked")
     assert batch.batch_api_state == "on: checked"
     start = len(fake.log())
     for d in dst:
         d[:] = 0
-    batch.issue(*zip(*copies), STREAM, 43)
+    issue(batch, *zip(*copies), STREAM, 43)
     log = fake.log()[start:]
     # one batch call of the two non-empty copies (the zero-byte one left out), then the record
     assert log == [("batch", 2, 0, 0, STREAM), ("copy", *copies[0], STREAM), ("copy", *copies[2], STREAM),
@@ -89,7 +89,7 @@ def test_what_the_batch_call_refuses_or_cannot_gain_goes_a_copy_each(fakes, libs
     fake = _runtime(fakes, libs, tmp_path, 13)
     fake.rt.batch.use_batch_api(True, "checked")
     src, dst, copies = _three(sizes)
-    fake.rt.batch.issue(*zip(*copies), stream, 5)
+    issue(fake.rt.batch, *zip(*copies), stream, 5)
     assert "batch" not in [e[0] for e in fake.log()] and fake.var("fake_batch_calls").value == 0
     fake.rt.event_synchronize(5)
     assert dst[0].tolist() == [0, 1, 2, 3]
@@ -101,7 +101,7 @@ def test_a_failing_batch_call_raises_naming_it(fakes, libs, tmp_path):
     fake.var("fake_fail_batch").value = 1
     src, dst, copies = _three((4, 3, 2))
     with pytest.raises(CudaError, match="cudaMemcpyBatchAsync failed") as failure:
-        fake.rt.batch.issue(*zip(*copies), STREAM, 5)
+        issue(fake.rt.batch, *zip(*copies), STREAM, 5)
     assert failure.value.code == 700 and fake.log() == []  # no record after it
 
 
@@ -139,7 +139,7 @@ def test_the_probe_check_turns_the_batch_call_on_only_when_its_copies_land_right
     assert fake.var("fake_batch_calls").value == 1
     src, dst, copies = _three((4, 3, 2))
     start = len(fake.log())
-    batch.issue(*zip(*copies), STREAM, 5)  # used from then on only if it passed; off for good otherwise
+    issue(batch, *zip(*copies), STREAM, 5)  # used from then on only if it passed; off for good otherwise
     assert ("batch" in [e[0] for e in fake.log()[start:]]) is (fault is None)
     assert (batch.batch_api is not None) is (fault is None)
 

@@ -60,6 +60,7 @@ def test_the_simulator_catches_a_reuse_policy_bug_through_fill():
     slot, event = ring.fill("w", _sources(), LABELS, "s")
     held = slot.buffers["ids"]
     ring._select = lambda: slot  # the bug: the referenced slot is chosen again
+    ring._free_next = lambda: None  # (the common step declines: the policy chooses)
     with pytest.raises(BufferInUseError, match="still referenced"):
         ring.fill("w", _sources(step=2), LABELS, "s")
     del held
@@ -89,6 +90,27 @@ def test_capacity_is_checked_again_whenever_the_shapes_change(make):
             assert backend.read(slot.buffers[field], "reader").tolist() == t.numpy().tolist()
         del slot
     assert ring.slots[0].capacity == {"ids": 20, "lp": 20, "ranks": 4}
+
+
+@BACKENDS
+def test_a_fill_whose_sources_fit_the_next_free_slot_is_issued_there_without_a_slot_choice(make, monkeypatch):
+    """The common step: the ring's next slot is free and its buffers hold the sources (also at a
+    smaller batch): no slot choice (``_acquire``). A step too large for them goes to the choice,
+    which grows the slot; nothing was issued into the small buffers first."""
+    backend = make()
+    ring, chosen, acquire = _ring(backend), [], PinnedRing._acquire
+    monkeypatch.setattr(PinnedRing, "_acquire", lambda self, writer, shapes, reserve: chosen.append(shapes)
+                        or acquire(self, writer, shapes, reserve))
+    for step, (rows, cols) in enumerate(((2, 3), (2, 3), (1, 3), (2, 2), (3, 4)), start=1):
+        src = _sources(rows, cols, step)
+        slot, event = ring.fill("w", src, LABELS, "s")
+        assert slot is ring.slots[(step - 1) % 2]  # (the next slot in ring order, every step)
+        backend.wait(event, "reader")
+        for field, t in src.items():
+            assert backend.read(slot.buffers[field], "reader").tolist() == t.numpy().tolist()
+        del slot
+    assert chosen == [{"ids": (3, 4), "lp": (3, 4), "ranks": (3,)}] and ring.grow_events == 0
+    assert ring.slots[0].capacity == {"ids": 12, "lp": 12, "ranks": 3}
 
 
 class CountingGlue(GpuLikeGlue):

@@ -458,10 +458,10 @@ def _backend_wrappers() -> list[tuple[object, str, object]]:
     original_issue, original_h2d = RuntimeBackend._issue, RuntimeBackend._copy_h2d
 
     def noting(method):  # the backend's events, each noted with the device work it covers
-        def noted(self, *args):
-            event = method(self, *args)
+        def noted(self, *args, **kwargs):
+            event = method(self, *args, **kwargs)
             tracker = _ACTIVE
-            if tracker is not None:
+            if tracker is not None and event is not None:  # (None: ``_issue`` issued nothing)
                 tracker.event_recorded(event)
             return event
         return noted
