@@ -12,9 +12,10 @@ Why:    With the stop-flag and logprob backports, a plain FastDeploy 2.4 decode 
 How:    A host shadow of the step state the host needs (``seq_lens_this_time`` buffer,
         ``seq_lens_encoder``, ``is_block_step``, ``step_seq_lens_decoder``, ``bad_tokens_len``,
         ``block_tables``), kept exact without reproducing FastDeploy's insert code:
-        - the host's own writes are observed where FastDeploy makes them (``_tensor_watch``: inside
-          the insert functions every ``__setitem__`` on a watched tensor is applied to the shadow
-          too, with the same key and value);
+        - the host's own writes are observed where FastDeploy makes them (``_tensor_watch``: during
+          the insert functions ``share_inputs`` hands out a stand-in for each watched tensor, whose
+          ``__setitem__`` is applied to the shadow too, with the same key and value; a write made
+          past it loses that shadow until reloaded);
         - what the device changes in a step is copied into pinned buffers right after the update op,
           under the stop flag's event (the one the save waits on), and read at the next insert;
         - ``recover_decode_task`` (run at the start of ``_prepare_inputs``) is replayed on the
@@ -81,6 +82,9 @@ class _Mirror(Watched):
         else:
             self.shadow.host_write(self.name, key, v)
 
+    def unseen(self) -> None:
+        self.shadow.fallback(f"a write to {self.name} past the watch (an earlier reference or another thread)")
+        self.shadow.lose(self.name, "a write FastDeploy made past the watch")
 
 
 class RunnerSyncs:
