@@ -92,7 +92,7 @@ SCAFFOLDING = ("testing", "cli", "serving_ab", "runtime.simulated", "ops.build",
 #: its fallback causes and report; 5433 before it, with ``count_waits``): 5483 / 8421 measured.
 MAX_RUNTIME_CODE_LINES = 5490
 #: and a ceiling on the physical lines, docs included
-MAX_RUNTIME_LINES = 8350
+MAX_RUNTIME_LINES = 8430  # raised from 8350 for ``launch`` (8421 measured)
 
 
 def loaded_by_register(prelude: str = "") -> tuple[set[str], dict]:
