@@ -103,9 +103,12 @@ class OverlapState:
             return
         shadow.refresh("overlap.launch wait")
         count = shadow.recover_and_count(int(runner.share_inputs["seq_lens_this_time"].shape[0]))
-        if count is None:  # the shadow cannot tell: FastDeploy's device count (a stream sync)
+        if count is None and shadow.count_src is not None:  # FastDeploy's device count (a stream sync)
             self.launch["count read on the device"] += 1
             count = int(shadow.count_src.numpy().reshape(-1)[0])
+        if count is None:
+            self.launch["no count: left at the bound"] += 1
+            return
         meta = runner.forward_meta
         rows = int(meta.ids_remove_padding.shape[0])
         if count < rows:

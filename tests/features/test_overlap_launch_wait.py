@@ -93,3 +93,20 @@ def test_falls_back_to_the_wait_at_the_prepare_and_reports_why(set_up, cause, la
                       backend="sim", max_steps=60)
     (runner,) = run.final_status["features"]["overlap"]["runners"]
     assert runner["launch"]["fallback"].startswith(cause) and runner["waited_fraction"] == 1.0, runner
+
+
+def test_where_the_shadow_cannot_tell_the_count_at_the_launch_the_device_count_is_read(launch, monkeypatch):
+    """The shadow cannot replay the step at the launch: FastDeploy's own device count (a stream
+    sync, counted) sizes the trim, still FD 2.4's bits."""
+    import inspect
+
+    from fd_async_copy_plugin.patches.fd24.step_syncs import StepShadow
+
+    replay = StepShadow.recover_and_count
+
+    def recover_and_count(self, num_running):
+        return None if inspect.stack()[1].function == "launch_wait" else replay(self, num_running)
+
+    monkeypatch.setattr(StepShadow, "recover_and_count", recover_and_count)
+    _, served = run_launch("logprobs 0/5/20, arrivals", "sim")
+    assert served["launch: count read on the device"] > 0 and served["launch: steps trimmed"] > 0, served
