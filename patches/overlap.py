@@ -17,7 +17,10 @@ How:    ``execute_model`` keeps FastDeploy's own body; the plugin moves the save
           runs on FD 2.4's rows; ``bound`` - FD 2.5's upper bound (the slots that ran) while the
           snapshot is in flight, with the padded tail of ``get_padding_offset``'s outputs filled as
           2.5's op does: no wait before the forward, but a padded GEMM can change the real rows'
-          bits on a step after a finish (docs/overlap-token-count.md);
+          bits on a step after a finish (docs/overlap-token-count.md); ``launch`` (opt-in) -
+          ``bound``'s prepare, then the wait and a trim to the exact count in
+          ``padding_cudagraph_inputs``, right before the forward (``exact``'s wait where a count may
+          be read before it: chunked MoE, an unchecked attention backend);
         - ``not_need_stop()`` reports True while a step's output is still to be saved, so the worker
           loop flushes it when the batch drains; with nothing pending it is FastDeploy's flag (the
           loop sleeps when idle, no spinning). The flush step's forward runs on padding only and

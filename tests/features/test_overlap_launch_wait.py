@@ -110,3 +110,21 @@ def test_where_the_shadow_cannot_tell_the_count_at_the_launch_the_device_count_i
     monkeypatch.setattr(StepShadow, "recover_and_count", recover_and_count)
     _, served = run_launch("logprobs 0/5/20, arrivals", "sim")
     assert served["launch: count read on the device"] > 0 and served["launch: steps trimmed"] > 0, served
+
+
+def test_without_the_plugins_function_at_the_launch_it_falls_back():
+    """A runner class whose ``padding_cudagraph_inputs`` is not the plugin's (overridden, or the
+    plugin off) has no hook at the launch: ``launch`` waits at ``_prepare_inputs``."""
+    from fd_async_copy_plugin.testing.harness import device_for, plugin_state
+
+    module = importlib.import_module(f"{FD24}.worker.gpu_model_runner")
+
+    class Overriding(module.GPUModelRunner):
+        def padding_cudagraph_inputs(self) -> None:
+            pass
+
+    no_hook = "padding_cudagraph_inputs is not the plugin's"
+    with device_for("sim"), plugin_state(Variant("p", FD24, True, OVERLAP), "sim"):
+        assert overlap_patch.launch_off_reason(object.__new__(module.GPUModelRunner), module) == ""
+        assert overlap_patch.launch_off_reason(object.__new__(Overriding), module).startswith(no_hook)
+    assert overlap_patch.launch_off_reason(object.__new__(module.GPUModelRunner), module).startswith(no_hook)
