@@ -89,10 +89,10 @@ SCAFFOLDING = ("testing", "cli", "serving_ab", "runtime.simulated", "ops.build",
 #: Lowered to 5430 when the runner became one function per FastDeploy method and line (the order
 #: table, the link closures and ``per_runner`` gone): 5427 code / 8336 physical lines measured.
 #: Raised to 5490 for the overlap's ``launch`` count (the wait and the trim at the forward's launch,
-#: its fallback causes and report; 5433 before it, with ``count_waits``): 5483 / 8421 measured.
+#: its fallback causes and report; 5433 before it, with ``count_waits``): 5486 / 8427 measured.
 MAX_RUNTIME_CODE_LINES = 5490
 #: and a ceiling on the physical lines, docs included
-MAX_RUNTIME_LINES = 8430  # raised from 8350 for ``launch`` (8421 measured)
+MAX_RUNTIME_LINES = 8430  # raised from 8350 for ``launch`` (8427 measured)
 
 
 def loaded_by_register(prelude: str = "") -> tuple[set[str], dict]:
