@@ -29,8 +29,10 @@ ENV_VARS = (ENV_ENABLE, ENV_FEATURES, ENV_BACKEND, ENV_STRICT, ENV_RING_MAX_BYTE
 #: how the ``overlap`` feature sizes the next step's tokens (``docs/overlap-token-count.md``):
 #: ``exact`` waits for the previous step before preparing the next one (bit-identical to FD 2.4 on
 #: any GPU); ``bound`` uses an upper bound and pads, as FD 2.5's overlap schedule does (faster; on a
-#: step after a request finished, the padded GEMMs can change the real rows' bits)
-OVERLAP_COUNTS = ("exact", "bound")
+#: step after a request finished, the padded GEMMs can change the real rows' bits); ``launch``
+#: (opt-in) prepares as ``bound`` does and waits for the exact count at the forward's launch, trimming
+#: the step's packed inputs to it (FD 2.4's rows; its padding rows differ on a GPU)
+OVERLAP_COUNTS = ("exact", "bound", "launch")
 
 #: Default total size of the pinned rings of one feature (bytes); beyond it a step is copied
 #: FastDeploy 2.4's blocking way instead of growing page-locked memory (issue 13).
@@ -105,7 +107,8 @@ def parse_overlap_count(raw: str | None, source: str = ENV_OVERLAP_COUNT) -> str
     value = (raw or "exact").strip()
     if value not in OVERLAP_COUNTS:
         raise ConfigError(f"{source}={raw!r} is not valid; allowed values: exact (default: bit-identical to "
-                          "FastDeploy 2.4) or bound (FastDeploy 2.5's padded upper bound: faster, see the README)")
+                          "FastDeploy 2.4), bound (FastDeploy 2.5's padded upper bound: faster, see the README) or "
+                          "launch (bound's prepare, the exact count at the forward's launch)")
     return value
 
 

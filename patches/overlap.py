@@ -17,7 +17,10 @@ How:    ``execute_model`` keeps FastDeploy's own body; the plugin moves the save
           runs on FD 2.4's rows; ``bound`` - FD 2.5's upper bound (the slots that ran) while the
           snapshot is in flight, with the padded tail of ``get_padding_offset``'s outputs filled as
           2.5's op does: no wait before the forward, but a padded GEMM can change the real rows'
-          bits on a step after a finish (docs/overlap-token-count.md);
+          bits on a step after a finish (docs/overlap-token-count.md); ``launch`` (opt-in) -
+          ``bound``'s prepare, then the wait and a trim to the exact count in
+          ``padding_cudagraph_inputs``, right before the forward (``exact``'s wait where a count may
+          be read before it: chunked MoE, an unchecked attention backend);
         - ``not_need_stop()`` reports True while a step's output is still to be saved, so the worker
           loop flushes it when the batch drains; with nothing pending it is FastDeploy's flag (the
           loop sleeps when idle, no spinning). The flush step's forward runs on padding only and
@@ -44,7 +47,7 @@ from __future__ import annotations
 import collections
 import threading
 
-from fd_async_copy_plugin.registry.patch import Patch, Target, wraps
+from fd_async_copy_plugin.registry.patch import Junction, Patch, Target, wraps
 
 from .runner import FeatureRunners, RunnerFeature, line, part, runner_state
 from .step_syncs import own_path_reason as step_syncs_own_path
@@ -77,8 +80,49 @@ class OverlapState:
         # waits for its count there), after it (``bound``), or had landed before (the first step, or
         # an insert flushed it); waited_fraction: waited / (waited + not waited)
         self.count_waits, self.sized = collections.Counter(), "landed before"
+        #: this step is prepared sized by the bound (``bound``, or ``launch`` where it runs)
+        self.by_bound = False
+        #: ``launch``: why this runner waits at ``_prepare_inputs`` instead (None: not checked yet);
+        #: its steps trimmed to the exact count at the forward's launch, and those left as they were
+        self.launch_off: str | None = None
+        self.launch = collections.Counter()
         self.saving = threading.RLock()  # one flush at a time; the captured saves move under it
         self.detached = False  # disable() took the part off its runner
+
+    def begin_step(self, runner) -> None:
+        """``execute_model`` of an overlap step: whether this step is prepared sized by the bound."""
+        self.in_step, self.after_forward, self.sized = True, False, "landed before"
+        if self.count_mode == "launch" and self.launch_off is None:
+            self.launch_off = launch_off_reason(runner, self.runner_module)
+        self.by_bound = self.count_mode == "bound" or (self.count_mode == "launch" and not self.launch_off)
+
+    def launch_wait(self, runner, shadow) -> None:
+        """``launch``, in ``padding_cudagraph_inputs`` (FastDeploy 2.4's last call before the model)
+        of a step sized by the bound: wait for the last step's snapshot (the wait ``exact`` makes
+        at ``_prepare_inputs``), take the exact count M and trim the step's token-indexed inputs to
+        their first M rows (views). Positions and values of the real rows come from the device's
+        lengths, so the forward runs on FastDeploy 2.4's rows (docs/overlap-token-count.md)."""
+        if not (self.in_step and self.count_mode == "launch" and shadow.count_is_bound):
+            return
+        shadow.refresh("overlap.launch wait")
+        count = shadow.recover_and_count(int(runner.share_inputs["seq_lens_this_time"].shape[0]))
+        if count is None and shadow.count_src is not None:  # FastDeploy's device count (a stream sync)
+            self.launch["count read on the device"] += 1
+            count = int(shadow.count_src.numpy().reshape(-1)[0])
+        if count is None:
+            self.launch["no count: left at the bound"] += 1
+            return
+        meta = runner.forward_meta
+        rows = int(meta.ids_remove_padding.shape[0])
+        if count < rows:
+            for name in TOKEN_FIELDS:
+                if getattr(meta, name, None) is not None:
+                    setattr(meta, name, getattr(meta, name)[:count])
+            meta.step_use_cudagraph = bool(meta.step_use_cudagraph) and count > 0
+            self.launch["steps trimmed"] += 1
+        else:
+            self.launch["steps at the bound"] += 1
+        shadow.count_used, shadow.count_is_bound = count, False  # the device count must equal it
 
     def step_flag_copies(self, device_flag) -> list:
         """Right after the update op (``RunnerState.step_copies``): the copy of this step's flag
@@ -108,7 +152,8 @@ class OverlapState:
     def report(self) -> dict:
         waited, free = self.count_waits["waited for the count"], self.count_waits["not waited"]
         return {"token_count": self.count_mode, "fallbacks": dict(self.fallbacks), "served": dict(self.served),
-                "count_waits": dict(self.count_waits), "waited_fraction": waited / (waited + free) if waited + free else None}
+                "count_waits": dict(self.count_waits), "waited_fraction": waited / (waited + free) if waited + free else None,
+                **({"launch": {"fallback": self.launch_off or "", **self.launch}} if self.count_mode == "launch" else {})}
 
     def detach(self) -> None:
         with self.saving:
@@ -174,6 +219,30 @@ def off_reason(runner, runner_module) -> str:
          "splitwise (prefill/decode) role"),
     )
     return next((why for bad, why in checks if bad), "")
+
+
+#: the ``ForwardMeta`` fields indexed by packed token that ``launch`` trims (``position_ids``: the
+#: replica's only)
+TOKEN_FIELDS = ("ids_remove_padding", "batch_id_per_token", "position_ids")
+#: attention backends whose metadata reads no host token count (FD 2.4 ``append_attn_backend.py``)
+COUNT_FREE_ATTENTION = ("AppendAttentionBackend",)
+
+
+def launch_off_reason(runner, runner_module) -> str:
+    """Why ``launch`` waits at ``_prepare_inputs`` for this runner, as ``exact`` does ("" when it
+    can wait at the forward's launch): a count read on the host between the prepare and the
+    launch, or no launch hook of the plugin's."""
+    if getattr(getattr(runner, "parallel_config", None), "enable_chunked_moe", False):
+        return "chunked MoE (its chunks are sized by the host token count in the prepare)"
+    others = sorted({type(b).__name__ for b in getattr(runner, "attn_backends", ())
+                     if type(b).__name__ not in COUNT_FREE_ATTENTION and not getattr(b, "count_free_metadata", False)})
+    if others:
+        return f"attention backend {', '.join(others)} (its metadata is not checked count-free)"
+    cls = getattr(runner_module, "GPUModelRunner", None)
+    if cls is None or Junction.at(cls, "padding_cudagraph_inputs") is None or \
+            getattr(type(runner), "padding_cudagraph_inputs", None) is not getattr(cls, "padding_cudagraph_inputs"):
+        return "padding_cudagraph_inputs is not the plugin's (no hook at the forward's launch)"
+    return ""
 
 
 # --- patches ---------------------------------------------------------------------------------------
@@ -245,6 +314,9 @@ class OverlapFeature(RunnerFeature):
             "execute_model", "not_need_stop", "insert_tasks_v1", "insert_prefill_inputs", "reset_share_inputs",
             "_dummy_run")),
         *(Patch(Target(POSTPROC, name), line(name), producer=True) for name in SAVE_OPS),
+        # ``launch``'s wait at the forward's launch (without it, ``launch`` waits as ``exact``)
+        Patch(Target(RUNNER, "GPUModelRunner.padding_cudagraph_inputs", required=False),
+              line("padding_cudagraph_inputs")),
         # loaded by the worker before the runner; absent from the replica (then the insert's flush)
         Patch(Target("inter_communicator.engine_worker_queue", "EngineWorkerQueue.get_tasks", required=False),
               build_get_tasks),

@@ -53,8 +53,8 @@ class RunnerState:
         return self.overlap is not None and self.overlap.holds_step()
 
     def bound_count_step(self) -> bool:
-        """This step is sized with FD 2.5's upper bound (overlap ``bound``), not the exact count."""
-        return self.overlap is not None and self.overlap.in_step and self.overlap.count_mode == "bound"
+        """This step is sized with FD 2.5's upper bound (overlap ``bound``/``launch``), not the exact count."""
+        return self.overlap is not None and self.overlap.in_step and self.overlap.by_bound
 
     def step_saved(self, reader: str) -> None:
         """A step's save waited on its event: its snapshot has landed."""

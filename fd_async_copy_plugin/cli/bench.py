@@ -273,8 +273,8 @@ def format_overhead(report: dict) -> str:
 
 def format_count_waits(census: dict) -> str:
     """Per overlap run: of the decode steps with a step in flight, the share whose forward came after
-    the host waited for that step (its exact token count; ``exact``: all, ``bound``: none), with the
-    step counts."""
+    the host waited for that step (its exact token count; ``exact``, ``launch``: all, ``bound``:
+    none), with the step counts."""
     rows = [(name, row["overlap_count_waits"]) for name, row in census.items() if row.get("overlap_count_waits")]
     if not rows:
         return "overlap: no overlap run in the census"

@@ -88,7 +88,7 @@ def execute_model(fd, on, self, *args, **kwargs):
         state.flush("overlap off")
         state.fallbacks[why] += 1
         return fd(self, *args, **kwargs)
-    state.in_step, state.after_forward, state.sized = True, False, "landed before"
+    state.begin_step(self)  # overlap: this step is sized by the bound, or waits for the exact count
     try:
         with opened(self, saves=state):  # overlap: this step's saves are captured
             return fd(self, *args, **kwargs)
@@ -96,6 +96,13 @@ def execute_model(fd, on, self, *args, **kwargs):
         state.in_step = False
         state.flush("step end")  # FD returned before its not_need_stop() check
         state.end_step()
+
+
+def padding_cudagraph_inputs(fd, on, self):
+    state = parts_of(self)
+    if state.overlap is not None and state.syncs is not None:
+        state.overlap.launch_wait(self, state.syncs.shadow)  # overlap launch: the exact count, trimmed
+    return fd(self)
 
 
 def not_need_stop(fd, on, self):

@@ -95,6 +95,7 @@ def _run_plugin(cfg, requests, arrivals, backend, features, max_steps):
             served.update({f"syncs: {k}": v for k, v in part(runner, "syncs").shadow.served.items()
                            if k.startswith("S1")})
             fallbacks.clear(), fallbacks.update(state.fallbacks)
+            served.update({f"launch: {k}": v for k, v in state.launch.items()})
             mode = state.count_mode
             served["count mode: " + mode] = 1
 

@@ -41,7 +41,8 @@ def test_valid_values():
         ("FD_ASYNC_COPY_BACKEND", "gpu", "auto, cuda, host"),
         ("FD_ASYNC_COPY_BACKEND", "sim", "auto, cuda, host"),
         ("FD_ASYNC_COPY_STRICT", "true", "1 (on) or 0 (off)"),
-        ("FD_ASYNC_COPY_OVERLAP_COUNT", "fast", "exact (default: bit-identical to FastDeploy 2.4) or bound"),
+        ("FD_ASYNC_COPY_OVERLAP_COUNT", "fast", "exact (default: bit-identical to FastDeploy 2.4), bound (Fast"),
+        ("FD_ASYNC_COPY_OVERLAP_COUNT", "fast", "see the README) or launch (bound's prepare"),
     ],
 )
 def test_bad_values_name_variable_value_and_allowed(name, value, allowed):

@@ -63,6 +63,8 @@ def configurations(line: str) -> list[Configuration]:
                           base_engine_lag=1, must_apply=OVERLAP_FEATURES),
             Configuration("all,overlap bound", True, OVERLAP_FEATURES, (("FD_ASYNC_COPY_OVERLAP_COUNT", "bound"),),
                           base_engine_lag=1, must_apply=OVERLAP_FEATURES),
+            Configuration("all,overlap launch", True, OVERLAP_FEATURES, (("FD_ASYNC_COPY_OVERLAP_COUNT", "launch"),),
+                          base_engine_lag=1, must_apply=OVERLAP_FEATURES),
         ]
     must = ("logprobs", "step_syncs") if line == "fd25" else ("logprobs",)
     return [
@@ -125,7 +127,7 @@ def scenarios(line: str, steps: int = 24) -> list[RealScenario]:
         RealScenario("ZMQ output thread (FD_USE_GET_SAVE_OUTPUT_V1): logprobs k -1/3/20/0, prompt logprobs 5/-1/0",
                      DriverConfig(**base, save_output_v1=True, chunk_size=8), zmq,
                      not_with={name: "overlap keeps FastDeploy's schedule on the ZMQ output path (patches/overlap.py)"
-                               for name in ("all,overlap exact", "all,overlap bound")}),
+                               for name in ("all,overlap exact", "all,overlap bound", "all,overlap launch")}),
         RealScenario("block steps: the save-ops workload (24 tokens) with 8 KV blocks of 16 tokens",
                      DriverConfig(**base, chunk_size=8, num_gpu_blocks=8), *_mixed(24)),
         RealScenario("preemption mid-flight (12 KV blocks, 9 requests; harness.preemption_workload)",

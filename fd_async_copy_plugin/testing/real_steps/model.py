@@ -51,5 +51,7 @@ class RealStepsModel(TinyModel):
 class NoAttention:
     """The runner's attention backend: nothing to prepare (the tiny model has no attention)."""
 
+    count_free_metadata = True  # reads no host token count (overlap ``launch``)
+
     def init_attention_metadata(self, forward_meta) -> None:
         pass
