@@ -15,13 +15,14 @@ at the end, it loses the handler's shadow (reloaded, counted) rather than leavin
 
 from __future__ import annotations
 
-import contextlib
 import threading
 
 import numpy as np
 import paddle
 
 from fd_async_copy_plugin.registry.patch import Patch, Target, wraps
+
+from .step import current
 
 _ident = threading.get_ident
 
@@ -254,13 +255,6 @@ def rows_of(key, nrows: int):
 # --- FastDeploy 2.5's token-count event (feature ``step_syncs``) ---------------------------------
 
 
-class _EventScope(threading.local):
-    make = None  # while set on this thread: paddle.device.cuda.create_event() returns make(event)
-
-
-_event_scope = _EventScope()
-
-
 class DeferredEvent:
     """FastDeploy's ``token_num_event`` made inside the plugin's ``_prepare_inputs`` scope. While
     the plugin has it open (inside the ``_prepare_inputs`` and ``_postprocess`` calls it wraps),
@@ -331,22 +325,12 @@ def _build_create_event(original, ctx):
     @wraps(original)
     def create_event(*args, **kwargs):
         event = original(*args, **kwargs)
-        make = _event_scope.make
+        step = current()  # inside the plugin's FD 2.5 ``_prepare_inputs``: its ``make_event``
+        make = step.make_event if step is not None else None
         return event if make is None else make(event)
 
     return create_event
 
 
-@contextlib.contextmanager
-def deferred_events(make):
-    """Inside the block, on this thread, ``paddle.device.cuda.create_event()`` returns ``make(event)``."""
-    previous = _event_scope.make
-    _event_scope.make = make
-    try:
-        yield
-    finally:
-        _event_scope.make = previous
-
-
-#: FastDeploy 2.5's ``paddle.device.cuda.create_event`` (passes through outside ``deferred_events``)
+#: FastDeploy 2.5's ``paddle.device.cuda.create_event`` (passes through outside a step with ``make_event``)
 CREATE_EVENT = Patch(Target("paddle.device.cuda", "create_event", absolute=True), _build_create_event)

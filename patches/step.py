@@ -25,6 +25,9 @@ class Step:
     posting = False
     #: inside ``_get_prompt_logprobs_list`` (logprobs, sync_scope)
     prompt = False
+    #: FD 2.5, step_syncs: inside ``_prepare_inputs``, ``paddle.device.cuda.create_event()`` returns
+    #: ``make_event(event)`` (FastDeploy's ``token_num_event`` made deferrable)
+    make_event = None
 
 
 _OPEN: dict[int, Step] = {}  # thread ident -> the step open on that thread

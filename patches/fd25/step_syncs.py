@@ -12,7 +12,8 @@ import paddle
 from ..runner import is_cuda_runner, runner_state
 from ..step_syncs import POSTPROC, RUNNER, RunnerSyncs, _Mirror, _device_copy, shadow_not_exact
 from .. import step_syncs as feature  # own_path_reason looked up there (a probe may plant it)
-from .._tensor_watch import DeferredEvent, ServedRead, Watched, deferred_events, watching
+from .._tensor_watch import DeferredEvent, ServedRead, Watched, watching
+from ..step import opened
 
 log = logging.getLogger("fd_async_copy")
 
@@ -328,7 +329,7 @@ def prepare_counted(fd, syncs: RunnerSyncs, runner, args, kwargs):
 
     pinned = si["seq_lens_this_time_cpu"]
     read = ServedRead(pinned, _Owed(made), lambda: shadow.answer("this_time", "_prepare_inputs", si["seq_lens_this_time"]))
-    with deferred_events(make), watching([read], runner=runner):
+    with opened(runner, make_event=make), watching([read], runner=runner):
         result = fd(runner, *args, **kwargs)
     for event in made:
         if event.close():
