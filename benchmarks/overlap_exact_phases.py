@@ -254,7 +254,7 @@ def installed(clock: PhaseClock, runner_module, modules=(), skip_first: int = 1)
     swap(cls, "execute_model", "_execute_model")
     found = {"wait": False, "count replay": False, "save": False}
     try:  # the plugin's parts (read-only use: their methods wrapped for the run)
-        from fd_async_copy_plugin.patches import overlap
+        from fd_async_copy_plugin.patches.fd24 import overlap
         from fd_async_copy_plugin.patches.fd24 import step_syncs
 
         old_refresh = step_syncs.StepShadow.refresh

@@ -5,7 +5,7 @@ overlap's bound-sized prepare.
 docs/overlap-token-count.md ("A wait at the forward's launch") describes it: step N+1 is prepared
 sized by the upper bound (as ``bound``), then, in ``padding_cudagraph_inputs`` (FastDeploy 2.4's last
 call before the model), the host waits for step N's snapshot, takes the exact count and trims
-``forward_meta``'s token-indexed tensors to it (``patches/overlap.py``: ``OverlapState.launch_wait``).
+``forward_meta``'s token-indexed tensors to it (``patches/fd24/overlap.py``: ``OverlapState.launch_wait``).
 
 For each real-steps workload (``testing/real_steps/check.py``) with the model's row-count-dependent
 GEMM (``rows_dependent_gemm``: as cuBLAS on the H200, a padded row count can change the real rows'

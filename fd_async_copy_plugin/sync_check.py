@@ -99,9 +99,9 @@ def _site_label(wait: dict) -> str:
     where = wait["where"]
     function = where.rsplit(" ", 1)[-1]
     if wait["mechanism"] == "event":
-        if where.startswith(("patches/flag_race.py", "patches/fd25/methods.py")):
+        if where.startswith(("patches/fd25/flag_race.py", "patches/fd25/methods.py")):
             return "insert"  # 2.5 overlap: the wait an insert's synchronous H2D makes on a GPU anyway
-        if where.startswith(("patches/stop_flag.py", "patches/overlap.py", "patches/step_syncs.py", "patches/fd2")):
+        if where.startswith(("patches/step_syncs.py", "patches/fd2")):  # stop_flag, overlap, the lines
             # overlap: the previous step's, waited after this step's forward (bound) or, for its
             # snapshot, before this step is prepared (step_syncs, the exact count)
             return "save event"

@@ -31,7 +31,9 @@ def fd_async_copy_catalog():
 
 @hookimpl
 def fd_async_copy_features():
-    from . import fd24, fd25, flag_race, logprobs, overlap, step_syncs, stop_flag, sync_scope  # noqa: F401
+    from . import logprobs, step_syncs, sync_scope
+    from .fd24 import overlap, stop_flag
+    from .fd25 import flag_race
 
     # Any order: what runs around each FastDeploy method is its line's function (fd24/, fd25/), and
     # a feature that builds on another is applied after it (``Feature.requires``).

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import functools
 
-from .. import overlap, stop_flag
+from . import overlap, stop_flag
 from ..common import _get_prompt_logprobs_list, consume  # noqa: F401 - the line's function
 from ..runner import parts_of
 from ..step import current, opened

@@ -272,7 +272,7 @@ class SFKit:
 
     @property
     def stop_flag_patches(self):
-        return importlib.import_module("fd_async_copy_plugin.patches.stop_flag")
+        return importlib.import_module("fd_async_copy_plugin.patches.fd24.stop_flag")
 
     # -- runs ------------------------------------------------------------------------------------
     def run(self, config: DriverConfig, requests, *, features=None, backend: str = "host", arrivals=None,

@@ -20,10 +20,10 @@ import dataclasses
 
 import pytest
 
-from fd_async_copy_plugin.patches import overlap as overlap_patch
+from fd_async_copy_plugin.patches.fd24 import overlap as overlap_patch
 from fd_async_copy_plugin.patches.fd24 import methods as fd24_methods
 from fd_async_copy_plugin.patches.runner import part
-from fd_async_copy_plugin.patches import stop_flag as stop_flag_patch
+from fd_async_copy_plugin.patches.fd24 import stop_flag as stop_flag_patch
 from fd_async_copy_plugin.runtime import collecting
 from fd_async_copy_plugin.testing.harness import Variant, device_for, host_waits, plugin_state, run_variant
 from fd_async_copy_plugin.testing.reference import ROOTS

@@ -20,8 +20,8 @@ import time
 import pytest
 
 import fd_async_copy_plugin
-from fd_async_copy_plugin.patches import overlap as overlap_patch
-from fd_async_copy_plugin.patches import stop_flag as stop_flag_patch
+from fd_async_copy_plugin.patches.fd24 import overlap as overlap_patch
+from fd_async_copy_plugin.patches.fd24 import stop_flag as stop_flag_patch
 from fd_async_copy_plugin.runtime import collecting
 from fd_async_copy_plugin.testing.harness import Variant, device_for, plugin_state, run_variant
 from fd_async_copy_plugin.testing.reference import ROOTS

@@ -13,7 +13,7 @@ import importlib
 
 import pytest
 
-from fd_async_copy_plugin.patches import overlap as overlap_patch
+from fd_async_copy_plugin.patches.fd24 import overlap as overlap_patch
 from fd_async_copy_plugin.testing.harness import Variant, host_waits, run_variant
 
 from test_overlap import EXACT, FD24, OVERLAP, _req, config, run_exact

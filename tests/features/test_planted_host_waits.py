@@ -15,7 +15,7 @@ import pytest
 
 from fd_async_copy_plugin.testing.harness import Variant, plugin_host_reads, run_variant, selftest_scenarios
 from fd_async_copy_plugin.ops import stop_flag_ops
-from fd_async_copy_plugin.patches import stop_flag as stop_flag_patch
+from fd_async_copy_plugin.patches.fd24 import stop_flag as stop_flag_patch
 from fd_async_copy_plugin.testing.reference import ROOTS, device_tracking
 from fd_async_copy_plugin.testing.reference.driver import DriverConfig, Request
 from fd_async_copy_plugin.testing.reference.placement import as_device

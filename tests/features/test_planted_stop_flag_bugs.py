@@ -6,7 +6,7 @@ gives the right value by luck (the ``host`` backend cannot see these bugs - chec
 simulator keeps poison in a pinned buffer (the inverted flag, -7777 tokens) until an event that
 covers its copy is waited on, and raises when a read goes through the backend too early.
 
-Planted, each by monkeypatching one piece of ``patches/stop_flag.py``:
+Planted, each by monkeypatching one piece of ``patches/fd24/stop_flag.py``:
 
 (a) ``StopFlagState.sync`` reads the pinned flag without waiting for the event;
 (b) the save guard hands the pinned ``sampled_token_ids`` to the save op and waits only after it;

@@ -22,7 +22,8 @@ import paddle
 import pytest
 
 import fd_async_copy_plugin
-from fd_async_copy_plugin.patches import common, overlap, runner as runner_module, stop_flag, step
+from fd_async_copy_plugin.patches import common, runner as runner_module, step
+from fd_async_copy_plugin.patches.fd24 import overlap, stop_flag
 from fd_async_copy_plugin.patches.fd24 import methods as fd24_methods, step_syncs as fd24_syncs
 from fd_async_copy_plugin.patches.fd25 import methods as fd25_methods, step_syncs as fd25_syncs
 from fd_async_copy_plugin.registry import hookspecs

@@ -243,7 +243,7 @@ def test_without_stop_flag_step_syncs_is_skipped_with_the_reason():
 def test_a_runner_stop_flag_leaves_alone_keeps_fastdeploys_path(monkeypatch):
     """A runner stop_flag does not patch (here: as if it were a DCU/Iluvatar runner) keeps
     FastDeploy's path under step_syncs too (per runner, with the reason); outputs identical."""
-    from fd_async_copy_plugin.patches import stop_flag
+    from fd_async_copy_plugin.patches.fd24 import stop_flag
 
     monkeypatch.setattr(stop_flag, "is_cuda_runner", lambda module: False)
     requests = [_req(i, 4 + i, 6) for i in range(3)]

@@ -16,7 +16,7 @@ import pytest
 import fd_async_copy_plugin
 from fd_async_copy_plugin.testing.reference.driver import DriverConfig, Request
 from fd_async_copy_plugin.ops import OpsUnavailable
-from fd_async_copy_plugin.patches import stop_flag as stop_flag_patch
+from fd_async_copy_plugin.patches.fd24 import stop_flag as stop_flag_patch
 from fd_async_copy_plugin.registry.manager import StrictModeError
 from fd_async_copy_plugin.patches.runner import part
 
@@ -180,7 +180,7 @@ def test_cuda_probe_reports_a_kernel_that_cannot_run_instead_of_failing_mid_deco
     """Runner construction launches the kernel once; a failure becomes a stand-down reason."""
     import paddle
 
-    from fd_async_copy_plugin.patches.stop_flag import probe_cuda_kernels
+    from fd_async_copy_plugin.patches.fd24.stop_flag import probe_cuda_kernels
 
     class Broken:
         def update_inputs_v1_cuda(self, *args):

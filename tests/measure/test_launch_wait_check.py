@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from fd_async_copy_plugin.patches import overlap as overlap_patch
+from fd_async_copy_plugin.patches.fd24 import overlap as overlap_patch
 
 pytestmark = pytest.mark.usefixtures("plugin_off")
 

@@ -22,12 +22,12 @@ def test_counters_follow_the_counted_steps():
     registry = prometheus_client.CollectorRegistry()
     checker = sync_check.start(sync_check.Settings("count", 2))
     assert metrics.export(checker, registry).startswith("exported: fastdeploy:async_copy_decode_steps_total")
-    run_steps(checker, 5, [("event", "patches/stop_flag.py:123 host_tokens", "event wait save_output"),
+    run_steps(checker, 5, [("event", "patches/fd24/stop_flag.py:123 host_tokens", "event wait save_output"),
                            ("d2h", "fastdeploy/worker/gpu_model_runner.py:1617 _prepare_inputs", ".numpy()")])
     get = registry.get_sample_value
     assert get("fastdeploy:async_copy_decode_steps_total") == 3  # after the 2 warm-up steps
     assert get("fastdeploy:async_copy_host_waits_total", {"label": "save event", "mechanism": "event",
-                                                          "site": "patches/stop_flag.py:123 host_tokens"}) == 3
+                                                          "site": "patches/fd24/stop_flag.py:123 host_tokens"}) == 3
     assert get("fastdeploy:async_copy_host_waits_total", {"label": "S2", "mechanism": "d2h",
                                                           "site": "fastdeploy/worker/gpu_model_runner.py:1617 _prepare_inputs"}) == 3
     text = prometheus_client.generate_latest(registry).decode()

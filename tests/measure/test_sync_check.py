@@ -147,10 +147,10 @@ def test_count_logs_a_line_every_k_steps(log_lines):
     checker = sync_check.start(sync_check.Settings("count", 0, (), 2))
     for _ in range(5):
         checker.step_begin()
-        sync_check.observe("event", "patches/stop_flag.py:9 _save_model_output", "event wait save")
+        sync_check.observe("event", "patches/fd24/stop_flag.py:9 _save_model_output", "event wait save")
         checker.step_end()
     lines = [line for line in log_lines if "decode step: 1 host wait" in line]
-    assert len(lines) == 2 and "save event at patches/stop_flag.py:9" in lines[0], lines
+    assert len(lines) == 2 and "save event at patches/fd24/stop_flag.py:9" in lines[0], lines
 
 
 @pytest.mark.parametrize("env, message", [

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from fd_async_copy_plugin.patches import stop_flag
+from fd_async_copy_plugin.patches.fd24 import stop_flag
 from fd_async_copy_plugin.testing.real_steps import check
 from fd_async_copy_plugin.testing.reference import ROOTS
 

@@ -22,7 +22,7 @@ sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in repr(f)]
 import fd_async_copy_plugin as p
 p.register()
 p.enable(backend="host")  # no FastDeploy here: every feature skipped; enabled False, enabled_reason says enable() ran (issue 41)
-import fd_async_copy_plugin.patches as patches, fd_async_copy_plugin.patches.stop_flag
+import fd_async_copy_plugin.patches as patches, fd_async_copy_plugin.patches.fd24.stop_flag
 print(json.dumps({"package": p.__file__, "patches": patches.__file__, "enabled": "enabled_reason" in p.status()}))
 p.disable()
 """
@@ -46,7 +46,7 @@ def test_pythonpath_checkout(tmp_path):
 def test_non_editable_install_run_from_the_repository_root(tmp_path, checkout_wheel):
     wheel, site = checkout_wheel, tmp_path / "site"
     names = zipfile.ZipFile(wheel).namelist()
-    assert "fd_async_copy_plugin/patches/stop_flag.py" in names and "patches/stop_flag.py" not in names
+    assert "fd_async_copy_plugin/patches/fd24/stop_flag.py" in names and "patches/fd24/stop_flag.py" not in names
     with zipfile.ZipFile(wheel) as archive:
         archive.extractall(site)
     assert not (site / "fd_async_copy_plugin" / "patches").is_symlink()  # the files themselves

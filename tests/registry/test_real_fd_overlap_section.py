@@ -22,7 +22,7 @@ def _rows(report, section="overlap replica"):
 
 
 def test_the_tool_and_the_patch_agree_on_the_flag_positions():
-    from fd_async_copy_plugin.patches import overlap
+    from fd_async_copy_plugin.patches.fd24 import overlap
 
     assert SAVE_OPS == overlap.SAVE_OPS
 

@@ -175,7 +175,7 @@ def test_a_failed_probe_stands_the_logprobs_feature_down_to_blocking_copies():
 def test_a_failed_probe_stands_the_stop_flag_runner_down_with_the_reason():
     """``stop_flag`` probes the accessors at runner construction (with the kernels): a failure is the
     reason the runner keeps FastDeploy's path; agreeing accessors (or a backend without a probe) pass."""
-    from fd_async_copy_plugin.patches.stop_flag import probe_accessors as stop_flag_probe
+    from fd_async_copy_plugin.patches.fd24.stop_flag import probe_accessors as stop_flag_probe
 
     class Place:
         def gpu_device_id(self):

@@ -192,7 +192,7 @@ def test_a_plugin_decision_on_an_event_timing_is_caught_at_different_speeds(monk
     else saves at once and answers the flag. With both devices fast the ranks agree (the bug hides);
     with rank 1 at 3x, when the batch drains rank 0 goes idle while rank 1 runs the flush step: the
     run fails where their loops part."""
-    from fd_async_copy_plugin.patches import overlap
+    from fd_async_copy_plugin.patches.fd24 import overlap
 
     def flag_check(state):
         if state.in_step and not state.after_forward:
@@ -258,7 +258,7 @@ def test_overlap_runs_on_every_rank_or_none(monkeypatch):
     construction, ``overlap.ranks_agree``). Before issue 39 rank 0 overlapped alone: when the batch
     drained it ran a flush step while rank 1 waited at the idle barrier (``CollectiveMismatch``).
     The outputs are then unpatched FD 2.4's, step for step."""
-    from fd_async_copy_plugin.patches import overlap, stop_flag
+    from fd_async_copy_plugin.patches.fd24 import overlap, stop_flag
 
     original = stop_flag.StopFlagRunners.add
 

@@ -1,4 +1,4 @@
-"""Section ``overlap``: the FastDeploy 2.4 code shapes that ``patches/overlap.py`` relies on (issue 12).
+"""Section ``overlap``: the FastDeploy 2.4 code shapes that ``patches/fd24/overlap.py`` relies on (issue 12).
 
 The feature keeps FastDeploy's ``execute_model`` body and moves each step's save one step later.
 That is only right if FastDeploy's code has these shapes, read here by AST (no import needed):
@@ -35,7 +35,7 @@ PROFILE = "fastdeploy-2.4"
 CLASS = "GPUModelRunner"
 WORKER = "worker.worker_process"
 QUEUE = "inter_communicator.engine_worker_queue"
-#: save op -> position of its ``not_need_stop`` argument (patches/overlap.py's SAVE_OPS; a test
+#: save op -> position of its ``not_need_stop`` argument (patches/fd24/overlap.py's SAVE_OPS; a test
 #: keeps the two equal)
 SAVE_OPS = {"save_output": 1, "save_output_topk": 4}
 

@@ -126,7 +126,7 @@ def scenarios(line: str, steps: int = 24) -> list[RealScenario]:
                      DriverConfig(**base, chunk_size=8), mixed, later),
         RealScenario("ZMQ output thread (FD_USE_GET_SAVE_OUTPUT_V1): logprobs k -1/3/20/0, prompt logprobs 5/-1/0",
                      DriverConfig(**base, save_output_v1=True, chunk_size=8), zmq,
-                     not_with={name: "overlap keeps FastDeploy's schedule on the ZMQ output path (patches/overlap.py)"
+                     not_with={name: "overlap keeps FastDeploy's schedule on the ZMQ output path (patches/fd24/overlap.py)"
                                for name in ("all,overlap exact", "all,overlap bound", "all,overlap launch")}),
         RealScenario("block steps: the save-ops workload (24 tokens) with 8 KV blocks of 16 tokens",
                      DriverConfig(**base, chunk_size=8, num_gpu_blocks=8), *_mixed(24)),

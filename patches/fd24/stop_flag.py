@@ -36,8 +36,8 @@ import paddle
 from fd_async_copy_plugin.ops.stop_flag_library import MAX_BATCH
 from fd_async_copy_plugin.registry.patch import IncompatibleError, Patch, Target
 
-from .common import add_substitute, remove_substitute
-from .runner import FeatureRunners, RunnerFeature, is_cuda_runner, line, runner_state
+from ..common import add_substitute, remove_substitute
+from ..runner import FeatureRunners, RunnerFeature, is_cuda_runner, line, runner_state
 
 log = logging.getLogger("fd_async_copy")
 

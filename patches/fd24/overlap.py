@@ -49,8 +49,8 @@ import threading
 
 from fd_async_copy_plugin.registry.patch import Junction, Patch, Target, wraps
 
-from .runner import FeatureRunners, RunnerFeature, line, part, runner_state
-from .step_syncs import own_path_reason as step_syncs_own_path
+from ..runner import FeatureRunners, RunnerFeature, line, part, runner_state
+from ..step_syncs import own_path_reason as step_syncs_own_path
 
 RUNNER = "worker.gpu_model_runner"
 POSTPROC = "model_executor.pre_and_post_process"

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from fd_async_copy_plugin.registry.patch import Feature, Patch, Target
 
-from .runner import line
+from ..runner import line
 
 RUNNER = "worker.gpu_model_runner"
 
