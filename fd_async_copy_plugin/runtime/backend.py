@@ -339,7 +339,8 @@ class CopyBackend:
         return facts
 
     def is_pinned(self, t) -> bool:
-        return self._facts(t) is not None
+        facts = self._pinned.get(id(t))  # (``_facts``, inline: asked for every argument of a save)
+        return facts is not None and facts.buf() is t
 
     def reused_while_referenced(self, message: str, buffers: dict) -> None:
         """A ring chose a slot whose ``buffers`` are still referenced (a reuse-policy bug; the ring
