@@ -94,9 +94,7 @@ class StandIn:
         return result
 
     def __getitem__(self, key):
-        if type(key) is StandIn:
-            key = key.tensor
-        result = self._read("getitem", "__getitem__", key)
+        result = self._read("getitem", "__getitem__", key := _real(key))
         return self.tensor[key] if result is NotImplemented else result
 
     def numpy(self, *args, **kwargs):
@@ -120,15 +118,12 @@ class ScopedInputs:
         object.__setattr__(self, "_stand_ins_", stand_ins)  # id(tensor) -> StandIn
         #: key -> (the value last found there, its StandIn or None): a key read again while it holds
         #: the same object is decided without a call (a key written through the view is dropped at
-        #: once, so the view holds no value FastDeploy replaced; emptied when the scope closes)
+        #: once, so the view holds no value FastDeploy replaced through it)
         object.__setattr__(self, "_seen_", {})
 
     def __getitem__(self, key):
         value, seen = self._real_[key], self._seen_
-        try:
-            last, out = seen[key]
-        except KeyError:
-            last = out = None
+        last, out = seen.get(key, (None, None))  # (a constant: nothing is built per call)
         if last is not value:  # (first read of the key in this scope, or it holds another object)
             out = self._stand_ins_.get(id(value))
             if out is not None and out.tensor is not value:
@@ -204,7 +199,6 @@ class watching:
                 setattr(runner, name, value)
         if self.swapped:
             _, real, view = self.swapped[0]
-            view._seen_.clear()
             for name in HOLDERS:  # what FastDeploy built in the call keeps the real object
                 holder = attrs.get(name)
                 if holder is not None and getattr(holder, "share_inputs", None) is view:
@@ -230,12 +224,10 @@ _PLAIN = frozenset((int, slice, type(Ellipsis)))
 
 def basic_key(key) -> bool:
     """Integer/slice indexing (what numpy applies identically); masks and tensors are not."""
-    if type(key) in _PLAIN:  # the common keys decided by their type alone (no call)
+    keys = key if isinstance(key, tuple) else (key,)
+    if all(map(_PLAIN.__contains__, map(type, keys))):  # the common keys, by type alone (no Python frame)
         return True
-    for k in key if isinstance(key, tuple) else (key,):
-        if type(k) not in _PLAIN and not (isinstance(k, _BASIC) and not isinstance(k, (bool, np.bool_))):
-            return False
-    return True
+    return all(isinstance(k, _BASIC) and not isinstance(k, (bool, np.bool_)) for k in keys)
 
 
 _UNKNOWN = object()

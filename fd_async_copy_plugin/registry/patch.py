@@ -250,12 +250,10 @@ class StepGate:
     def change(self):
         me = threading.get_ident()
         with self._cond:
-            self._waiting += 1
-            try:
-                done = self._cond.wait_for(lambda: self._changer in (None, me) and not any(
-                    n for t, n in self._open.items() if t != me), self.timeout)
-            finally:
-                self._waiting -= 1
+            self._waiting += 1  # (left raised by an exception in the wait: a section notifies in vain)
+            done = self._cond.wait_for(lambda: self._changer in (None, me) and not any(
+                n for t, n in self._open.items() if t != me), self.timeout)
+            self._waiting -= 1
             if not done:
                 logging.getLogger("fd_async_copy").warning(
                     "fd_async_copy: a runner step did not end within %g s; the patches change during it", self.timeout)

@@ -339,8 +339,7 @@ class CopyBackend:
         return facts
 
     def is_pinned(self, t) -> bool:
-        facts = self._pinned.get(id(t))  # (``_facts``, inline: asked for every argument of a save)
-        return facts is not None and facts.buf() is t
+        return self._facts(t) is not None
 
     def reused_while_referenced(self, message: str, buffers: dict) -> None:
         """A ring chose a slot whose ``buffers`` are still referenced (a reuse-policy bug; the ring

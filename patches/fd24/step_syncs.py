@@ -31,21 +31,6 @@ SNAPSHOT = ("this_time", "enc", "block_step", "step_dec")
 SNAPSHOT_LABELS = tuple((name, f"step_syncs.{name}") for name in SNAPSHOT)
 
 
-_SCALARS: dict = {}  # (numpy dtype, value) -> a 0-d CPU tensor of it, cloned for each answer
-
-
-def host_scalar(value):
-    """``paddle.to_tensor(np.array(value), place=paddle.CPUPlace())``; a 0-d one is a clone of a
-    kept tensor of the same dtype and value (one C call instead of Paddle's Python conversion)."""
-    array = np.array(value)
-    if array.ndim or array.dtype.kind not in "biu":
-        return paddle.to_tensor(array, place=paddle.CPUPlace())
-    kept = _SCALARS.get((array.dtype, array.item()))
-    if kept is None:
-        kept = _SCALARS[(array.dtype, array.item())] = paddle.to_tensor(array, place=paddle.CPUPlace())
-    return kept.clone()
-
-
 class _Mirror24(_Mirror):
     """FD 2.4: also the host reads the shadow answers (I1, S2)."""
 
@@ -53,7 +38,7 @@ class _Mirror24(_Mirror):
         # I1: ``if share_inputs["is_block_step"][idx]:`` - answered on the host when known.
         if self.name == "block_step" and basic_key(key) and self.shadow._known["block_step"]:
             self.shadow.served["I1 is_block_step read"] += 1
-            return host_scalar(self.shadow.arrays[self.name][key])
+            return self.shadow.glue.from_numpy(np.array(self.shadow.arrays[self.name][key]))  # (to_tensor's)
         if self.name == "block_step":
             self.shadow.fallback("I1: shadow of is_block_step not known")
         return NotImplemented
@@ -268,9 +253,7 @@ class StepShadow:
     def recover_and_count(self, num_running: int) -> int | None:
         """Replay ``recover_decode_task`` on the shadow and return the step's token count, or None
         when the host cannot know it."""
-        known = self._known
-        if not (known["this_time"] and known["block_step"] and known["step_dec"] and known["tables"]
-                and known["enc"]):
+        if not all(self.known(n) for n in ("this_time", "block_step", "step_dec", "tables", "enc")):
             return None
         this_time = self.arrays["this_time"].reshape(-1)
         block_step = self.arrays["block_step"].reshape(-1)

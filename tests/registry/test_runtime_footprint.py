@@ -66,16 +66,16 @@ SCAFFOLDING = ("testing", "cli", "serving_ab", "runtime.simulated", "ops.build",
                "pytest_plugin")
 #: The budget: code lines (blank lines, comments and docstrings not counted - every patch module
 #: carries its why/how/mirrors/delete header, and the CUDA layer documents each call), set to what
-#: the runtime part measures (5472 code / 8439 physical lines) rounded up, so that any growth is a
+#: the runtime part measures (5449 code / 8410 physical lines) rounded up, so that any growth is a
 #: decision made here. The runtime serves three FastDeploy lines (2.4, 2.5, develop), tensor
 #: parallelism, and one copy path with its C call; the issue asking for the one copy path aims at
-#: 4.6k code lines, which is not reached. (5430 -> 5472: the per-step paths written for fewer
+#: 4.6k code lines, which is not reached. (5430 -> 5449: the per-step paths written for fewer
 #: Python calls - the step gate as its own context, the view's per-key memo, the type-first index
-#: checks, the kept 0-d answers of the block-step read - and the watch's fallback for a write to a
-#: mirrored tensor made past it, which a merge had dropped.)
-MAX_RUNTIME_CODE_LINES = 5480
+#: checks - and the watch's fallback for a write to a mirrored tensor made past it, which a merge
+#: had dropped.)
+MAX_RUNTIME_CODE_LINES = 5450
 #: and a ceiling on the physical lines, docs included
-MAX_RUNTIME_LINES = 8440
+MAX_RUNTIME_LINES = 8410
 
 
 def loaded_by_register(prelude: str = "") -> tuple[set[str], dict]:
