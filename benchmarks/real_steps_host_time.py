@@ -24,7 +24,9 @@ our ports of its compiled ops, the tiny model). Per configuration (unpatched, de
   census go through the plugin's copy backend and census modules, which on a GPU would be
   FastDeploy's own CUDA calls or nothing at all. Per executed step; the ratio plugin / fastdeploy of the
   same run is the figure (the profiler's per-call overhead inflates both; the plain figures are
-  exact). Under each plugin row, where its time goes: its largest functions (``--top``).
+  exact). Under each plugin row, where its time goes: its largest functions (``--top``). Each row
+  also counts the calls of the plugin's own Python functions per step (the profiler's count:
+  deterministic where the times are not).
 
     python benchmarks/real_steps_host_time.py --fd-root /path/to/FastDeploy [--batches 8,128]
         [--steps 32] [--rounds 3] [--vocab 1024] [--top 6] [--json FILE]
@@ -91,8 +93,13 @@ def attribute(stats: pstats.Stats, fd_dir, plugin_dir, testing_dir) -> dict:
 
     totals: dict = {"plugin": 0.0, "fastdeploy": 0.0, "stand-ins": 0.0, "unattributed": 0.0}
     where: dict = {}
+    # calls of the plugin's own Python functions (builtins excluded), shared among callers as the
+    # time is (a plugin function a stand-in calls is the stand-ins'): deterministic where time is not
+    totals["_plugin_calls"] = 0.0
     for f, (cc, nc, tt, ct, callers) in raw.items():
         s = shares(f)
+        if owners[f] == "plugin":
+            totals["_plugin_calls"] += nc * s.get("plugin", 0.0)
         charged = 0.0
         for owner, share in s.items():
             totals[owner] += tt * share
@@ -262,12 +269,14 @@ def main(argv=None) -> int:
                 steps = window.steps
                 totals = attribute(pstats.Stats(window.profiler), fd_dir, plugin_dir, testing_dir)
                 where = totals.pop("_plugin_functions")
+                calls = totals.pop("_plugin_calls") / steps
                 per_step = {k: v / steps * 1e6 for k, v in totals.items()}
                 row = {
                     "batch": batch, "logprobs": logprobs, "configuration": c.name,
                     "plain_us_per_step": statistics.median(plain[c.name]) * 1e6,
                     "profiled_us_per_step": {k: round(v, 1) for k, v in per_step.items()},
                     "plugin_over_fastdeploy": per_step["plugin"] / per_step["fastdeploy"] if per_step["fastdeploy"] else None,
+                    "plugin_python_calls_per_step": round(calls, 1),
                     "steps": steps,
                 }
                 results.append(row)
@@ -276,7 +285,7 @@ def main(argv=None) -> int:
                       f"plain {row['plain_us_per_step']:9.0f} us/step | profiled per step: plugin "
                       f"{per_step['plugin']:8.0f} us, fastdeploy {per_step['fastdeploy']:8.0f} us, stand-ins "
                       f"{per_step['stand-ins']:8.0f} us, other {per_step['unattributed']:6.0f} us | plugin/fastdeploy "
-                      f"{'-' if ratio is None else f'{100 * ratio:.1f}%'}")
+                      f"{'-' if ratio is None else f'{100 * ratio:.1f}%'} | plugin Python calls {calls:.1f}")
                 if c.plugin and args.top:
                     row["plugin_top"] = top_plugin_functions(where, plugin_dir, steps, args.top)
                     for line in row["plugin_top"]:

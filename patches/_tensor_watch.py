@@ -69,15 +69,6 @@ class StandIn:
     def __init__(self, tensor, handler: Watched, scope: "watching") -> None:
         self.tensor, self.handler, self.scope = tensor, handler, scope
 
-    def _handler(self):
-        """The handler when this thread's scope is open (its version checked first), else None."""
-        scope, h = self.scope, self.handler
-        if not scope.open or _ident() != scope.owner:
-            return None
-        if self.tensor._inplace_version() != h.version:
-            h.unseen()
-        return h
-
     def __setitem__(self, key, value):
         if type(value) is StandIn:
             value = value.tensor
@@ -93,17 +84,19 @@ class StandIn:
 
     def _read(self, method: str, paddles: str, *args):
         """The handler's answer to a read (``NotImplemented``: Paddle's own read)."""
-        h = self._handler()
-        if h is None:
+        scope, h, t = self.scope, self.handler, self.tensor  # (``_handler``, inline)
+        if not scope.open or _ident() != scope.owner:
             return NotImplemented
-        result = getattr(h, method)(getattr(type(self.tensor), paddles), *args)
-        if self.scope.pending is not None:
-            self.scope.read(self.tensor)
+        if t._inplace_version() != h.version:
+            h.unseen()
+        result = getattr(h, method)(getattr(type(t), paddles), *args)
+        if scope.pending is not None:
+            scope.read(t)
         return result
 
     def __getitem__(self, key):
-        result = self._read("getitem", "__getitem__", _real(key))
-        return self.tensor[_real(key)] if result is NotImplemented else result
+        result = self._read("getitem", "__getitem__", key := _real(key))
+        return self.tensor[key] if result is NotImplemented else result
 
     def numpy(self, *args, **kwargs):
         result = NotImplemented if args or kwargs else self._read("numpy", "numpy")
@@ -119,20 +112,30 @@ class ScopedInputs:
     runs); writes store real tensors; attributes and everything else are the real object's. Once
     the call returned (or on another thread) it is the real object in all but identity."""
 
-    __slots__ = ("_real_", "_stand_ins_")
+    __slots__ = ("_real_", "_stand_ins_", "_seen_")
 
     def __init__(self, real, stand_ins: dict) -> None:
         object.__setattr__(self, "_real_", real)
         object.__setattr__(self, "_stand_ins_", stand_ins)  # id(tensor) -> StandIn
+        #: key -> (the value last found there, its StandIn or None): a key read again while it holds
+        #: the same object is decided without a call (a key written through the view is dropped at
+        #: once, so the view holds no value FastDeploy replaced through it)
+        object.__setattr__(self, "_seen_", {})
 
     def __getitem__(self, key):
-        value = self._real_[key]
-        out = self._stand_ins_.get(id(value))
-        if out is not None and out.tensor is value and out.scope.open and _ident() == out.scope.owner:
+        value, seen = self._real_[key], self._seen_
+        last, out = seen.get(key, (None, None))  # (a constant: nothing is built per call)
+        if last is not value:  # (first read of the key in this scope, or it holds another object)
+            out = self._stand_ins_.get(id(value))
+            if out is not None and out.tensor is not value:
+                out = None
+            seen[key] = (value, out)
+        if out is not None and out.scope.open and _ident() == out.scope.owner:
             return out
         return value
 
     def __setitem__(self, key, value):
+        self._seen_.pop(key, None)
         self._real_[key] = _real(value)
 
     def __contains__(self, key):
@@ -148,6 +151,7 @@ class ScopedInputs:
         return getattr(self._real_, name)
 
     def __setattr__(self, name, value):
+        self._seen_.pop(name, None)  # (``InputBatch``: item access is attribute access)
         setattr(self._real_, name, _real(value))
 
 
@@ -215,18 +219,26 @@ class watching:
 _BASIC = (int, np.integer, slice, type(Ellipsis))
 
 
+#: the exact types of a basic index part (``bool`` is not ``int`` here: ``type(True) is bool``)
+_PLAIN = frozenset((int, slice, type(Ellipsis)))
+
+
 def basic_key(key) -> bool:
     """Integer/slice indexing (what numpy applies identically); masks and tensors are not."""
     keys = key if isinstance(key, tuple) else (key,)
+    if all(map(_PLAIN.__contains__, map(type, keys))):  # the common keys, by type alone (no Python frame)
+        return True
     return all(isinstance(k, _BASIC) and not isinstance(k, (bool, np.bool_)) for k in keys)
 
 
 _UNKNOWN = object()
+#: values ``host_value`` hands back as they are, by exact type (a caller may test ``type(v) in``)
+HOST_TYPES = frozenset((bool, int, float, np.ndarray, np.bool_, np.int32, np.int64, np.float32))
 
 
 def host_value(value, target):
     """``value`` of a host write as numpy, or ``_UNKNOWN`` when it is (or may be) device data."""
-    if isinstance(value, (bool, int, float, np.generic, np.ndarray)):
+    if type(value) in HOST_TYPES or isinstance(value, (bool, int, float, np.generic, np.ndarray)):
         return value
     if isinstance(value, (list, tuple)):
         try:

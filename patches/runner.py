@@ -148,7 +148,11 @@ class FeatureRunners:
         return [r for r in (ref() for ref in refs) if r is not None and part(r, self.slot) is not None]
 
     def parts(self) -> list:
-        return [part(r, self.slot) for r in self.live()]
+        """The live runners' parts (``live()`` and ``part()`` inline: asked several times a step)."""
+        with self._lock:
+            refs = list(self._runners.values())
+        found = [getattr(r.__dict__.get(_SLOT), self.slot, None) for r in [ref() for ref in refs] if r is not None]
+        return [p for p in found if p is not None]
 
     def report(self) -> dict | None:
         patched = self.live()

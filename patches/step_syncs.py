@@ -58,7 +58,7 @@ import paddle
 from fd_async_copy_plugin.registry.patch import IncompatibleError, Junction, Patch, Target
 
 from .runner import FeatureRunners, RunnerFeature, line
-from ._tensor_watch import CREATE_EVENT, Watched, basic_key, host_value, _UNKNOWN
+from ._tensor_watch import CREATE_EVENT, HOST_TYPES, Watched, basic_key, host_value, _UNKNOWN
 
 RUNNER = "worker.gpu_model_runner"
 POSTPROC = "model_executor.pre_and_post_process"
@@ -76,8 +76,8 @@ class _Mirror(Watched):
 
     def setitem(self, original, key, value) -> None:
         original(self.tensor, key, value)
-        v = host_value(value, self.tensor)
-        if v is _UNKNOWN or not basic_key(key):
+        v = value if type(value) in HOST_TYPES else host_value(value, self.tensor)
+        if v is _UNKNOWN or not (type(key) is slice or basic_key(key)):
             self.shadow.lose(self.name, f"a write FastDeploy made to {self.name} with a device value or a mask")
         else:
             self.shadow.host_write(self.name, key, v)

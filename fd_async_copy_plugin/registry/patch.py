@@ -221,29 +221,40 @@ class StepGate:
 
     def __init__(self, timeout: float = 60.0) -> None:
         self.timeout = timeout
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._open: collections.Counter = collections.Counter()  # thread id -> its open sections
         self._changer: int | None = None  # the thread changing the patches now
+        self._waiting = 0  # changes waiting for sections to close (a section's end notifies them)
 
-    @contextlib.contextmanager
-    def section(self):
+    def section(self) -> "StepGate":
+        """``with gate.section():`` a step section on this thread (the gate is its own context: no
+        generator or object per gated call; waits only while another thread changes the patches,
+        notifies only a change that waits)."""
+        return self
+
+    def __enter__(self) -> None:
         me = threading.get_ident()
-        with self._cond:
-            self._cond.wait_for(lambda: self._changer in (None, me))
+        with self._lock:
+            if self._changer is not None and self._changer != me:
+                self._cond.wait_for(lambda: self._changer in (None, me))
             self._open[me] += 1
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._open[me] -= 1
+
+    def __exit__(self, *exc) -> None:
+        with self._lock:
+            self._open[threading.get_ident()] -= 1
+            if self._waiting:
                 self._cond.notify_all()
 
     @contextlib.contextmanager
     def change(self):
         me = threading.get_ident()
         with self._cond:
-            if not self._cond.wait_for(lambda: self._changer in (None, me) and not any(
-                    n for t, n in self._open.items() if t != me), self.timeout):
+            self._waiting += 1  # (left raised by an exception in the wait: a section notifies in vain)
+            done = self._cond.wait_for(lambda: self._changer in (None, me) and not any(
+                n for t, n in self._open.items() if t != me), self.timeout)
+            self._waiting -= 1
+            if not done:
                 logging.getLogger("fd_async_copy").warning(
                     "fd_async_copy: a runner step did not end within %g s; the patches change during it", self.timeout)
             outer, owns = self._changer, self._changer in (None, me)  # (else beside a stuck change)

@@ -13,7 +13,7 @@ import paddle
 from ..runner import part, runner_state
 from ..step_syncs import POSTPROC, RUNNER, RunnerSyncs, _Mirror, _device_copy, shadow_not_exact
 from .. import step_syncs as feature  # own_path_reason looked up there (a probe may plant it)
-from .._tensor_watch import Watched, basic_key, host_value, rows_of, watching, _UNKNOWN
+from .._tensor_watch import HOST_TYPES, Watched, basic_key, host_value, rows_of, watching, _UNKNOWN
 
 log = logging.getLogger("fd_async_copy")
 
@@ -36,16 +36,16 @@ class _Mirror24(_Mirror):
 
     def getitem(self, original, key):
         # I1: ``if share_inputs["is_block_step"][idx]:`` - answered on the host when known.
-        if self.name == "block_step" and basic_key(key) and self.shadow.known(self.name):
+        if self.name == "block_step" and basic_key(key) and self.shadow._known["block_step"]:
             self.shadow.served["I1 is_block_step read"] += 1
-            return paddle.to_tensor(np.array(self.shadow.arrays[self.name][key]), place=paddle.CPUPlace())
+            return self.shadow.glue.from_numpy(np.array(self.shadow.arrays[self.name][key]))  # (to_tensor's)
         if self.name == "block_step":
             self.shadow.fallback("I1: shadow of is_block_step not known")
         return NotImplemented
 
     def numpy(self, original):
         # S2: ``np.max(share_inputs["bad_tokens_len"].numpy())`` in _prepare_inputs.
-        if self.name == "bad_len" and self.shadow.known(self.name):
+        if self.name == "bad_len" and self.shadow._known["bad_len"]:
             self.shadow.served["S2 bad_tokens_len"] += 1
             return self.shadow.arrays[self.name].copy()
         if self.name == "bad_len":
@@ -71,8 +71,8 @@ class _StagedTable(Watched):
 
     def setitem(self, original, key, value):
         shadow = self.shadow
-        v = host_value(value, self.tensor)
-        if v is _UNKNOWN or not basic_key(key) or not shadow.known("tables"):
+        v = value if type(value) in HOST_TYPES else host_value(value, self.tensor)
+        if v is _UNKNOWN or not basic_key(key) or not shadow._known["tables"]:
             shadow.flush()  # staged rows land first, in stream order, then FastDeploy's own write
             shadow.lose("tables", "a block-table write with a device value or mask")
             return NotImplemented
@@ -115,7 +115,7 @@ class StepShadow:
         #: S2: ``bad_tokens_len.numpy()`` inside ``_prepare_inputs``, answered from the shadow
         self.prepare_watch = [_BadTokensRead(self, "bad_len", self.tensors["bad_len"])]
         self.arrays: dict[str, np.ndarray] = {}
-        self._known: dict[str, bool] = {}
+        self._known: dict[str, bool] = dict.fromkeys(SHADOWED, False)  # (every name: read by subscript)
         self.fallbacks, self.served = collections.Counter(), collections.Counter()
         self.s1_off = ""  # why S1 stood down for good (a count mismatch), "" while it runs
         self.snap = {  # pinned copies of the device state; the step snapshot uses SNAPSHOT's
@@ -393,8 +393,8 @@ def exist_prefill(shadow: StepShadow, runner) -> bool | None:
 def padding_offset(fd, shadow: StepShadow, count: int, input_ids, token_num, args, kwargs):
     """S1: the 2.4 op copies token_num to the host to size its outputs; a host tensor makes that a
     host-to-host memcpy. The device count is copied under the step's event and compared."""
-    host = paddle.to_tensor(np.array(count).reshape(tuple(token_num.shape)).astype(
-        np.dtype(str(token_num.dtype).replace("paddle.", ""))), place=paddle.CPUPlace())
+    glue = shadow.glue  # (``from_numpy``: ``paddle.to_tensor(array, place=CPUPlace())`` without its argument handling)
+    host = glue.from_numpy(np.array(count).reshape(tuple(token_num.shape)).astype(glue.dtype(token_num)))
     shadow.count_src, shadow.count_used = token_num, count
     shadow.served["S1 token count"] += 1
     outputs = fd(input_ids, host, *args, **kwargs)

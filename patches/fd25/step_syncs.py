@@ -145,7 +145,7 @@ class TokenShadow:
         self.snap = {name: backend.new_pinned(self.glue.shape(t), self.glue.dtype(t), f"step_syncs.{name}")
                      for name, t in self.tensors.items()}
         self.arrays: dict[str, np.ndarray] = {}
-        self._known: dict[str, bool] = {}
+        self._known: dict[str, bool] = dict.fromkeys(SHADOWED_25, False)  # (every name: read by subscript)
         self.served, self.fallbacks = served, fallbacks
         self.pending = None  # the event of the issued snapshot not taken yet
         self.log: list = []  # host writes and recover replays made since that snapshot was issued
@@ -207,7 +207,7 @@ class TokenShadow:
             self._apply(name, key, value)
 
     def _apply(self, name: str, key, value) -> None:
-        if not self.known(name):
+        if not self._known[name]:
             return
         try:
             self.arrays[name][key] = value
@@ -223,7 +223,7 @@ class TokenShadow:
             self._recover(num_running)
 
     def _recover(self, num_running: int) -> None:
-        if not all(self.known(n) for n in SHADOWED_25) or not replay_recover(self.arrays, num_running,
+        if not all(self._known.values()) or not replay_recover(self.arrays, num_running,
                                                                               self.block_size):
             for name in RECOVERED:
                 self.lose(name, "recover_decode_task cannot be replayed (a shadow unknown or a block column "

@@ -259,3 +259,21 @@ def test_the_module_declares_no_patch_of_paddles_tensor():
     targets = [p.target for p in feature.patches]
     assert not [t for t in targets if t.attr.startswith("Tensor.")], targets
     assert not hasattr(_tensor_watch, "PATCHES")
+
+
+def test_the_view_decides_a_key_again_when_it_holds_another_object():
+    """The view remembers per key what it found; a key re-pointed (through the view, or on
+    FastDeploy's own dict) is decided again, and a value written through the view is not kept."""
+    runner = _Runner()
+    real, a, b = runner.share_inputs, runner.share_inputs["a"], runner.share_inputs["b"]
+    with watching([_Recorder(a)], runner=runner):
+        si = runner.share_inputs
+        assert si["b"] is b and si["b"] is b and type(si["a"]) is StandIn  # read twice: remembered
+        real["b"] = a  # FastDeploy's dict now holds the watched tensor under another key
+        assert type(si["b"]) is StandIn and si["b"].tensor is a
+        real["a"] = other = paddle.to_tensor(np.zeros(2, dtype="int64"))  # the watched key re-pointed
+        assert si["a"] is other
+        si["b"] = b  # written through the view: forgotten at once (the view holds no replaced value)
+        assert "b" not in si._seen_ and si["b"] is b
+    assert si["a"] is other and si["b"] is b  # closed: FastDeploy's own objects, whatever it remembers
+

@@ -18,6 +18,8 @@ def test_smoke_on_the_replica(capsys, benchmark_script):
     default = [r for r in rows if " default " in r]
     # nothing of the plugin runs unpatched; with it, its frames are charged to it
     assert all("plugin/fastdeploy" in r for r in rows)
+    calls = {r: float(r.split("plugin Python calls")[1]) for r in rows}  # (the window's own hook: a few)
+    assert max(calls[r] for r in unpatched) * 20 < min(calls[r] for r in default)
     assert float(default[0].split("plugin")[1].split("us")[0]) > float(unpatched[0].split("plugin")[1].split("us")[0])
 
 
@@ -34,6 +36,7 @@ def test_unowned_time_goes_to_callers_by_their_time_in_it(benchmark_script):
 
     totals = bench.attribute(Fake(), "/p/fd/", "/p/plugin/", "/p/plugin/testing/")
     assert totals["plugin"] == pytest.approx(1.0 + 3.0 / 3) and totals["fastdeploy"] == pytest.approx(2.0 + 2 * 3.0 / 3)
+    assert totals["_plugin_calls"] == 1  # the plugin's own Python function only (x is not the plugin's)
 
 
 def test_plugin_code_a_stand_in_calls_is_the_stand_ins(benchmark_script):
