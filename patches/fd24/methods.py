@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import functools
 
-from . import overlap, stop_flag
+from .._tensor_watch import watching
 from ..common import _get_prompt_logprobs_list, consume  # noqa: F401 - the line's function
 from ..runner import parts_of
 from ..step import current, opened
-from . import step_syncs
-from .._tensor_watch import watching
+from . import overlap, step_syncs, stop_flag
 
 
 def __init__(fd, on, self, *args, **kwargs):
