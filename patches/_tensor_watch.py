@@ -89,6 +89,7 @@ class StandIn:
             return NotImplemented
         if t._inplace_version() != h.version:
             h.unseen()
+            h.version = t._inplace_version()  # told once, as ``__setitem__`` and the scope's end do
         result = getattr(h, method)(getattr(type(t), paddles), *args)
         if scope.pending is not None:
             scope.read(t)

@@ -92,6 +92,20 @@ def test_an_unseen_write_through_an_earlier_reference_is_told_at_the_end():
     assert recorder.calls == [("unseen", threading.get_ident())]
 
 
+def test_an_unseen_write_is_told_once_however_many_reads_follow_it():
+    """The read that finds the missed write takes the tensor's version as seen: later reads and the
+    end of the call do not report the same write again (each report is a counted fallback)."""
+    runner = _Runner()
+    alias = runner.share_inputs["a"]
+    recorder = _Recorder(alias)
+    me = threading.get_ident()
+    with watching([recorder], runner=runner):
+        alias[3] = 5  # never passes the watch
+        runner.share_inputs["a"].numpy()
+        runner.share_inputs["a"].numpy()
+    assert recorder.calls == [("unseen", me), ("numpy", me), ("numpy", me)]
+
+
 def test_a_runner_attribute_aliasing_a_watched_tensor_is_a_stand_in_during_the_call():
     runner = _Runner()
     buffer = runner.seq_lens_this_time_buffer
