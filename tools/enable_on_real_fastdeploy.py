@@ -74,7 +74,7 @@ def main(argv=None) -> int:
     # junction may be left on it.
     from fd_async_copy_plugin.registry.patch import Junction
 
-    records = [r for applied in plugin._get_manager().applied.values() for r in applied.records]
+    records = [j for applied in plugin._get_manager().applied.values() for _, j in applied.records]
     per_feature = {name: len(applied.records) for name, applied in plugin._get_manager().applied.items()}
     first = {}  # every record of one attribute holds its junction's original: FastDeploy's object
     for record in records:

@@ -116,12 +116,7 @@ def wraps(original: Any) -> Callable[[Callable], Callable]:
     """The one way a replacement function is made to look like FastDeploy's original: keeps
     ``__name__``, ``__qualname__``, ``__doc__``, ``__module__`` and sets ``__wrapped__`` (for
     ``inspect.signature``, tracebacks and FastDeploy code that logs function names)."""
-
-    def decorate(replacement: Callable) -> Callable:
-        functools.update_wrapper(replacement, original, updated=())
-        return replacement
-
-    return decorate
+    return functools.wraps(original, updated=())
 
 
 @dataclass
@@ -278,10 +273,9 @@ class _Next:
     """What a link calls to continue: the following link of its junction, or FastDeploy's original.
     Looks like the original (name, doc, ``__wrapped__``) for the builders that name or inspect it."""
 
-    def __init__(self, junction: "Junction", name: str) -> None:
-        self.target = junction.bottom  # set by the junction's relink
-        functools.update_wrapper(self, junction.bottom, updated=())
-        junction.nexts[name] = self
+    def __init__(self, bottom: Any) -> None:
+        self.target = bottom  # set by the junction's relink
+        functools.update_wrapper(self, bottom, updated=())
 
     def __call__(self, *args, **kwargs):
         return self.target(*args, **kwargs)
@@ -310,12 +304,11 @@ class Junction:
         self.links: dict[str, Callable] = {}  # link name (a feature, or a Shared key) -> link
         self.members: dict[str, dict] = {}  # Shared key -> {feature: its PatchContext}
         self.shared: dict[str, Callable] = {}  # Shared key -> the patch set's function
-        self.kinds: dict[str, int] = {}  # link name -> 0 outermost, 1 shared, 2 a feature's own
+        self.ranks: dict[str, tuple] = {}  # link name -> (0 outermost, 1 shared, 2 a feature's own; name)
         self.nexts: dict[str, _Next] = {}  # each link's "next", linked now or not
-        self.head: Callable = function
-        #: what the last link calls: FastDeploy's original, unless instrumentation (device tracking in
-        #: tests) put itself beneath the links (``set_bottom``)
-        self.bottom: Any = function
+        #: ``bottom``: what the last link calls: FastDeploy's original, unless instrumentation (device
+        #: tracking in tests) put itself beneath the links (``set_bottom``)
+        self.head = self.bottom = function
         self.gated = False  # a link's patch is a step section (``Patch.step``)
         junction = self
 
@@ -327,7 +320,6 @@ class Junction:
                 return junction.head(*args, **kwargs)
 
         setattr(installed, JUNCTION_MARK, self)
-        self.function = installed
         self.installed = self.descriptor(installed) if self.descriptor else installed
 
     @staticmethod
@@ -341,21 +333,13 @@ class Junction:
     @classmethod
     def on(cls, owner: Any, name: str) -> "Junction":
         """The junction of ``owner.name``: the one installed, or a new one (installed by its first link)."""
-        found = cls.at(owner, name)
-        if found is not None:
-            return found
         own = (name in vars(owner)) if isinstance(owner, type) else True
-        return cls(owner, name, _raw_attr(owner, name), own)
-
-    def _rank(self, name: str) -> tuple:
-        return (self.kinds.get(name, 2), name)
+        return cls.at(owner, name) or cls(owner, name, _raw_attr(owner, name), own)
 
     def features(self) -> list[str]:
         """The features with a part here, outermost first (a shared function's, by name)."""
-        out: list[str] = []
-        for name in sorted(self.links, key=self._rank):
-            out += sorted(self.members[name]) if name in self.members else [name]
-        return out
+        ordered = sorted(self.links, key=self.ranks.get)
+        return [feature for name in ordered for feature in sorted(self.members.get(name, [name]))]
 
     def set_bottom(self, bottom: Any) -> None:
         """What the last link calls from now on (``original`` again to undo)."""
@@ -368,12 +352,12 @@ class Junction:
         # still running (a save captured before disable()) continues with the links after its place
         # A shared function is handed what follows it directly (one frame less per call).
         following, links = self.bottom, dict(self.links)
-        for name in sorted(self.nexts, key=self._rank, reverse=True):
+        for name in sorted(self.nexts, key=self.ranks.get, reverse=True):
             self.nexts[name].target = following
             if name in links and name in self.members:
                 links[name] = functools.partial(self.shared[name], following, self.members[name])
             following = links.get(name, following)
-        self.links = links
+        self.links = links  # copied, never changed in place: readers iterate it
         self.head = following  # the head last: a call in flight sees a whole chain
 
     def attach(self, feature: str, build: Callable[[Any], Any], step: bool = False, outermost: bool = False) -> None:
@@ -382,32 +366,28 @@ class Junction:
         with _junctions_lock:
             if feature in self.features():
                 raise IncompatibleError(f"{self.name}: feature {feature!r} declares two patches of it")
-            nxt = _Next(self, feature)
+            nxt = _Next(self.bottom)
             link = build(nxt)
-            if isinstance(link, Shared):
-                if self.nexts.get(feature) is nxt:
-                    del self.nexts[feature]
-                name, self.shared[link.key] = link.key, link.function
+            shared = isinstance(link, Shared)
+            name = link.key if shared else feature  # a shared function's link is under its key
+            if shared:
+                self.shared[name] = link.function
                 self.members = {**self.members, name: {**self.members.get(name, {}), feature: link.ctx}}
-                if name not in self.nexts:
-                    _Next(self, name)
-                self.kinds.setdefault(name, 1)
-            else:
-                name = feature
-                self.kinds[name] = 0 if outermost else 2
-            self.links = {**self.links, name: link}  # copied, never changed in place: readers iterate it
+            self.nexts[name], self.ranks[name] = nxt, (1 if shared else 0 if outermost else 2, name)
+            self.links = {**self.links, name: link}
             self.gated = self.gated or step
             self._relink()
             if _junctions.get((id(self.owner), self.name)) is not self:
                 _junctions[(id(self.owner), self.name)] = self
-                _set(self.owner, self.name, self.installed)
+                setattr(self.owner, self.name, self.installed)
 
     def detach(self, feature: str) -> None:
+        """Take ``feature``'s link out; the last one out puts FastDeploy's original back."""
         with _junctions_lock:
             name = next((key for key, on in self.members.items() if feature in on), feature)
-            rest = {f: c for f, c in self.members.get(name, {}).items() if f != feature}
-            self.members = {key: (rest if key == name else on) for key, on in self.members.items()
-                            if key != name or rest}  # a shared function stays for the features still applied
+            members = dict(self.members)
+            rest = {f: ctx for f, ctx in members.pop(name, {}).items() if f != feature}
+            self.members = {**members, name: rest} if rest else members  # a shared function stays while used
             if not rest:
                 self.links = {key: link for key, link in self.links.items() if key != name}
             self._relink()
@@ -415,31 +395,17 @@ class Junction:
                 if _junctions.get((id(self.owner), self.name)) is self:
                     del _junctions[(id(self.owner), self.name)]
                 if self.own:
-                    _set(self.owner, self.name, self.original)
+                    setattr(self.owner, self.name, self.original)
                 elif self.name in vars(self.owner):
                     delattr(self.owner, self.name)
 
 
-@dataclass
-class _Applied:
-    owner: Any
-    name: str
-    original: Any
-    replacement: Any
-    own: bool  # the original lived in owner's own __dict__ (else it was inherited)
-    producer: bool = False
-    target: Target | None = None
-    junction: Junction | None = None
-    feature: str = ""
-
-
 class AppliedFeature:
-    """The record of one applied feature: enough to restore every original exactly."""
+    """The record of one applied feature: enough to restore every original exactly. ``records``:
+    (patch, the junction its link is in) per target set."""
 
-    def __init__(self, feature: Feature, ctx: PatchContext, records: list[_Applied], importers: list) -> None:
-        self.feature = feature
-        self.ctx = ctx
-        self.records = records
+    def __init__(self, feature: Feature, ctx: PatchContext, records: list, importers: list) -> None:
+        self.feature, self.ctx, self.records = feature, ctx, records
         #: the declared ``from ... import`` targets (``required=False``), loaded now or not
         self.importers = importers
 
@@ -448,57 +414,44 @@ class AppliedFeature:
         a FastDeploy module re-bound FastDeploy's originals). Reads only; imports nothing. A class
         re-bound to a subclass of the patched one (tests, FD's platform runners) is not a drift."""
         lost = []
-        for record in self.records:
-            target = record.target
-            if target is None:
-                continue
-            module = sys.modules.get(target.module_name(self.ctx.root))
+        for patch, junction in self.records:
+            module = sys.modules.get(patch.target.module_name(self.ctx.root))
             if module is None:
                 continue
             owner: Any = module
-            for part in target.attr.split(".")[:-1]:
+            for part in patch.target.attr.split(".")[:-1]:
                 owner = getattr(owner, part, _MISSING)
-            if isinstance(owner, type) and isinstance(record.owner, type) and issubclass(owner, record.owner):
-                owner = record.owner
-            current = _raw_attr(owner, record.name) if owner is not _MISSING else _MISSING
-            if current is not record.replacement:  # one junction per attribute: nothing wraps it
-                lost.append(target.describe(self.ctx.root))
+            if isinstance(owner, type) and isinstance(junction.owner, type) and issubclass(owner, junction.owner):
+                owner = junction.owner
+            current = _raw_attr(owner, junction.name) if owner is not _MISSING else _MISSING
+            if current is not junction.installed:  # one junction per attribute: nothing wraps it
+                lost.append(patch.target.describe(self.ctx.root))
         return lost
 
     def revert(self) -> None:
         # Producers first, then whatever they issued is finished, then the consumers' guards go:
         # a result handed out before the revert never reaches an unguarded consumer unfinished.
         ordered = list(reversed(self.records))
-        for record in ordered:
-            if record.producer:
-                _restore(record)
+        for patch, junction in ordered:
+            if patch.producer:
+                junction.detach(self.feature.name)
         try:
             self.feature.quiesce(self.ctx)
         except Exception:  # a revert always completes: FastDeploy must get every original back
             logging.getLogger("fd_async_copy").exception(
-                "fd_async_copy: finishing %s's in-flight work on revert failed", self.feature.name
-            )
-        for record in ordered:
-            if not record.producer:
-                _restore(record)
+                "fd_async_copy: finishing %s's in-flight work on revert failed", self.feature.name)
+        for patch, junction in ordered:
+            if not patch.producer:
+                junction.detach(self.feature.name)
         # Importers loaded after apply imported a replacement themselves: point them back too (once
         # no feature has a link left in that junction).
-        originals = {id(r.replacement): r.original for r in self.records if not r.junction.links}
+        originals = {id(j.installed): j.original for _, j in self.records if not j.links}
         for target in self.importers:
             module = sys.modules.get(target.module_name(self.ctx.root))
             current = getattr(module, target.attr, None) if module is not None else None
             if current is not None and id(current) in originals:
                 setattr(module, target.attr, originals[id(current)])
         self.feature.teardown(self.ctx)
-
-
-def _restore(record: _Applied) -> None:
-    """Take the feature's link out; the last one out puts FastDeploy's original back."""
-    record.junction.detach(record.feature)
-
-
-def _set(owner: Any, name: str, value: Any) -> None:
-    setattr(owner, name, value)
 
 
 def apply_feature(feature: Feature, ctx: PatchContext) -> AppliedFeature:
@@ -515,22 +468,19 @@ def apply_feature(feature: Feature, ctx: PatchContext) -> AppliedFeature:
         original = junction.original if junction is not None else current
         if patch.check is not None:
             patch.check(original, ctx)
-        if original is None:
-            continue  # FastDeploy's ops import resolved to None (ops not compiled): nothing to wrap
-        resolved.append((patch, owner, name))
+        if original is not None:  # None: FastDeploy's ops import resolved to None (ops not compiled)
+            resolved.append((patch, owner, name))
     feature.check(ctx)
     ctx.state = feature.prepare(ctx)
-    records: list[_Applied] = []
+    records: list = []
     try:
         for patch, owner, name in resolved:
             junction = Junction.on(owner, name)
             junction.attach(feature.name, lambda nxt, patch=patch: patch.build(nxt, ctx), patch.step)
-            records.append(_Applied(owner, name, junction.original, junction.installed, junction.own,
-                                    patch.producer, patch.target, junction, feature.name))
+            records.append((patch, junction))
     except BaseException:
-        for record in reversed(records):
-            _restore(record)
+        for _, junction in reversed(records):
+            junction.detach(feature.name)
         feature.teardown(ctx)
         raise
-    importers = [p.target for p in patches if not p.target.required]
-    return AppliedFeature(feature, ctx, records, importers)
+    return AppliedFeature(feature, ctx, records, [p.target for p in patches if not p.target.required])

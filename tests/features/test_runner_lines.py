@@ -57,8 +57,8 @@ def _targets() -> dict:
     """Every attribute the applied features declare: (owner, name) -> [feature, ...]."""
     found = collections.defaultdict(list)
     for name, applied in fd_async_copy_plugin._get_manager().applied.items():
-        for record in applied.records:
-            found[(record.owner, record.name)].append(name)
+        for _, junction in applied.records:
+            found[(junction.owner, junction.name)].append(name)
     return found
 
 

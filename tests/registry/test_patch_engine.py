@@ -117,7 +117,7 @@ def test_failure_while_setting_restores_what_was_set(fakefd, manager, as_profile
     before = snapshot(fakefd)
     from fd_async_copy_plugin.registry import patch as patch_module
 
-    real_set = patch_module._set
+    real_set = setattr
     calls = []
 
     def flaky_set(owner, name, value):
@@ -126,7 +126,8 @@ def test_failure_while_setting_restores_what_was_set(fakefd, manager, as_profile
             raise Planted("setattr failed on the last target")
         real_set(owner, name, value)
 
-    monkeypatch.setattr(patch_module, "_set", flaky_set)
+    # the engine's setattr (a module global shadows the builtin there)
+    monkeypatch.setattr(patch_module, "setattr", flaky_set, raising=False)
     state = enable_demo(manager, fakefd, DemoFeature())
     assert state.state == "failed"
     assert len(calls) > 5  # the earlier targets really were set before the failure

@@ -183,15 +183,15 @@ def test_every_replacement_keeps_the_original_names():
     importlib.import_module(f"{root}.worker.gpu_model_runner")
     try:
         fd_async_copy_plugin.enable(None, backend="host", root=root)
-        records = [r for a in fd_async_copy_plugin._get_manager().applied.values() for r in a.records]
+        junctions = [j for a in fd_async_copy_plugin._get_manager().applied.values() for _, j in a.records]
         checked = 0
-        for record in records:
-            original, replacement = record.original, record.replacement
+        for junction in junctions:
+            original, replacement = junction.original, junction.installed
             if not inspect.isfunction(original) or replacement is original:
                 continue
-            assert replacement.__name__ == original.__name__, record.name
-            assert replacement.__qualname__ == original.__qualname__, record.name
-            assert replacement.__wrapped__ is original, record.name
+            assert replacement.__name__ == original.__name__, junction.name
+            assert replacement.__qualname__ == original.__qualname__, junction.name
+            assert replacement.__wrapped__ is original, junction.name
             checked += 1
         assert checked >= 10
     finally:
