@@ -6,30 +6,19 @@ import functools
 import logging
 import sys
 import threading
+from importlib.metadata import entry_points
 from typing import Any
 
 import pluggy
 
+from ..config import BACKENDS, RunSettings
 from ..profile import ProfileInfo, detect_profile
 from .catalog import (ENTRY_POINT_GROUP, FeatureCatalog, available_features, collect_features,  # noqa: F401
                       feature_catalog, plugin_manager)
 from .imports import WATCHER
 from .patch import STEP_GATE, AppliedFeature, Feature, IncompatibleError, PatchContext, apply_feature
-from .plan import (
-    APPLIED,
-    APPLY,
-    FAILED,
-    INCOMPATIBLE,
-    NATIVE,
-    PARTIAL,
-    PASSTHROUGH,
-    PENDING,
-    Decision,
-    option_decision,
-    requirement_decision,
-    plan,
-    strict_violations,
-)
+from .plan import (APPLIED, APPLY, FAILED, INCOMPATIBLE, NATIVE, PARTIAL, PASSTHROUGH, PENDING, Decision,
+                   option_decision, plan, requirement_decision, strict_violations)
 
 log = logging.getLogger("fd_async_copy")
 
@@ -39,21 +28,17 @@ BACKEND_GROUP = "fd_async_copy.backends"
 
 def backend_names() -> tuple[str, ...]:
     """Every backend name ``enable(backend=...)`` accepts: the shipped ones, then the entry points'."""
-    from importlib.metadata import entry_points
-
-    from ..config import BACKENDS
-
     return BACKENDS + tuple(sorted({ep.name for ep in entry_points(group=BACKEND_GROUP)} - set(BACKENDS)))
 
 
 def make_backend(name: str):
     """The backend ``name``: a shipped one (``runtime.make_backend``) or an entry point's factory."""
-    from importlib.metadata import entry_points
-
-    from ..config import BACKENDS
-
     found = [] if name in BACKENDS else list(entry_points(group=BACKEND_GROUP, name=name))
-    return found[0].load()() if found else runtime_module().make_backend(name)
+    if found:
+        return found[0].load()()
+    from .. import runtime  # imports Paddle: only once a feature is to be applied
+
+    return runtime.make_backend(name)
 
 
 class StrictModeError(RuntimeError):
@@ -65,17 +50,15 @@ class PatchManager:
         self._lock = threading.RLock()
         self.pm: pluggy.PluginManager | None = None
         self.enabled = False
-        self.root = "fastdeploy"
+        #: the last ``enable()``'s request (what a repeated identical call is compared with)
+        self.requested, self.root, self.requested_backend, self.strict = (), "fastdeploy", "auto", False
+        self.settings: RunSettings | None = None
         self.backend: Any = None
         self.profile: ProfileInfo | None = None
         self.decisions: dict[str, Decision] = {}
         self.applied: dict[str, AppliedFeature] = {}
         self._pending: dict[str, Any] = {}
         self._features: dict[str, Feature] = {}
-        self.strict = False
-        self.requested: tuple[str, ...] = ()
-        self.requested_backend = "auto"
-        self.settings = None  # config.RunSettings of the last enable()
 
     def catalog(self) -> FeatureCatalog:
         """The feature names of this manager's patch sets (the entry points' and ``add_plugin``'s)."""
@@ -88,16 +71,8 @@ class PatchManager:
         self.pm.register(plugin, name=name)
 
     # -- enable / disable ----------------------------------------------------------------------
-    def enable(
-        self,
-        features: tuple[str, ...],
-        backend: str = "auto",
-        strict: bool = False,
-        root: str = "fastdeploy",
-        settings=None,
-    ) -> None:
-        from ..config import RunSettings
-
+    def enable(self, features: tuple[str, ...], backend: str = "auto", strict: bool = False,
+               root: str = "fastdeploy", settings: RunSettings | None = None) -> None:
         settings = settings or RunSettings()
         with STEP_GATE.change(), self._lock:
             request = (tuple(features), root, backend, strict)
@@ -108,8 +83,7 @@ class PatchManager:
                 self.disable()  # a different request is planned afresh, never merged into the old one
             self.pm = self.pm or plugin_manager()
             self.requested, self.root, self.requested_backend, self.strict = request
-            self.settings = settings
-            self.enabled = True
+            self.settings, self.enabled = settings, True
             available = available_features(self.pm)
             self._features = available if isinstance(available, dict) else {}
             self.profile = detect_profile(root)
@@ -143,15 +117,9 @@ class PatchManager:
                 self.decisions[option] = option_decision(feature, option, decision)
 
     def _context(self, feature: Feature) -> PatchContext:
-        return PatchContext(
-            root=self.root,
-            profile=self.profile.profile,
-            backend=self.backend,
-            options=frozenset(o for o in feature.options if o in self.requested),
-            strict=self.strict,
-            settings=self.settings,
-            stand_down=functools.partial(self._stand_down, feature.name),
-        )
+        return PatchContext(self.root, self.profile.profile, self.backend, strict=self.strict, settings=self.settings,
+                            options=frozenset(o for o in feature.options if o in self.requested),
+                            stand_down=functools.partial(self._stand_down, feature.name))
 
     def _schedule(self, feature: Feature) -> None:
         """Apply now if every module is imported; otherwise when the last one is."""
@@ -231,9 +199,7 @@ class PatchManager:
         active = any(e.get("state") in (APPLIED, PENDING, PARTIAL, PASSTHROUGH) for e in features.values())
         out = {
             "enabled": self.enabled and active,
-            "fastdeploy_version": profile.version,
-            "profile": profile.profile,
-            "profile_reason": profile.reason,
+            "fastdeploy_version": profile.version, "profile": profile.profile, "profile_reason": profile.reason,
             "root": self.root,
             "backend": self.backend.name if self.backend is not None else "none",
             "strict": self.strict,
@@ -278,12 +244,6 @@ class PatchManager:
 def _sync_check_status() -> dict:
     module = sys.modules.get("fd_async_copy_plugin.sync_check")  # not imported: never armed
     return module.status() if module is not None else {"mode": "off"}
-
-
-def runtime_module():
-    from .. import runtime  # imports Paddle: only once a feature is to be applied
-
-    return runtime
 
 
 def ops_report() -> dict:

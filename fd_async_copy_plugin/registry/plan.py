@@ -20,6 +20,7 @@ Strict mode refuses every state in ``REFUSED_IN_STRICT_MODE``.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
@@ -31,10 +32,8 @@ STATES = ("apply", "applied", "pending", "native", "skipped", "incompatible", "f
 APPLY, APPLIED, PENDING, NATIVE, SKIPPED, INCOMPATIBLE, FAILED, PASSTHROUGH, PARTIAL = STATES
 REFUSED_IN_STRICT_MODE = (SKIPPED, INCOMPATIBLE, FAILED, PASSTHROUGH, PARTIAL)
 
-PADDLE_INSTALL_HINT = (
-    "install Paddle: paddlepaddle-gpu (the build FastDeploy uses) next to FastDeploy, or the CPU "
-    "paddlepaddle==3.3.0 to run the plugin's tests"
-)
+PADDLE_INSTALL_HINT = ("install Paddle: paddlepaddle-gpu (the build FastDeploy uses) next to FastDeploy, or the CPU "
+                       "paddlepaddle==3.3.0 to run the plugin's tests")
 
 
 @dataclass(frozen=True)
@@ -52,12 +51,8 @@ class Decision:
 BackendProbe = Callable[[], "tuple[str, str]"]
 
 
-def plan(
-    requested: Sequence[str],
-    features: Mapping[str, Feature] | str,
-    profile: ProfileInfo,
-    backend: BackendProbe,
-) -> dict[str, Decision]:
+def plan(requested: Sequence[str], features: Mapping[str, Feature] | str, profile: ProfileInfo,
+         backend: BackendProbe) -> dict[str, Decision]:
     """The decision for every requested name (features and options), in the order requested.
 
     ``features``: the installed features by name, or a string saying why none could be loaded
@@ -66,33 +61,21 @@ def plan(
     if isinstance(features, str):
         return {name: Decision(SKIPPED, features) for name in requested}
     owners = {option: f.name for f in features.values() for option in f.options}
-    probed: list[tuple[str, str]] = []
-
-    def backend_state() -> tuple[str, str]:
-        if not probed:
-            probed.append(backend())
-        return probed[0]
-
+    backend_state = functools.cache(backend)  # probed at most once, only when a feature gets that far
     decisions: dict[str, Decision] = {}
     for name in requested:
-        if name in owners:
-            continue  # decided with its feature, below
-        feature = features.get(name)
-        if feature is None:
-            decisions[name] = Decision(SKIPPED, "no installed patch set provides this feature")
-        else:
-            decisions[name] = _decide(feature, profile, backend_state)
+        if name not in owners:  # an option is decided with its feature, below
+            feature = features.get(name)
+            decisions[name] = (_decide(feature, profile, backend_state) if feature is not None
+                               else Decision(SKIPPED, "no installed patch set provides this feature"))
     for name, decision in list(decisions.items()):
         if decision.state == APPLY:
             decisions[name] = requirement_decision(features[name], decisions, profile.profile) or decision
     for name in requested:
         owner = owners.get(name)
-        if owner is None:
-            continue
-        if owner not in decisions:
-            decisions[name] = Decision(SKIPPED, f"an option of {owner}: request {owner} too", owner)
-        else:
-            decisions[name] = option_decision(features[owner], name, decisions[owner])
+        if owner is not None:
+            decisions[name] = (option_decision(features[owner], name, decisions[owner]) if owner in decisions
+                               else Decision(SKIPPED, f"an option of {owner}: request {owner} too", owner))
     return {name: decisions[name] for name in requested}
 
 
@@ -127,9 +110,7 @@ def _decide(feature: Feature, profile: ProfileInfo, backend_state: Callable[[], 
     if served.startswith("native"):
         return Decision(NATIVE, served.partition(":")[2].strip() or "FastDeploy already does this")
     name, problem = backend_state()
-    if problem:
-        return Decision(SKIPPED, f"backend stands down: {problem}")
-    problem = feature.unavailable(name)
+    problem = f"backend stands down: {problem}" if problem else feature.unavailable(name)
     if problem:
         return Decision(SKIPPED, problem)
     mirrors = feature.mirrors_in(profile.profile)
@@ -138,5 +119,4 @@ def _decide(feature: Feature, profile: ProfileInfo, backend_state: Callable[[], 
 
 def strict_violations(decisions: Mapping[str, Decision]) -> str:
     """"" when strict mode accepts these decisions; else one line naming every refused one."""
-    bad = {n: d for n, d in decisions.items() if d.state in REFUSED_IN_STRICT_MODE}
-    return "; ".join(f"{n}: {d.state} ({d.reason})" for n, d in bad.items())
+    return "; ".join(f"{n}: {d.state} ({d.reason})" for n, d in decisions.items() if d.state in REFUSED_IN_STRICT_MODE)
