@@ -48,17 +48,14 @@ class ProfileInfo:
 
 def root_directory(root: str) -> str | None:
     """Directory of the root package, without importing it when it is not imported yet."""
-    module = sys.modules.get(root)
-    paths = getattr(module, "__path__", None) if module is not None else None
+    paths = getattr(sys.modules.get(root), "__path__", None)
     if not paths:
         try:
             spec = importlib.util.find_spec(root)
         except (ImportError, ValueError):
             return None
-        if spec is None or not spec.submodule_search_locations:
-            return None
-        paths = spec.submodule_search_locations
-    return list(paths)[0]
+        paths = spec.submodule_search_locations if spec is not None else None
+    return list(paths)[0] if paths else None
 
 
 #: Largest source file detection reads. FastDeploy's largest patch-point file is ~160 kB; a file
@@ -96,21 +93,17 @@ def _read_source(path: str) -> str | None:
             raise _Unreadable("not a regular file")
         if info.st_size > MAX_SOURCE_BYTES:
             raise _Unreadable(f"too large ({info.st_size} bytes > {MAX_SOURCE_BYTES})")
-        chunks, total = [], 0
-        while True:
-            chunk = os.read(fd, 1 << 20)
-            if not chunk:
-                break
-            total += len(chunk)
-            if total > MAX_SOURCE_BYTES:
-                raise _Unreadable(f"too large (over {MAX_SOURCE_BYTES} bytes)")
-            chunks.append(chunk)
+        data = b""
+        while len(data) <= MAX_SOURCE_BYTES and (chunk := os.read(fd, 1 << 20)):
+            data += chunk
+        if len(data) > MAX_SOURCE_BYTES:  # it grew since fstat
+            raise _Unreadable(f"too large (over {MAX_SOURCE_BYTES} bytes)")
     except OSError as exc:
         raise _Unreadable(f"cannot read ({exc.strerror or exc})") from None
     finally:
         os.close(fd)
     try:
-        return b"".join(chunks).decode("utf-8")
+        return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise _Unreadable(f"invalid UTF-8 at byte {exc.start}") from None
 
@@ -128,78 +121,62 @@ def _parse_source(path: str, text: str) -> ast.Module:
 
 def _class(tree: ast.Module, name: str) -> ast.ClassDef | None:
     """The module-level class ``name`` Python binds: its last definition."""
-    found = None
-    for node in tree.body:
-        if isinstance(node, ast.ClassDef) and node.name == name:
-            found = node
-    return found
+    return next((n for n in reversed(tree.body) if isinstance(n, ast.ClassDef) and n.name == name), None)
 
 
-def _methods(cls: ast.ClassDef | None) -> dict[str, ast.FunctionDef]:
-    if cls is None:
-        return {}
-    return {
-        n.name: n for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
-    }
-
-
-def _functions(tree: ast.Module) -> set[str]:
-    return {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
-
-
-def _fields(cls: ast.ClassDef | None) -> list[str]:
-    if cls is None:
-        return []
-    return [
-        n.target.id
-        for n in cls.body
-        if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)
-    ]
+def _functions(node: ast.AST | None) -> dict[str, ast.FunctionDef]:
+    """The functions defined in the body of ``node`` (a module or a class; none when None)."""
+    kinds = (ast.FunctionDef, ast.AsyncFunctionDef)
+    return {n.name: n for n in getattr(node, "body", ()) if isinstance(n, kinds)}
 
 
 def _mentions(node: ast.AST | None, name: str) -> bool:
-    if node is None:
-        return False
-    for sub in ast.walk(node):
-        if isinstance(sub, ast.Attribute) and sub.attr == name:
-            return True
-        if isinstance(sub, ast.Name) and sub.id == name:
-            return True
-    return False
+    """``name`` is used in ``node`` as a name or an attribute."""
+    walked = ast.walk(node) if node is not None else ()
+    return any(name in (getattr(sub, "attr", None), getattr(sub, "id", None)) for sub in walked)
+
+
+#: GPUModelRunner's methods that are markers: marker -> method
+_RUNNER_METHODS = {"runner_init_share_inputs": "_init_share_inputs",
+                   "runner_execute_model_overlap": "execute_model_overlap",
+                   "runner_preprocess_and_execute_model": "_preprocess_and_execute_model",
+                   "runner_not_need_stop_method": "not_need_stop"}
+#: The patch-point files and the markers read from each (``_extract``)
+_MARKERS = {_RUNNER: tuple(_RUNNER_METHODS), _POSTPROC: ("save_output_normal",),
+            _OUTPUT: ("model_output_not_need_stop_device",),
+            _SAMPLER: ("gather_logprobs_pin_memory", "gather_logprobs_present")}
 
 
 def _extract(relative: str, tree: ast.Module) -> dict:
-    """The few facts detection needs from one file (all that is kept of it)."""
+    """The few facts detection needs from one file (all that is kept of it): its markers
+    (``_MARKERS``), or the version of ``__init__.py``."""
     if relative == _RUNNER:
-        cls = _class(tree, "GPUModelRunner")
-        return {"runner_methods": None if cls is None else frozenset(_methods(cls))}
+        methods = _functions(_class(tree, "GPUModelRunner"))
+        return {marker: method in methods for marker, method in _RUNNER_METHODS.items()}
     if relative == _POSTPROC:
-        return {"functions": frozenset(_functions(tree))}
-    if relative == _OUTPUT:
-        return {"model_output_fields": tuple(_fields(_class(tree, "ModelOutputData")))}
+        return {"save_output_normal": "save_output_normal" in _functions(tree)}
+    if relative == _OUTPUT:  # a field: an annotated name in the class body
+        body = getattr(_class(tree, "ModelOutputData"), "body", ())
+        fields = {n.target.id for n in body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+        return {"model_output_not_need_stop_device": "not_need_stop_device" in fields}
     if relative == _SAMPLER:
-        gather = _methods(_class(tree, "Sampler")).get("gather_logprobs")
-        return {"gather_present": gather is not None, "gather_pin_memory": _mentions(gather, "pin_memory")}
-    if relative == "__init__.py":
-        version = None
-        for node in tree.body:
-            if (
-                isinstance(node, ast.Assign)
-                and any(isinstance(t, ast.Name) and t.id == "__version__" for t in node.targets)
-                and isinstance(node.value, ast.Constant)
-                and isinstance(node.value.value, str)
-            ):
-                version = node.value.value
-        return {"version": version}
+        gather = _functions(_class(tree, "Sampler")).get("gather_logprobs")
+        return {"gather_logprobs_pin_memory": _mentions(gather, "pin_memory"),
+                "gather_logprobs_present": gather is not None}
+    if relative == "__init__.py":  # the last ``__version__ = "..."`` (the one Python binds)
+        versions = [n.value.value for n in tree.body if isinstance(n, ast.Assign)
+                    and any(getattr(t, "id", None) == "__version__" for t in n.targets)
+                    and isinstance(n.value, ast.Constant) and isinstance(n.value.value, str)]
+        return {"version": versions[-1] if versions else None}
     raise ValueError(relative)
 
 
 class _Reader:
     """Reads patch-point files for one detection, within the time budget; records causes."""
 
-    def __init__(self, base: str, budget_s: float | None = None) -> None:
+    def __init__(self, base: str) -> None:
         self.base = base
-        self.deadline = time.monotonic() + (TIME_BUDGET_S if budget_s is None else budget_s)
+        self.deadline = time.monotonic() + TIME_BUDGET_S
         self.problems: dict[str, str] = {}
 
     def facts(self, relative: str) -> dict | None:
@@ -222,7 +199,6 @@ class _Reader:
             if text is None:
                 return None
             facts = _extract(relative, _parse_source(path, text))
-            del text
             if len(_FACTS) >= _FACTS_MAX:
                 _FACTS.clear()
             _FACTS[key] = facts
@@ -234,8 +210,8 @@ class _Reader:
         return None
 
 
-def _version(base: str, root: str, reader: _Reader | None = None) -> str:
-    init = (reader or _Reader(base)).facts("__init__.py")
+def _version(base: str, root: str, reader: _Reader) -> str:
+    init = reader.facts("__init__.py")
     if init is not None and init.get("version"):
         return init["version"]
     try:
@@ -258,30 +234,28 @@ def read_markers(base: str, reader: _Reader | None = None) -> dict[str, bool | N
     """The structural markers of fastdeploy-surface.md §7, read from source. None = file missing or
     unusable (``reader.problems`` says why)."""
     reader = reader or _Reader(base)
-    runner_facts = reader.facts(_RUNNER)
-    post = reader.facts(_POSTPROC)
-    output = reader.facts(_OUTPUT)
-    sampler = reader.facts(_SAMPLER)
-    runner = None
-    if runner_facts is not None:
-        runner = runner_facts["runner_methods"] or frozenset()
+    markers = {"input_batch_module": os.path.exists(os.path.join(base, _INPUT_BATCH))}
+    for relative, names in _MARKERS.items():
+        markers.update(reader.facts(relative) or dict.fromkeys(names))
+    return markers
 
-    def has(method: str) -> bool | None:
-        return None if runner is None else method in runner
 
-    return {
-        "input_batch_module": os.path.exists(os.path.join(base, _INPUT_BATCH)),
-        "runner_init_share_inputs": has("_init_share_inputs"),
-        "runner_execute_model_overlap": has("execute_model_overlap"),
-        "runner_preprocess_and_execute_model": has("_preprocess_and_execute_model"),
-        "runner_not_need_stop_method": has("not_need_stop"),
-        "save_output_normal": None if post is None else "save_output_normal" in post["functions"],
-        "model_output_not_need_stop_device": None
-        if output is None
-        else "not_need_stop_device" in output["model_output_fields"],
-        "gather_logprobs_pin_memory": None if sampler is None else sampler["gather_pin_memory"],
-        "gather_logprobs_present": None if sampler is None else sampler["gather_present"],
-    }
+_SHAPE_25 = {"input_batch_module": True, "runner_init_share_inputs": False, "runner_execute_model_overlap": True,
+             "save_output_normal": True, "model_output_not_need_stop_device": True, "gather_logprobs_pin_memory": True}
+#: The known FastDeploy shapes: profile -> (the value each of these markers has there, the reason)
+_SHAPES = {
+    "fastdeploy-2.4": ({"input_batch_module": False, "runner_init_share_inputs": True,
+                        "runner_execute_model_overlap": False, "runner_not_need_stop_method": True,
+                        "save_output_normal": False, "model_output_not_need_stop_device": False,
+                        "gather_logprobs_pin_memory": False},
+                       "2.4 shape: share_inputs dict, blocking save inside post_process, no #6176/#6362"),
+    "fastdeploy-2.5": ({**_SHAPE_25, "runner_preprocess_and_execute_model": True,
+                        "runner_not_need_stop_method": True},
+                       "2.5 shape: InputBatch, #6176 and #6362 present"),
+    "fastdeploy-2.6+": ({**_SHAPE_25, "runner_preprocess_and_execute_model": False,
+                         "runner_not_need_stop_method": False},
+                        "2.6+ shape: #6356 removed not_need_stop(); overlap schedule available"),
+}
 
 
 def classify(markers: dict[str, bool | None], problems: dict[str, str] | None = None) -> tuple[str, str]:
@@ -295,33 +269,12 @@ def classify(markers: dict[str, bool | None], problems: dict[str, str] | None = 
     missing = sorted(k for k, v in markers.items() if v is None)
     if missing:
         return "unknown", f"patch-point source files not found for markers: {', '.join(missing)}"
-    m = markers
-    if not m["gather_logprobs_present"]:
+    if not markers["gather_logprobs_present"]:
         return "unknown", "Sampler.gather_logprobs not found"
-    shape_24 = (
-        not m["input_batch_module"]
-        and m["runner_init_share_inputs"]
-        and not m["runner_execute_model_overlap"]
-        and m["runner_not_need_stop_method"]
-        and not m["save_output_normal"]
-        and not m["model_output_not_need_stop_device"]
-        and not m["gather_logprobs_pin_memory"]
-    )
-    if shape_24:
-        return "fastdeploy-2.4", "2.4 shape: share_inputs dict, blocking save inside post_process, no #6176/#6362"
-    shape_25_common = (
-        m["input_batch_module"]
-        and not m["runner_init_share_inputs"]
-        and m["runner_execute_model_overlap"]
-        and m["save_output_normal"]
-        and m["model_output_not_need_stop_device"]
-        and m["gather_logprobs_pin_memory"]
-    )
-    if shape_25_common and m["runner_preprocess_and_execute_model"] and m["runner_not_need_stop_method"]:
-        return "fastdeploy-2.5", "2.5 shape: InputBatch, #6176 and #6362 present"
-    if shape_25_common and not m["runner_preprocess_and_execute_model"] and not m["runner_not_need_stop_method"]:
-        return "fastdeploy-2.6+", "2.6+ shape: #6356 removed not_need_stop(); overlap schedule available"
-    differing = ", ".join(f"{k}={v}" for k, v in sorted(m.items()))
+    for profile, (shape, reason) in _SHAPES.items():
+        if all(markers[marker] == value for marker, value in shape.items()):
+            return profile, reason
+    differing = ", ".join(f"{k}={v}" for k, v in sorted(markers.items()))
     return "unknown", f"markers match no known FastDeploy shape ({differing})"
 
 
