@@ -51,13 +51,12 @@ def _feature_names(features) -> tuple[str, ...]:
     """The requested names checked against (and ``all`` expanded by) the installed patch sets."""
     from .config import ConfigError, parse_features
 
-    catalog = _get_manager().catalog()
-    if features is None or isinstance(features, str):
-        return parse_features(features, source="features", catalog=catalog)
-    features = list(features)
-    if not features:
-        raise ConfigError("features=[] names no feature; pass None or 'all' for every feature")
-    return parse_features(",".join(features), source="features", catalog=catalog)
+    if features is not None and not isinstance(features, str):  # an iterable of names
+        features = list(features)
+        if not features:
+            raise ConfigError("features=[] names no feature; pass None or 'all' for every feature")
+        features = ",".join(features)
+    return parse_features(features, source="features", catalog=_get_manager().catalog())
 
 
 def plan(features=None, backend: str = "auto", root: str = "fastdeploy") -> dict:
@@ -137,10 +136,8 @@ def register() -> None:
         return
     if not config.enabled:
         if not _inactive_logged:
-            log.info(
-                "fd_async_copy: loaded but inactive; set FD_ASYNC_COPY=1 to enable asynchronous "
-                "output copies (see `fd-async-copy doctor`)"
-            )
+            log.info("fd_async_copy: loaded but inactive; set FD_ASYNC_COPY=1 to enable asynchronous "
+                     "output copies (see `fd-async-copy doctor`)")
             _inactive_logged = True
         return
     try:

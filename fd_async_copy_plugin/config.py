@@ -19,13 +19,9 @@ from typing import Mapping
 #: when asked for: that is how tests and ``selftest`` select their fake CUDA runtime.
 BACKENDS = ("auto", "cuda", "host")
 
-ENV_ENABLE = "FD_ASYNC_COPY"
-ENV_FEATURES = "FD_ASYNC_COPY_FEATURES"
-ENV_BACKEND = "FD_ASYNC_COPY_BACKEND"
-ENV_STRICT = "FD_ASYNC_COPY_STRICT"
-ENV_RING_MAX_BYTES = "FD_ASYNC_COPY_RING_MAX_BYTES"
-ENV_OVERLAP_COUNT = "FD_ASYNC_COPY_OVERLAP_COUNT"
-ENV_VARS = (ENV_ENABLE, ENV_FEATURES, ENV_BACKEND, ENV_STRICT, ENV_RING_MAX_BYTES, ENV_OVERLAP_COUNT)
+ENV_ENABLE, ENV_FEATURES, ENV_BACKEND, ENV_STRICT, ENV_RING_MAX_BYTES, ENV_OVERLAP_COUNT = ENV_VARS = (
+    "FD_ASYNC_COPY", "FD_ASYNC_COPY_FEATURES", "FD_ASYNC_COPY_BACKEND", "FD_ASYNC_COPY_STRICT",
+    "FD_ASYNC_COPY_RING_MAX_BYTES", "FD_ASYNC_COPY_OVERLAP_COUNT")
 #: how the ``overlap`` feature sizes the next step's tokens (``docs/overlap-token-count.md``):
 #: ``exact`` waits for the previous step before preparing the next one (bit-identical to FD 2.4 on
 #: any GPU); ``bound`` uses an upper bound and pads, as FD 2.5's overlap schedule does (faster; on a
@@ -55,9 +51,7 @@ class ConfigError(ValueError):
 
 
 def _bool(name: str, raw: str | None) -> bool:
-    if raw is None or raw == "":
-        return False
-    value = raw.strip()
+    value = (raw or "0").strip()  # unset or empty: off
     if value not in _BOOL:
         raise ConfigError(f"{name}={raw!r} is not valid; allowed values: 1 (on) or 0 (off)")
     return _BOOL[value]

@@ -26,15 +26,13 @@ import inspect
 import textwrap
 
 _SLICE_ROWS_25 = frozenset({"83ca28054b1f5e3aea2f06a432d81f0cd5fec6d15627e06722502e193cf4ad1f"})  # = develop
+_GATHER_MATHS = frozenset({"c98dab76131b55e907b859dd1ee9083e1af851b392062dd007b20c9346d2bc1e"})
 #: name -> profile -> digests accepted for that profile.
 KNOWN: dict[str, dict[str, frozenset[str]]] = {
     # The maths of Sampler.gather_logprobs: the body up to the end of the `if num_logprobs >= 1`
     # block (what the plugin's replacement runs itself). Identical in FD 2.4, 2.5 and develop.
-    "Sampler.gather_logprobs.maths": {
-        "fastdeploy-2.4": frozenset({"c98dab76131b55e907b859dd1ee9083e1af851b392062dd007b20c9346d2bc1e"}),
-        "fastdeploy-2.5": frozenset({"c98dab76131b55e907b859dd1ee9083e1af851b392062dd007b20c9346d2bc1e"}),
-        "fastdeploy-2.6+": frozenset({"c98dab76131b55e907b859dd1ee9083e1af851b392062dd007b20c9346d2bc1e"}),
-    },
+    "Sampler.gather_logprobs.maths": dict.fromkeys(("fastdeploy-2.4", "fastdeploy-2.5", "fastdeploy-2.6+"),
+                                                   _GATHER_MATHS),
     # The whole body of LogprobsTensors.slice_rows (worker/output.py): 2.4 slices on the source
     # place; 2.5 and develop copy each field to the CPU first.
     "LogprobsTensors.slice_rows": {
@@ -51,8 +49,8 @@ ACCEPTED: dict[str, dict[str, frozenset[str]]] = {}
 def accept(table: dict[str, dict[str, frozenset[str]]]) -> None:
     """Accept the digests of ``table`` (name -> profile -> digests) like ``KNOWN``'s."""
     for name, profiles in table.items():
+        known = ACCEPTED.setdefault(name, {})
         for profile, digests in profiles.items():
-            known = ACCEPTED.setdefault(name, {})
             known[profile] = known.get(profile, frozenset()) | frozenset(digests)
 
 
@@ -60,10 +58,8 @@ class _StripDocstrings(ast.NodeTransformer):
     """Drops string-constant expression statements (docstrings) and annotations."""
 
     def _body(self, body: list) -> list:
-        kept = [
-            s for s in body
-            if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant) and isinstance(s.value.value, str))
-        ]
+        kept = [s for s in body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant)
+                                        and isinstance(s.value.value, str))]
         return kept or [ast.Pass()]
 
     def generic_visit(self, node):
@@ -75,51 +71,37 @@ class _StripDocstrings(ast.NodeTransformer):
         return node
 
     def visit_arg(self, node: ast.arg):
-        node.annotation = None
-        node.type_comment = None
+        node.annotation = node.type_comment = None
         return node
 
 
 def function_node(fn) -> ast.FunctionDef:
     """The parsed definition of ``fn`` (raises OSError/TypeError/SyntaxError when unreadable)."""
-    source = textwrap.dedent(inspect.getsource(fn))
-    tree = ast.parse(source)
+    tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             return node
     raise SyntaxError(f"no function definition in the source of {fn!r}")
 
 
-def normalised(statements: list[ast.stmt], args: ast.arguments | None = None) -> str:
+def digest(statements: list[ast.stmt], args: ast.arguments | None = None) -> str:
+    """The SHA-256 of the normalised ``ast.dump`` of ``statements``, after that of ``args`` if given."""
     strip = _StripDocstrings()
     module = ast.Module(body=strip._body([strip.visit(s) for s in statements]), type_ignores=[])
     text = ast.dump(module, annotate_fields=True, include_attributes=False)
     if args is not None:
-        args = _StripDocstrings().visit(args)
-        text = ast.dump(args, include_attributes=False) + "\n" + text
-    return text
-
-
-def digest(statements: list[ast.stmt], args: ast.arguments | None = None) -> str:
-    return hashlib.sha256(normalised(statements, args).encode()).hexdigest()
+        text = ast.dump(strip.visit(args), include_attributes=False) + "\n" + text
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def gather_logprobs_maths(node: ast.FunctionDef) -> list[ast.stmt]:
     """The statements of ``gather_logprobs`` the plugin reproduces: up to and including the first
     ``if`` testing ``num_logprobs`` (the copies that follow are what the plugin replaces)."""
-    region = []
-    for statement in node.body:
-        region.append(statement)
-        if isinstance(statement, ast.If) and any(
-            isinstance(n, ast.Name) and n.id == "num_logprobs" for n in ast.walk(statement.test)
-        ):
-            return region
+    for i, statement in enumerate(node.body):
+        tested = ast.walk(statement.test) if isinstance(statement, ast.If) else ()
+        if any(isinstance(n, ast.Name) and n.id == "num_logprobs" for n in tested):
+            return node.body[:i + 1]
     raise ValueError("no `if num_logprobs ...` block: not the known gather_logprobs shape")
-
-
-def gather_logprobs_digest(fn) -> str:
-    node = function_node(fn)
-    return digest(gather_logprobs_maths(node), node.args)
 
 
 def slice_rows_digest(fn) -> str:  # the whole body (inspect looks through a wrapper's __wrapped__)

@@ -26,19 +26,9 @@ log = logging.getLogger("fd_async_copy")
 Callback = Callable[[], None]
 
 
-def _initialised(name: str) -> bool:
-    module = sys.modules.get(name)
-    if module is None:
-        return False
-    spec = getattr(module, "__spec__", None)
-    return not getattr(spec, "_initializing", False)
-
-
 class _LoaderProxy(importlib.abc.Loader):
     def __init__(self, loader, name: str, watcher: "ImportWatcher") -> None:
-        self._loader = loader
-        self._name = name
-        self._watcher = watcher
+        self._loader, self._name, self._watcher = loader, name, watcher
 
     def create_module(self, spec):
         return self._loader.create_module(spec)
@@ -66,10 +56,11 @@ class ImportWatcher(importlib.abc.MetaPathFinder):
 
     # -- public --------------------------------------------------------------------------------
     def is_ready(self, name: str) -> bool:
-        """True when ``name`` is imported and its module body has finished executing."""
-        if name not in sys.modules:
-            return False
-        return name in self._executed_names or _initialised(name)
+        """True when ``name`` is imported and its module body has finished executing (importlib no
+        longer marks it as initialising, or the body ran under our loader)."""
+        module = sys.modules.get(name)
+        spec = getattr(module, "__spec__", None)
+        return module is not None and (name in self._executed_names or not getattr(spec, "_initializing", False))
 
     def when_ready(self, name: str, callback: Callback) -> bool:
         """Run ``callback`` once ``name`` is fully imported. Returns True if it ran now."""
@@ -84,10 +75,8 @@ class ImportWatcher(importlib.abc.MetaPathFinder):
 
     def cancel(self, callback: Callback) -> None:
         with self._lock:
-            for name in list(self._callbacks):
-                self._callbacks[name] = [c for c in self._callbacks[name] if c is not callback]
-                if not self._callbacks[name]:
-                    del self._callbacks[name]
+            kept = {name: [c for c in callbacks if c is not callback] for name, callbacks in self._callbacks.items()}
+            self._callbacks = {name: callbacks for name, callbacks in kept.items() if callbacks}
             self._uninstall_if_idle()
 
     def poll(self) -> None:
@@ -106,14 +95,9 @@ class ImportWatcher(importlib.abc.MetaPathFinder):
             if fullname not in self._callbacks:
                 return None
         self._in_find.active = True
-        try:
-            spec = None
-            for finder in sys.meta_path:
-                if finder is self or not hasattr(finder, "find_spec"):
-                    continue
-                spec = finder.find_spec(fullname, path, target)
-                if spec is not None:
-                    break
+        try:  # the spec the other finders give, in their order
+            finders = [f for f in sys.meta_path if f is not self and hasattr(f, "find_spec")]
+            spec = next(filter(None, (f.find_spec(fullname, path, target) for f in finders)), None)
         finally:
             self._in_find.active = False
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):

@@ -20,6 +20,12 @@ SAMPLER = "model_executor.layers.sample.sampler"
 CLIP = "logprobs.clip_(min=paddle.finfo(logprobs.dtype).min)"
 
 
+def gather_logprobs_digest(fn) -> str:
+    """The digest the plugin checks ``Sampler.gather_logprobs``' maths by (``fd_identity``)."""
+    node = fd_identity.function_node(fn)
+    return fd_identity.digest(fd_identity.gather_logprobs_maths(node), node.args)
+
+
 @pytest.fixture
 def replica_copy(tmp_path, monkeypatch):
     """``replica_copy(version) -> (root, folder)``: a copy of the replica as its own top-level
@@ -89,7 +95,7 @@ def test_modified_gather_logprobs_is_incompatible_and_fd_runs_unpatched(fd24_cop
     assert state["state"] != "applied", state
     assert state["state"] == "incompatible", state
     if "return" not in old:
-        found = fd_identity.gather_logprobs_digest(importlib.import_module(f"{root}.{SAMPLER}").Sampler.gather_logprobs)
+        found = gather_logprobs_digest(importlib.import_module(f"{root}.{SAMPLER}").Sampler.gather_logprobs)
         assert found in state["reason"]
     assert untouched, "FastDeploy's gather_logprobs must stay in place"
 
@@ -99,7 +105,7 @@ def test_replicas_match_the_digest_of_real_fastdeploy():
     the replica must have the same maths, or it is not a replica."""
     for version, profile in (("fd24", "fastdeploy-2.4"), ("fd25", "fastdeploy-2.5")):
         sampler = importlib.import_module(f"{ROOTS[version]}.{SAMPLER}").Sampler
-        found = fd_identity.gather_logprobs_digest(sampler.gather_logprobs)
+        found = gather_logprobs_digest(sampler.gather_logprobs)
         assert fd_identity.check("Sampler.gather_logprobs.maths", profile, found) is None, found
 
 
