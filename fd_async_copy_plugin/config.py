@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Mapping
 
 #: The feature names are the installed patch sets' (``registry.catalog.feature_catalog()``: a
@@ -134,8 +134,6 @@ class AsyncCopyConfig:
     strict: bool = False
     ring_max_bytes: int = DEFAULT_RING_MAX_BYTES
     overlap_count: str = "exact"
-    #: raw values of the variables, for ``doctor``
-    env: Mapping[str, str | None] = field(default_factory=dict)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, catalog=None) -> "AsyncCopyConfig":
@@ -161,7 +159,7 @@ class AsyncCopyConfig:
                 problems.append(f"cannot parse the value for {key}: {type(exc).__name__}: {exc}")
         if problems:
             raise ConfigError("; ".join(problems), tuple(problems))
-        return cls(env=raw, **values)
+        return cls(**values)
 
 
 def strict_from_env(environ: Mapping[str, str] | None = None) -> bool:

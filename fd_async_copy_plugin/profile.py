@@ -16,6 +16,7 @@ and a class defined twice is read from its last definition (the one Python binds
 from __future__ import annotations
 
 import ast
+import contextlib
 import importlib.metadata
 import importlib.util
 import os
@@ -23,8 +24,6 @@ import stat
 import sys
 import time
 from dataclasses import dataclass, field
-
-PROFILES = ("fastdeploy-2.4", "fastdeploy-2.5", "fastdeploy-2.6+", "unknown", "absent")
 
 # Files read, relative to the root package directory.
 _RUNNER = "worker/gpu_model_runner.py"
@@ -211,22 +210,16 @@ class _Reader:
 
 
 def _version(base: str, root: str, reader: _Reader) -> str:
-    init = reader.facts("__init__.py")
-    if init is not None and init.get("version"):
-        return init["version"]
-    try:
-        text = _read_source(os.path.join(base, "version.txt"))
-        for line in (text or "").splitlines():
+    version = (reader.facts("__init__.py") or {}).get("version")
+    if version:
+        return version
+    with contextlib.suppress(_Unreadable):
+        for line in (_read_source(os.path.join(base, "version.txt")) or "").splitlines():
             if line.startswith("fastdeploy version:"):
                 return line.split(":", 1)[1].strip()
-    except _Unreadable:
-        pass
-    if root == "fastdeploy":
-        for dist in _DISTRIBUTIONS:
-            try:
-                return importlib.metadata.version(dist)
-            except importlib.metadata.PackageNotFoundError:
-                continue
+    for dist in _DISTRIBUTIONS if root == "fastdeploy" else ():
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            return importlib.metadata.version(dist)
     return "Unknown"
 
 

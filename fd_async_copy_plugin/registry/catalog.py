@@ -54,7 +54,7 @@ def plugin_manager() -> pluggy.PluginManager:
 def feature_catalog(pm: pluggy.PluginManager | None = None) -> FeatureCatalog:
     """The names of the installed patch sets (``pm``'s, else the entry points'), built-in set first."""
     pm = pm or plugin_manager()
-    default: dict[str, None] = {}
+    default: dict[str, None] = {}  # (dicts: ordered sets)
     opt_in: dict[str, None] = {}
     impls = sorted(pm.hook.fd_async_copy_catalog.get_hookimpls(), key=lambda impl: impl.plugin_name != "builtin")
     for impl in impls:  # the built-in set first, then the others as pluggy found them
@@ -66,9 +66,7 @@ def feature_catalog(pm: pluggy.PluginManager | None = None) -> FeatureCatalog:
             (opt_in if kind == "opt-in" else default)[name] = None
     features = available_features(pm)  # a set naming a feature only there: it is in ``all``
     for feature in features.values() if isinstance(features, dict) else ():
-        for name in (feature.name, *feature.options):
-            if name not in default and name not in opt_in:
-                default[name] = None
+        default.update(dict.fromkeys(n for n in (feature.name, *feature.options) if n not in opt_in))
     return FeatureCatalog(tuple(default), tuple(opt_in))
 
 
@@ -87,6 +85,6 @@ def available_features(pm: pluggy.PluginManager) -> dict | str:
     try:
         return collect_features(pm)
     except ModuleNotFoundError as exc:
-        if exc.name != "paddle" and not str(exc.name or "").startswith("paddle."):
+        if str(exc.name).partition(".")[0] != "paddle":
             raise
         return f"Paddle is not importable ({exc}): {PADDLE_INSTALL_HINT}"

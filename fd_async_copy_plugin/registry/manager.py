@@ -61,14 +61,10 @@ class PatchManager:
         self._features: dict[str, Feature] = {}
 
     def catalog(self) -> FeatureCatalog:
-        """The feature names of this manager's patch sets (the entry points' and ``add_plugin``'s)."""
+        """The feature names of this manager's patch sets (the entry points', and those registered
+        on ``pm`` itself)."""
         self.pm = self.pm or plugin_manager()
         return feature_catalog(self.pm)
-
-    def add_plugin(self, plugin, name: str | None = None) -> None:
-        """Register a patch-set plugin object (what an ``fd_async_copy`` entry point provides)."""
-        self.pm = self.pm or plugin_manager()
-        self.pm.register(plugin, name=name)
 
     # -- enable / disable ----------------------------------------------------------------------
     def enable(self, features: tuple[str, ...], backend: str = "auto", strict: bool = False,
@@ -164,9 +160,7 @@ class PatchManager:
         self._decide(name, Decision(PASSTHROUGH, reason))
 
     def _finish_strict(self) -> None:
-        if not self.strict:
-            return
-        refused = strict_violations(self.decisions)
+        refused = strict_violations(self.decisions) if self.strict else ""
         if refused:
             self.disable()
             raise StrictModeError(f"FD_ASYNC_COPY_STRICT=1 and not every feature applied: {refused}")
@@ -180,9 +174,7 @@ class PatchManager:
                 self.applied.pop(name).revert()
             if self.backend is not None:
                 self.backend.release_freed()  # the pinned memory of what the revert dropped
-            self.enabled = False
-            self.decisions = {}
-            self.backend = None
+            self.enabled, self.decisions, self.backend = False, {}, None
 
     # -- reporting -----------------------------------------------------------------------------
     def status(self) -> dict:

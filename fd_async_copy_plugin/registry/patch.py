@@ -73,12 +73,11 @@ class Target:
             except Exception as exc:
                 raise IncompatibleError(f"cannot import {name}: {exc}") from exc
         owner: Any = module
-        parts = self.attr.split(".")
-        for part in parts[:-1]:
-            owner = getattr(owner, part, _MISSING)
-            if owner is _MISSING or owner is None:
+        *path, last = self.attr.split(".")
+        for part in path:
+            owner = getattr(owner, part, None)
+            if owner is None:
                 raise IncompatibleError(f"{self.describe(root)}: {part!r} not found")
-        last = parts[-1]
         raw = _raw_attr(owner, last)
         if raw is _MISSING:
             raise IncompatibleError(f"{self.describe(root)} not found")
@@ -88,10 +87,7 @@ class Target:
 def _raw_attr(owner: Any, name: str) -> Any:
     """The attribute as stored (a class's own ``__dict__`` entry keeps staticmethod wrappers)."""
     if isinstance(owner, type):
-        for klass in owner.__mro__:
-            if name in vars(klass):
-                return vars(klass)[name]
-        return _MISSING
+        return next((vars(klass)[name] for klass in owner.__mro__ if name in vars(klass)), _MISSING)
     return getattr(owner, name, _MISSING)
 
 

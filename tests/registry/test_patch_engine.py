@@ -10,6 +10,7 @@ import pytest
 from fd_async_copy_plugin.profile import ProfileInfo
 from fd_async_copy_plugin.registry import Feature, Patch, Target, hookimpl
 from fd_async_copy_plugin.registry import manager as manager_module
+from fd_async_copy_plugin.registry.catalog import plugin_manager
 
 
 class Planted(RuntimeError):
@@ -80,8 +81,14 @@ def snapshot(root):
     }
 
 
+def add_plugin(manager, plugin, name: str) -> None:
+    """Register a patch-set plugin object on the manager's pluggy manager (as an entry point would)."""
+    manager.pm = manager.pm or plugin_manager()
+    manager.pm.register(plugin, name=name)
+
+
 def enable_demo(manager, root, feature, profile="fastdeploy-2.4", as_profile=None):
-    manager.add_plugin(DemoPlugin(feature), name=f"test-{id(feature)}")
+    add_plugin(manager, DemoPlugin(feature), name=f"test-{id(feature)}")
     manager.enable(("demo",), backend="host", root=root)
     return manager.decisions["demo"]
 
@@ -189,7 +196,7 @@ def test_half_initialised_module_ends_in_the_same_patched_state(fakefd, manager,
     )
     # The hook runs before the class is defined, as FD's model_register hook does.
     path.write_text(source.replace("from .base import RunnerBase\n", "from .base import RunnerBase\n" + hook))
-    manager.add_plugin(DemoPlugin(DemoFeature()), name="test-half")
+    add_plugin(manager, DemoPlugin(DemoFeature()), name="test-half")
     runner = importlib.import_module(f"{fakefd}.worker.gpu_model_runner")
     importlib.import_module("json.tool")  # any later import completes the deferred apply
     assert manager.decisions["demo"].state == "applied"
@@ -204,7 +211,7 @@ def test_enable_twice_with_backend_auto_is_a_noop(fakefd, manager, as_profile, m
 
     monkeypatch.setattr(runtime, "make_backend", lambda name: runtime.HostBackend())
     importlib.import_module(f"{fakefd}.worker.gpu_model_runner")
-    manager.add_plugin(DemoPlugin(DemoFeature()), name="test-auto")
+    add_plugin(manager, DemoPlugin(DemoFeature()), name="test-auto")
     manager.enable(("demo",), backend="auto", root=fakefd)
     first = snapshot(fakefd)
     applied = manager.applied["demo"]
