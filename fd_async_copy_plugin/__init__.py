@@ -18,6 +18,8 @@ import os
 import sys
 import threading
 
+from .config import AsyncCopyConfig, ConfigError, RunSettings, parse_backend, parse_features, strict_from_env
+
 __version__ = "0.2.0"  # as pyproject.toml (tests/cli check it)
 
 log = logging.getLogger("fd_async_copy")
@@ -49,8 +51,6 @@ def _ensure_log_handler() -> None:
 
 def _feature_names(features) -> tuple[str, ...]:
     """The requested names checked against (and ``all`` expanded by) the installed patch sets."""
-    from .config import ConfigError, parse_features
-
     if features is not None and not isinstance(features, str):  # an iterable of names
         features = list(features)
         if not features:
@@ -66,7 +66,6 @@ def plan(features=None, backend: str = "auto", root: str = "fastdeploy") -> dict
     "reason"}}}``; a feature ``enable()`` would apply has the state ``apply``. Works without
     Paddle installed (every feature is then ``skipped`` with what to install).
     """
-    from .config import parse_backend
     from .registry.manager import backend_names
     from .registry.predict import predict
 
@@ -88,7 +87,6 @@ def enable(features=None, backend: str = "auto", strict: bool = False, root: str
     ``ring_max_bytes`` (int, or a string such as "256M") and ``overlap_count`` (``exact``/``bound``/``launch``):
     as ``FD_ASYNC_COPY_RING_MAX_BYTES``/``FD_ASYNC_COPY_OVERLAP_COUNT``, which they default to.
     """
-    from .config import RunSettings, parse_backend
     from .registry.manager import backend_names
 
     names = _feature_names(features)
@@ -118,8 +116,6 @@ def register() -> None:
     outside strict mode (``FD_ASYNC_COPY_STRICT=1``): a bad value is logged and FastDeploy runs
     unpatched."""
     global _inactive_logged
-    from .config import AsyncCopyConfig, ConfigError, strict_from_env
-
     _ensure_log_handler()
     if (os.environ.get("FD_ASYNC_COPY_SYNC_CHECK") or "off").lower() != "off" or os.environ.get("FD_ASYNC_COPY_TRACE"):
         if os.environ.get("FD_ASYNC_COPY_TRACE"):

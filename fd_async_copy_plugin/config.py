@@ -139,15 +139,14 @@ class AsyncCopyConfig:
     def from_env(cls, environ: Mapping[str, str] | None = None, catalog=None) -> "AsyncCopyConfig":
         """``catalog``: the installed feature names (``registry.catalog.feature_catalog()``); without
         it the feature names are checked by ``enable()``."""
-        environ = os.environ if environ is None else environ
-        raw = {name: environ.get(name) for name in ENV_VARS}
+        env = (os.environ if environ is None else environ).get
         parsers = {
-            "enabled": lambda: _bool(ENV_ENABLE, raw[ENV_ENABLE]),
-            "features": lambda: parse_features(raw[ENV_FEATURES], catalog=catalog),
-            "backend": lambda: parse_backend(raw[ENV_BACKEND]),
-            "strict": lambda: _bool(ENV_STRICT, raw[ENV_STRICT]),
-            "ring_max_bytes": lambda: parse_ring_max_bytes(raw[ENV_RING_MAX_BYTES]),
-            "overlap_count": lambda: parse_overlap_count(raw[ENV_OVERLAP_COUNT]),
+            "enabled": lambda: _bool(ENV_ENABLE, env(ENV_ENABLE)),
+            "features": lambda: parse_features(env(ENV_FEATURES), catalog=catalog),
+            "backend": lambda: parse_backend(env(ENV_BACKEND)),
+            "strict": lambda: _bool(ENV_STRICT, env(ENV_STRICT)),
+            "ring_max_bytes": lambda: parse_ring_max_bytes(env(ENV_RING_MAX_BYTES)),
+            "overlap_count": lambda: parse_overlap_count(env(ENV_OVERLAP_COUNT)),
         }
         values, problems = {}, []
         for key, parse in parsers.items():  # every bad variable is reported, not only the first
@@ -163,9 +162,6 @@ class AsyncCopyConfig:
 
 
 def strict_from_env(environ: Mapping[str, str] | None = None) -> bool:
-    """Strict mode, read on its own so a bad value elsewhere can still honour it."""
-    environ = os.environ if environ is None else environ
-    try:
-        return _bool(ENV_STRICT, environ.get(ENV_STRICT))
-    except ConfigError:
-        return False
+    """Strict mode, read on its own so a bad value elsewhere can still honour it (an invalid value of
+    its own: off)."""
+    return ((os.environ if environ is None else environ).get(ENV_STRICT) or "").strip() == "1"

@@ -16,12 +16,9 @@ yet defined). Patching must end in the same state either way, so features wait f
 from __future__ import annotations
 
 import importlib.abc
-import logging
 import sys
 import threading
 from typing import Callable
-
-log = logging.getLogger("fd_async_copy")
 
 Callback = Callable[[], None]
 
@@ -62,16 +59,15 @@ class ImportWatcher(importlib.abc.MetaPathFinder):
         spec = getattr(module, "__spec__", None)
         return module is not None and (name in self._executed_names or not getattr(spec, "_initializing", False))
 
-    def when_ready(self, name: str, callback: Callback) -> bool:
-        """Run ``callback`` once ``name`` is fully imported. Returns True if it ran now."""
+    def when_ready(self, name: str, callback: Callback) -> None:
+        """Run ``callback`` once ``name`` is fully imported (now, if it is)."""
         if self.is_ready(name):
             callback()
-            return True
+            return
         with self._lock:
             self._callbacks.setdefault(name, []).append(callback)
             if self not in sys.meta_path:
                 sys.meta_path.insert(0, self)
-        return False
 
     def cancel(self, callback: Callback) -> None:
         with self._lock:
@@ -100,9 +96,8 @@ class ImportWatcher(importlib.abc.MetaPathFinder):
             spec = next(filter(None, (f.find_spec(fullname, path, target) for f in finders)), None)
         finally:
             self._in_find.active = False
-        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return spec
-        spec.loader = _LoaderProxy(spec.loader, fullname, self)
+        if spec is not None and hasattr(spec.loader, "exec_module"):  # (else a legacy loader: not watched)
+            spec.loader = _LoaderProxy(spec.loader, fullname, self)
         return spec
 
     # -- internals -----------------------------------------------------------------------------

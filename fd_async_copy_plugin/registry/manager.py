@@ -50,9 +50,9 @@ class PatchManager:
         self._lock = threading.RLock()
         self.pm: pluggy.PluginManager | None = None
         self.enabled = False
-        #: the last ``enable()``'s request (what a repeated identical call is compared with)
-        self.requested, self.root, self.requested_backend, self.strict = (), "fastdeploy", "auto", False
+        self.requested, self.root, self.strict = (), "fastdeploy", False
         self.settings: RunSettings | None = None
+        self._request: tuple = ()  # the last ``enable()``'s arguments (a repeated identical call: no-op)
         self.backend: Any = None
         self.profile: ProfileInfo | None = None
         self.decisions: dict[str, Decision] = {}
@@ -71,15 +71,14 @@ class PatchManager:
                root: str = "fastdeploy", settings: RunSettings | None = None) -> None:
         settings = settings or RunSettings()
         with STEP_GATE.change(), self._lock:
-            request = (tuple(features), root, backend, strict)
+            request = (tuple(features), root, backend, strict, settings)
             if self.enabled:
-                if request == (self.requested, self.root, self.requested_backend, self.strict) \
-                        and settings == self.settings:
+                if request == self._request:
                     return  # idempotent: FastDeploy calls the entry point in every process, maybe twice
                 self.disable()  # a different request is planned afresh, never merged into the old one
             self.pm = self.pm or plugin_manager()
-            self.requested, self.root, self.requested_backend, self.strict = request
-            self.settings, self.enabled = settings, True
+            self._request, self.enabled = request, True
+            self.requested, self.root, _, self.strict, self.settings = request
             available = available_features(self.pm)
             self._features = available if isinstance(available, dict) else {}
             self.profile = detect_profile(root)

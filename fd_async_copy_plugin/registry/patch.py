@@ -322,9 +322,8 @@ class Junction:
     def at(owner: Any, name: str) -> "Junction | None":
         """The junction installed on ``owner.name`` now, if any."""
         found = _junctions.get((id(owner), name))
-        if found is not None and found.owner is owner and _raw_attr(owner, name) is found.installed:
-            return found
-        return None
+        installed = found is not None and found.owner is owner and _raw_attr(owner, name) is found.installed
+        return found if installed else None
 
     @classmethod
     def on(cls, owner: Any, name: str) -> "Junction":
