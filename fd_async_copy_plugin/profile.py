@@ -233,14 +233,14 @@ def read_markers(base: str, reader: _Reader | None = None) -> dict[str, bool | N
     return markers
 
 
-_SHAPE_25 = {"input_batch_module": True, "runner_init_share_inputs": False, "runner_execute_model_overlap": True,
-             "save_output_normal": True, "model_output_not_need_stop_device": True, "gather_logprobs_pin_memory": True}
+#: What FastDeploy 2.5 and develop share, and 2.4 has none of
+_SHAPE_25 = {"input_batch_module": True, "runner_init_share_inputs": False,
+             "runner_execute_model_overlap": True, "save_output_normal": True,
+             "model_output_not_need_stop_device": True, "gather_logprobs_pin_memory": True}
 #: The known FastDeploy shapes: profile -> (the value each of these markers has there, the reason)
 _SHAPES = {
-    "fastdeploy-2.4": ({"input_batch_module": False, "runner_init_share_inputs": True,
-                        "runner_execute_model_overlap": False, "runner_not_need_stop_method": True,
-                        "save_output_normal": False, "model_output_not_need_stop_device": False,
-                        "gather_logprobs_pin_memory": False},
+    "fastdeploy-2.4": ({**{marker: not value for marker, value in _SHAPE_25.items()},
+                        "runner_not_need_stop_method": True},
                        "2.4 shape: share_inputs dict, blocking save inside post_process, no #6176/#6362"),
     "fastdeploy-2.5": ({**_SHAPE_25, "runner_preprocess_and_execute_model": True,
                         "runner_not_need_stop_method": True},

@@ -50,8 +50,7 @@ class PatchManager:
         self._lock = threading.RLock()
         self.pm: pluggy.PluginManager | None = None
         self.enabled = False
-        self.requested, self.root, self.strict = (), "fastdeploy", False
-        self.settings: RunSettings | None = None
+        self.requested, self.root, self.strict, self.settings = (), "fastdeploy", False, None
         self._request: tuple = ()  # the last ``enable()``'s arguments (a repeated identical call: no-op)
         self.backend: Any = None
         self.profile: ProfileInfo | None = None

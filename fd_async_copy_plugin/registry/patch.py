@@ -399,10 +399,8 @@ class AppliedFeature:
     """The record of one applied feature: enough to restore every original exactly. ``records``:
     (patch, the junction its link is in) per target set."""
 
-    def __init__(self, feature: Feature, ctx: PatchContext, records: list, importers: list) -> None:
+    def __init__(self, feature: Feature, ctx: PatchContext, records: list) -> None:
         self.feature, self.ctx, self.records = feature, ctx, records
-        #: the declared ``from ... import`` targets (``required=False``), loaded now or not
-        self.importers = importers
 
     def drifted(self) -> list[str]:
         """Targets whose current binding is no longer the replacement (e.g. ``importlib.reload`` of
@@ -438,10 +436,11 @@ class AppliedFeature:
         for patch, junction in ordered:
             if not patch.producer:
                 junction.detach(self.feature.name)
-        # Importers loaded after apply imported a replacement themselves: point them back too (once
-        # no feature has a link left in that junction).
+        # Importers (the declared ``from ... import`` targets, ``required=False``) loaded after apply
+        # imported a replacement themselves: point them back too (once no feature has a link left in
+        # that junction).
         originals = {id(j.installed): j.original for _, j in self.records if not j.links}
-        for target in self.importers:
+        for target in (p.target for p in self.feature.patches_for(self.ctx.profile) if not p.target.required):
             module = sys.modules.get(target.module_name(self.ctx.root))
             current = getattr(module, target.attr, None) if module is not None else None
             if current is not None and id(current) in originals:
@@ -478,4 +477,4 @@ def apply_feature(feature: Feature, ctx: PatchContext) -> AppliedFeature:
             junction.detach(feature.name)
         feature.teardown(ctx)
         raise
-    return AppliedFeature(feature, ctx, records, [p.target for p in patches if not p.target.required])
+    return AppliedFeature(feature, ctx, records)
