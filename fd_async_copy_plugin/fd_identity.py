@@ -15,7 +15,7 @@ Only digests are stored here (hex), never FastDeploy code. ``tools/fd_identity_d
 them for a FastDeploy source tree; the values below were computed from the real FastDeploy trees
 (2.4 ``r3_fix_int32_bug_2.4`` cd7a24511, 2.5 ``r3_fix_int32_bug_2.5`` a386642b8, ``develop``
 e53f5184a). The test replica matches them but for ``slice_rows``, whose digests it registers itself
-(``accept``; ``testing/reference/identity.py``).
+(in ``ACCEPTED``; ``testing/reference/identity.py``).
 """
 
 from __future__ import annotations
@@ -41,17 +41,10 @@ KNOWN: dict[str, dict[str, frozenset[str]]] = {
     },
 }
 
-#: Digests accepted beyond ``KNOWN``, added with ``accept`` by whoever vouches for a body (the
-#: testing package registers its replica's); empty in a FastDeploy worker.
+#: Digests accepted beyond ``KNOWN`` (name -> profile -> digests), added by whoever vouches for a
+#: body: the testing package adds its replica's (``testing/reference/identity.py``); empty in a
+#: FastDeploy worker.
 ACCEPTED: dict[str, dict[str, frozenset[str]]] = {}
-
-
-def accept(table: dict[str, dict[str, frozenset[str]]]) -> None:
-    """Accept the digests of ``table`` (name -> profile -> digests) like ``KNOWN``'s."""
-    for name, profiles in table.items():
-        known = ACCEPTED.setdefault(name, {})
-        for profile, digests in profiles.items():
-            known[profile] = known.get(profile, frozenset()) | frozenset(digests)
 
 
 class _StripDocstrings(ast.NodeTransformer):

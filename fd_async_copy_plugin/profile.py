@@ -114,8 +114,8 @@ def _parse_source(path: str, text: str) -> ast.Module:
         raise _Unreadable(f"syntax error at line {exc.lineno}: {exc.msg}") from None
     except (MemoryError, RecursionError) as exc:
         raise _Unreadable(f"too deeply nested to parse ({type(exc).__name__})") from None
-    except Exception as exc:  # e.g. ValueError: source code string cannot contain null bytes
-        raise _Unreadable(f"cannot parse ({type(exc).__name__}: {exc})") from None
+    # anything else (e.g. ValueError: source code string cannot contain null bytes) is reported as
+    # it is by _Reader.facts
 
 
 def _class(tree: ast.Module, name: str) -> ast.ClassDef | None:
@@ -202,10 +202,9 @@ class _Reader:
                 _FACTS.clear()
             _FACTS[key] = facts
             return facts
-        except _Unreadable as exc:
-            self.problems[relative] = str(exc)
         except Exception as exc:  # detection must never raise (it runs inside FastDeploy's imports)
-            self.problems[relative] = f"{type(exc).__name__}: {exc}"
+            unusable = isinstance(exc, _Unreadable)  # (its message is the cause)
+            self.problems[relative] = str(exc) if unusable else f"{type(exc).__name__}: {exc}"
         return None
 
 

@@ -34,7 +34,8 @@ class _LoaderProxy(importlib.abc.Loader):
         self._loader.exec_module(module)
         # Runs while importlib still marks the module as initialising; the callbacks need the
         # module's attributes only, which are all defined now.
-        self._watcher._executed(self._name)
+        self._watcher._executed_names.add(self._name)
+        self._watcher._fire(self._name)
 
     def __getattr__(self, item):
         return getattr(self._loader, item)
@@ -101,11 +102,6 @@ class ImportWatcher(importlib.abc.MetaPathFinder):
         return spec
 
     # -- internals -----------------------------------------------------------------------------
-    def _executed(self, name: str) -> None:
-        with self._lock:
-            self._executed_names.add(name)
-        self._fire(name)
-
     def _fire(self, name: str) -> None:
         with self._lock:
             callbacks = self._callbacks.pop(name, [])

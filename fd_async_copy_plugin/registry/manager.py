@@ -106,9 +106,8 @@ class PatchManager:
             level = logging.INFO if decision.state in (APPLIED, NATIVE, PENDING) else logging.WARNING
             log.log(level, "fd_async_copy: feature %s: %s (%s)", name, decision.state, decision.reason)
         feature = self._features.get(name)
-        for option in getattr(feature, "options", {}):
-            if option in self.requested:
-                self.decisions[option] = option_decision(feature, option, decision)
+        for option in [o for o in getattr(feature, "options", {}) if o in self.requested]:
+            self.decisions[option] = option_decision(feature, option, decision)
 
     def _context(self, feature: Feature) -> PatchContext:
         return PatchContext(self.root, self.profile.profile, self.backend, strict=self.strict, settings=self.settings,
@@ -125,9 +124,8 @@ class PatchManager:
         self._decide(feature.name, Decision(PENDING, f"waiting for import of {', '.join(waiting)}"))
 
         def on_import() -> None:
-            if not self.enabled or self._pending.get(feature.name) is not on_import:
-                return
-            if all(WATCHER.is_ready(m) for m in modules):
+            still_wanted = self.enabled and self._pending.get(feature.name) is on_import
+            if still_wanted and all(WATCHER.is_ready(m) for m in modules):
                 self._pending.pop(feature.name, None)
                 self._apply(feature)
                 self._finish_strict()
@@ -190,9 +188,8 @@ class PatchManager:
         out = {
             "enabled": self.enabled and active,
             "fastdeploy_version": profile.version, "profile": profile.profile, "profile_reason": profile.reason,
-            "root": self.root,
+            "root": self.root, "strict": self.strict,
             "backend": self.backend.name if self.backend is not None else "none",
-            "strict": self.strict,
             "features": features,
             "ops": ops_report(),
             # the cuda backend's startup probe per device (runtime/probe.py); {} before first use

@@ -408,15 +408,14 @@ class AppliedFeature:
         re-bound to a subclass of the patched one (tests, FD's platform runners) is not a drift."""
         lost = []
         for patch, junction in self.records:
-            module = sys.modules.get(patch.target.module_name(self.ctx.root))
-            if module is None:
-                continue
-            owner: Any = module
-            for part in patch.target.attr.split(".")[:-1]:
-                owner = getattr(owner, part, _MISSING)
+            if sys.modules.get(patch.target.module_name(self.ctx.root)) is None:
+                continue  # (so resolve() imports nothing)
+            try:
+                owner, _, current = patch.target.resolve(self.ctx.root)
+            except IncompatibleError:
+                owner = current = None
             if isinstance(owner, type) and isinstance(junction.owner, type) and issubclass(owner, junction.owner):
-                owner = junction.owner
-            current = _raw_attr(owner, junction.name) if owner is not _MISSING else _MISSING
+                current = _raw_attr(junction.owner, junction.name)
             if current is not junction.installed:  # one junction per attribute: nothing wraps it
                 lost.append(patch.target.describe(self.ctx.root))
         return lost
@@ -451,9 +450,8 @@ class AppliedFeature:
 def apply_feature(feature: Feature, ctx: PatchContext) -> AppliedFeature:
     """All-or-nothing apply. Raises IncompatibleError (nothing changed) or re-raises the error
     that stopped a partial apply after restoring every original."""
-    patches = feature.patches_for(ctx.profile)
     resolved = []
-    for patch in patches:
+    for patch in feature.patches_for(ctx.profile):
         if not patch.target.required and patch.target.module_name(ctx.root) not in sys.modules:
             continue  # an importer of the name that is not loaded: it will import the replacement
         owner, name, current = patch.target.resolve(ctx.root)

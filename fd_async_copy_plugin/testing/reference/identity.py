@@ -2,7 +2,7 @@
 
 ``LogprobsTensors.slice_rows`` of the replica carries census hooks (helpers only the replica
 defines), so its normalised-AST digest is not FastDeploy's. The shipped ``fd_identity`` knows only
-FastDeploy's digests; the replica's ``worker/output.py`` registers these with ``fd_identity.accept``
+FastDeploy's digests; the replica's ``worker/output.py`` adds these to ``fd_identity.ACCEPTED``
 when it is imported. Remove an entry once the replica carries FastDeploy's body.
 """
 
@@ -19,6 +19,10 @@ REPLICA_ONLY: dict[str, dict[str, frozenset[str]]] = {
 
 
 def register() -> None:
+    """Accept the digests of ``REPLICA_ONLY`` like ``fd_identity.KNOWN``'s."""
     from fd_async_copy_plugin import fd_identity
 
-    fd_identity.accept(REPLICA_ONLY)
+    for name, profiles in REPLICA_ONLY.items():
+        known = fd_identity.ACCEPTED.setdefault(name, {})
+        for profile, digests in profiles.items():
+            known[profile] = known.get(profile, frozenset()) | frozenset(digests)
