@@ -25,6 +25,7 @@ import hashlib
 import inspect
 import textwrap
 
+_SLICE_ROWS_24 = frozenset({"89a859f2bee6059be1c603cd17db72ca1bb8df22f65cb6fe5431daa9bc779417"})
 _SLICE_ROWS_25 = frozenset({"83ca28054b1f5e3aea2f06a432d81f0cd5fec6d15627e06722502e193cf4ad1f"})  # = develop
 _GATHER_MATHS = frozenset({"c98dab76131b55e907b859dd1ee9083e1af851b392062dd007b20c9346d2bc1e"})
 #: name -> profile -> digests accepted for that profile.
@@ -35,10 +36,8 @@ KNOWN: dict[str, dict[str, frozenset[str]]] = {
                                                    _GATHER_MATHS),
     # The whole body of LogprobsTensors.slice_rows (worker/output.py): 2.4 slices on the source
     # place; 2.5 and develop copy each field to the CPU first.
-    "LogprobsTensors.slice_rows": {
-        "fastdeploy-2.4": frozenset({"89a859f2bee6059be1c603cd17db72ca1bb8df22f65cb6fe5431daa9bc779417"}),
-        "fastdeploy-2.5": _SLICE_ROWS_25, "fastdeploy-2.6+": _SLICE_ROWS_25,
-    },
+    "LogprobsTensors.slice_rows": {"fastdeploy-2.4": _SLICE_ROWS_24,
+                                   "fastdeploy-2.5": _SLICE_ROWS_25, "fastdeploy-2.6+": _SLICE_ROWS_25},
 }
 
 #: Digests accepted beyond ``KNOWN`` (name -> profile -> digests), added by whoever vouches for a

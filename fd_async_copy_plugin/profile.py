@@ -174,8 +174,7 @@ class _Reader:
     """Reads patch-point files for one detection, within the time budget; records causes."""
 
     def __init__(self, base: str) -> None:
-        self.base = base
-        self.deadline = time.monotonic() + TIME_BUDGET_S
+        self.base, self.deadline = base, time.monotonic() + TIME_BUDGET_S
         self.problems: dict[str, str] = {}
 
     def facts(self, relative: str) -> dict | None:

@@ -5,5 +5,5 @@ from .manager import PatchManager, StrictModeError
 from .patch import Feature, IncompatibleError, Patch, PatchContext, Target, wraps
 from .plan import STATES, Decision, plan
 
-__all__ = ["PROJECT", "STATES", "Decision", "Feature", "IncompatibleError", "Patch", "PatchContext", "PatchManager",
-           "StrictModeError", "Target", "hookimpl", "hookspec", "plan", "wraps"]
+__all__ = ["PROJECT", "STATES", "Decision", "Feature", "IncompatibleError", "Patch", "PatchContext",
+           "PatchManager", "StrictModeError", "Target", "hookimpl", "hookspec", "plan", "wraps"]

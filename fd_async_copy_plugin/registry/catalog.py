@@ -54,8 +54,7 @@ def plugin_manager() -> pluggy.PluginManager:
 def feature_catalog(pm: pluggy.PluginManager | None = None) -> FeatureCatalog:
     """The names of the installed patch sets (``pm``'s, else the entry points'), built-in set first."""
     pm = pm or plugin_manager()
-    default: dict[str, None] = {}  # (dicts: ordered sets)
-    opt_in: dict[str, None] = {}
+    default, opt_in = {}, {}  # name -> None (ordered sets): what ``all`` stands for, the opt-in ones
     impls = sorted(pm.hook.fd_async_copy_catalog.get_hookimpls(), key=lambda impl: impl.plugin_name != "builtin")
     for impl in impls:  # the built-in set first, then the others as pluggy found them
         for name, kind in (impl.function() or {}).items():

@@ -57,8 +57,8 @@ class ImportWatcher(importlib.abc.MetaPathFinder):
         """True when ``name`` is imported and its module body has finished executing (importlib no
         longer marks it as initialising, or the body ran under our loader)."""
         module = sys.modules.get(name)
-        spec = getattr(module, "__spec__", None)
-        return module is not None and (name in self._executed_names or not getattr(spec, "_initializing", False))
+        initialising = getattr(getattr(module, "__spec__", None), "_initializing", False)
+        return module is not None and (name in self._executed_names or not initialising)
 
     def when_ready(self, name: str, callback: Callback) -> None:
         """Run ``callback`` once ``name`` is fully imported (now, if it is)."""
@@ -72,8 +72,8 @@ class ImportWatcher(importlib.abc.MetaPathFinder):
 
     def cancel(self, callback: Callback) -> None:
         with self._lock:
-            kept = {name: [c for c in callbacks if c is not callback] for name, callbacks in self._callbacks.items()}
-            self._callbacks = {name: callbacks for name, callbacks in kept.items() if callbacks}
+            kept = {n: [c for c in waiting if c is not callback] for n, waiting in self._callbacks.items()}
+            self._callbacks = {n: waiting for n, waiting in kept.items() if waiting}
             self._uninstall_if_idle()
 
     def poll(self) -> None:

@@ -110,9 +110,10 @@ class PatchManager:
             self.decisions[option] = option_decision(feature, option, decision)
 
     def _context(self, feature: Feature) -> PatchContext:
-        return PatchContext(self.root, self.profile.profile, self.backend, strict=self.strict, settings=self.settings,
-                            options=frozenset(o for o in feature.options if o in self.requested),
-                            stand_down=functools.partial(self._stand_down, feature.name))
+        options = frozenset(o for o in feature.options if o in self.requested)
+        stand_down = functools.partial(self._stand_down, feature.name)
+        return PatchContext(self.root, self.profile.profile, self.backend, options, self.strict,
+                            stand_down=stand_down, settings=self.settings)
 
     def _schedule(self, feature: Feature) -> None:
         """Apply now if every module is imported; otherwise when the last one is."""
@@ -187,7 +188,8 @@ class PatchManager:
         active = any(e.get("state") in (APPLIED, PENDING, PARTIAL, PASSTHROUGH) for e in features.values())
         out = {
             "enabled": self.enabled and active,
-            "fastdeploy_version": profile.version, "profile": profile.profile, "profile_reason": profile.reason,
+            "fastdeploy_version": profile.version,
+            "profile": profile.profile, "profile_reason": profile.reason,
             "root": self.root, "strict": self.strict,
             "backend": self.backend.name if self.backend is not None else "none",
             "features": features,

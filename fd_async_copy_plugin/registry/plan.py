@@ -32,8 +32,8 @@ STATES = ("apply", "applied", "pending", "native", "skipped", "incompatible", "f
 APPLY, APPLIED, PENDING, NATIVE, SKIPPED, INCOMPATIBLE, FAILED, PASSTHROUGH, PARTIAL = STATES
 REFUSED_IN_STRICT_MODE = (SKIPPED, INCOMPATIBLE, FAILED, PASSTHROUGH, PARTIAL)
 
-PADDLE_INSTALL_HINT = ("install Paddle: paddlepaddle-gpu (the build FastDeploy uses) next to FastDeploy, or the CPU "
-                       "paddlepaddle==3.3.0 to run the plugin's tests")
+PADDLE_INSTALL_HINT = ("install Paddle: paddlepaddle-gpu (the build FastDeploy uses) next to FastDeploy, or "
+                       "the CPU paddlepaddle==3.3.0 to run the plugin's tests")
 
 
 @dataclass(frozen=True)
@@ -119,4 +119,5 @@ def _decide(feature: Feature, profile: ProfileInfo, backend_state: Callable[[], 
 
 def strict_violations(decisions: Mapping[str, Decision]) -> str:
     """"" when strict mode accepts these decisions; else one line naming every refused one."""
-    return "; ".join(f"{n}: {d.state} ({d.reason})" for n, d in decisions.items() if d.state in REFUSED_IN_STRICT_MODE)
+    refused = ((n, d) for n, d in decisions.items() if d.state in REFUSED_IN_STRICT_MODE)
+    return "; ".join(f"{n}: {d.state} ({d.reason})" for n, d in refused)
