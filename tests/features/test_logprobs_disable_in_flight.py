@@ -91,14 +91,14 @@ def test_stop_flag_makes_every_flag_current_before_its_save_guards_go(sfkit, mon
         state = part(runner, "stop")
         state.after_update(None)  # a step's flag copy in flight
         seen = []
-        real_restore = patch_module._restore
+        real_detach = patch_module.Junction.detach
 
-        def checking_restore(record):
-            if record.name in ("save_output", "save_output_topk"):
+        def checking_detach(junction, feature):  # a feature's link taken out of a junction
+            if junction.name in ("save_output", "save_output_topk"):
                 seen.append(state.flag_pending)
-            real_restore(record)
+            real_detach(junction, feature)
 
-        monkeypatch.setattr(patch_module, "_restore", checking_restore)
+        monkeypatch.setattr(patch_module.Junction, "detach", checking_detach)
         disabler = threading.Thread(target=fd_async_copy_plugin.disable)
         disabler.start()
         disabler.join(30)
