@@ -9,8 +9,8 @@ yet defined). Patching must end in the same state either way, so features wait f
 - not imported yet: a ``sys.meta_path`` finder wraps the module's loader and runs the callback
   right after the module finished executing;
 - half-initialised (in ``sys.modules`` with ``__spec__._initializing`` set): the callback runs on
-  the first import of anything after the module finished (checked by the same finder), or on the
-  next ``poll()`` (``status()`` polls).
+  the first import of anything after the module finished (the same finder polls on every import;
+  ``status()`` does not: it reads state only).
 """
 
 from __future__ import annotations
