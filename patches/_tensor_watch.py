@@ -33,11 +33,11 @@ HOLDERS = ("sampling_metadata", "forward_meta")
 
 
 class Watched:
-    """Handler of one watched tensor: ``setitem(original, key, value)``, ``getitem(original, key)``
-    and ``numpy(original)`` answer for Paddle's method (``setitem``: None once it wrote), or return
-    ``NotImplemented`` for Paddle's own. ``unseen()``: the tensor was written past the watch.
-    ``once``: a read-only handler read once per call; when all of a scope's are and have been read,
-    the runner gets its ``share_inputs`` back for the rest of the call."""
+    """Handler of one watched tensor: ``setitem(key, value)``, ``getitem(key)`` and ``numpy()``
+    answer for Paddle's method (``setitem``: None once it wrote), or return ``NotImplemented`` for
+    Paddle's own. ``unseen()``: the tensor was written past the watch. ``once``: a read-only
+    handler read once per call; when all of a scope's are and have been read, the runner gets its
+    ``share_inputs`` back for the rest of the call."""
 
     once = False
 
@@ -45,7 +45,7 @@ class Watched:
         self.tensor = tensor
         self.version = 0  # the tensor's in-place version the watch last saw
 
-    def setitem(self, original, *args):
+    def setitem(self, *args):
         return NotImplemented
 
     getitem = numpy = setitem
@@ -78,29 +78,31 @@ class StandIn:
             return
         if t._inplace_version() != h.version:
             h.unseen()
-        if h.setitem(type(t).__setitem__, key, value) is NotImplemented:
+        if h.setitem(key, value) is NotImplemented:
             t[key] = value
         h.version = t._inplace_version()
 
-    def _read(self, method: str, paddles: str, *args):
-        """The handler's answer to a read (``NotImplemented``: Paddle's own read)."""
-        scope, h, t = self.scope, self.handler, self.tensor  # (``_handler``, inline)
+    def _reader(self):
+        """The handler when the watched call makes this read (its thread, while it runs), after the
+        version check (a write past the watch is told once), else None."""
+        scope, h, t = self.scope, self.handler, self.tensor
         if not scope.open or _ident() != scope.owner:
-            return NotImplemented
+            return None
         if t._inplace_version() != h.version:
             h.unseen()
-            h.version = t._inplace_version()  # told once, as ``__setitem__`` and the scope's end do
-        result = getattr(h, method)(getattr(type(t), paddles), *args)
+            h.version = t._inplace_version()
         if scope.pending is not None:
-            scope.read(t)
-        return result
+            scope.read(t)  # (it answers below; the runner's objects are given back meanwhile)
+        return h
 
     def __getitem__(self, key):
-        result = self._read("getitem", "__getitem__", key := _real(key))
+        key, h = _real(key), self._reader()
+        result = NotImplemented if h is None else h.getitem(key)
         return self.tensor[key] if result is NotImplemented else result
 
     def numpy(self, *args, **kwargs):
-        result = NotImplemented if args or kwargs else self._read("numpy", "numpy")
+        h = None if args or kwargs else self._reader()
+        result = NotImplemented if h is None else h.numpy()
         return self.tensor.numpy(*args, **kwargs) if result is NotImplemented else result
 
     def __getattr__(self, name):
@@ -218,18 +220,17 @@ class watching:
 
 
 _BASIC = (int, np.integer, slice, type(Ellipsis))
-
-
 #: the exact types of a basic index part (``bool`` is not ``int`` here: ``type(True) is bool``)
 _PLAIN = frozenset((int, slice, type(Ellipsis)))
 
 
 def basic_key(key) -> bool:
-    """Integer/slice indexing (what numpy applies identically); masks and tensors are not."""
-    keys = key if isinstance(key, tuple) else (key,)
-    if all(map(_PLAIN.__contains__, map(type, keys))):  # the common keys, by type alone (no Python frame)
-        return True
-    return all(isinstance(k, _BASIC) and not isinstance(k, (bool, np.bool_)) for k in keys)
+    """Integer/slice indexing (what numpy applies identically); masks and tensors are not. (The
+    common parts are told by exact type, without a builtin call.)"""
+    for k in key if type(key) is tuple else (key,):
+        if type(k) not in _PLAIN and (not isinstance(k, _BASIC) or isinstance(k, (bool, np.bool_))):
+            return False
+    return True
 
 
 _UNKNOWN = object()
@@ -256,12 +257,12 @@ def host_value(value, target):
 
 def rows_of(key, nrows: int):
     """The rows (first dimension) a basic ``key`` touches."""
-    first = key[0] if isinstance(key, tuple) and key else key
-    if isinstance(first, (int, np.integer)):
-        i = int(first)
-        return range(i + nrows if i < 0 else i, (i + nrows if i < 0 else i) + 1)
-    if isinstance(first, slice):
+    first = key[0] if type(key) is tuple and key else key
+    if type(first) is slice:
         return range(*first.indices(nrows))
+    if isinstance(first, (int, np.integer)):
+        i = int(first) + nrows if first < 0 else int(first)
+        return range(i, i + 1)
     return range(nrows)
 
 
@@ -325,7 +326,7 @@ class ServedRead(Watched):
         super().__init__(tensor)
         self.event, self.answer = event, answer
 
-    def numpy(self, original):
+    def numpy(self):
         value = self.answer()
         if value is not None:
             self.event.answered()

@@ -74,8 +74,8 @@ class _Mirror(Watched):
         super().__init__(tensor)
         self.shadow, self.name = shadow, name
 
-    def setitem(self, original, key, value) -> None:
-        original(self.tensor, key, value)
+    def setitem(self, key, value) -> None:
+        self.tensor[key] = value  # FastDeploy's write, as Paddle makes it
         v = value if type(value) in HOST_TYPES else host_value(value, self.tensor)
         if v is _UNKNOWN or not (type(key) is slice or basic_key(key)):
             self.shadow.lose(self.name, f"a write FastDeploy made to {self.name} with a device value or a mask")

@@ -34,22 +34,25 @@ SNAPSHOT_LABELS = tuple((name, f"step_syncs.{name}") for name in SNAPSHOT)
 class _Mirror24(_Mirror):
     """FD 2.4: also the host reads the shadow answers (I1, S2)."""
 
-    def getitem(self, original, key):
-        # I1: ``if share_inputs["is_block_step"][idx]:`` - answered on the host when known.
-        if self.name == "block_step" and basic_key(key) and self.shadow._known["block_step"]:
+    def getitem(self, key):
+        # I1: ``if share_inputs["is_block_step"][idx]:`` (an if-test: the host value is all it needs,
+        # no framework tensor is built) - answered on the host when known.
+        if self.name != "block_step":
+            return NotImplemented
+        if self.shadow._known["block_step"] and basic_key(key):
             self.shadow.served["I1 is_block_step read"] += 1
-            return self.shadow.glue.from_numpy(np.array(self.shadow.arrays[self.name][key]))  # (to_tensor's)
-        if self.name == "block_step":
-            self.shadow.fallback("I1: shadow of is_block_step not known")
+            return np.array(self.shadow.arrays["block_step"][key])
+        self.shadow.fallback("I1: shadow of is_block_step not known")
         return NotImplemented
 
-    def numpy(self, original):
+    def numpy(self):
         # S2: ``np.max(share_inputs["bad_tokens_len"].numpy())`` in _prepare_inputs.
-        if self.name == "bad_len" and self.shadow._known["bad_len"]:
+        if self.name != "bad_len":
+            return NotImplemented
+        if self.shadow._known["bad_len"]:
             self.shadow.served["S2 bad_tokens_len"] += 1
-            return self.shadow.arrays[self.name].copy()
-        if self.name == "bad_len":
-            self.shadow.fallback("S2: shadow of bad_tokens_len not known")
+            return self.shadow.arrays["bad_len"].copy()
+        self.shadow.fallback("S2: shadow of bad_tokens_len not known")
         return NotImplemented
 
 
@@ -69,7 +72,7 @@ class _StagedTable(Watched):
         super().__init__(tensor)
         self.shadow = shadow
 
-    def setitem(self, original, key, value):
+    def setitem(self, key, value):
         shadow = self.shadow
         v = value if type(value) in HOST_TYPES else host_value(value, self.tensor)
         if v is _UNKNOWN or not basic_key(key) or not shadow._known["tables"]:
@@ -77,22 +80,15 @@ class _StagedTable(Watched):
             shadow.lose("tables", "a block-table write with a device value or mask")
             return NotImplemented
         if not shadow.dirty:
-            backend = shadow.backend
-            if backend.h2d_in_flight(shadow.tables):
-                # rows staged at an insert before a step that never reached the update op (an idle
-                # step: no event covers their copy): wait for that copy before rewriting the mirror
-                shadow.fallback("I1: the last staged rows had no step event; their copy was waited for")
-                backend.wait(backend.record("step_syncs.block_tables"), "insert.block_tables")
-            backend.before_host_write(shadow.tables, "insert.block_tables")
-        rows = rows_of(key, shadow.arrays["tables"].shape[0])
+            shadow.before_staging()
+        mirror = shadow.arrays["tables"]
+        shadow.dirty.update(rows_of(key, len(mirror)))  # (if it fails: staged, in order before FD's write)
         try:
-            shadow.arrays["tables"][key] = v
+            mirror[key] = v
         except Exception as exc:  # the mirror cannot take it: FastDeploy's own write, shadow reloads
-            shadow.dirty.update(rows)  # the rows already staged keep their order before FD's write
             shadow.flush()
             shadow.lose("tables", f"a block-table write it cannot follow ({exc})")
             return NotImplemented
-        shadow.dirty.update(rows)
         return None
 
     def unseen(self) -> None:
@@ -222,6 +218,16 @@ class StepShadow:
                                "S1 uses FastDeploy's synchronous count from now on")
                 log.error("fd_async_copy step_syncs: %s", self.s1_off)
         self.snap_expect = None
+
+    def before_staging(self) -> None:
+        """The first block-table row staged since the last flush: the mirror may be written."""
+        backend = self.backend
+        if backend.h2d_in_flight(self.tables):
+            # rows staged at an insert before a step that never reached the update op (an idle
+            # step: no event covers their copy): wait for that copy before rewriting the mirror
+            self.fallback("I1: the last staged rows had no step event; their copy was waited for")
+            backend.wait(backend.record("step_syncs.block_tables"), "insert.block_tables")
+        backend.before_host_write(self.tables, "insert.block_tables")
 
     def flush(self) -> None:
         """Copy the block-table rows written on the host to the device, on the stream."""

@@ -289,7 +289,7 @@ class _ViewWrite(Watched):
         super().__init__(tensor)
         self.shadow = shadow
 
-    def setitem(self, original, key, value):
+    def setitem(self, key, value):
         self.shadow.lose("this_time", "a write through the seq_lens_this_time view")
         return NotImplemented
 

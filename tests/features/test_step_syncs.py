@@ -263,7 +263,7 @@ def test_a_runner_stop_flag_leaves_alone_keeps_fastdeploys_path(monkeypatch):
 def test_planted_lost_insert_write_is_caught(monkeypatch):
     """A shadow that misses FastDeploy's insert writes computes a wrong token count: the replica's
     get_padding_offset (sized by the count, like the 2.4 op) refuses it."""
-    monkeypatch.setattr(step_syncs._Mirror, "setitem", lambda self, original, key, value: NotImplemented)
+    monkeypatch.setattr(step_syncs._Mirror, "setitem", lambda self, key, value: NotImplemented)
     requests, arrivals = workload(7, steps=8)
     with pytest.raises(RuntimeError, match="token_num"):
         run_pair(config(7), requests, arrivals, "sim")

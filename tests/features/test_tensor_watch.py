@@ -30,11 +30,11 @@ class _Recorder(Watched):
         super().__init__(tensor)
         self.calls = []
 
-    def setitem(self, original, key, value):
+    def setitem(self, key, value):
         self.calls.append(("setitem", threading.get_ident()))
         return NotImplemented
 
-    def numpy(self, original):
+    def numpy(self):
         self.calls.append(("numpy", threading.get_ident()))
         return np.full(self.tensor.shape, -7, dtype="int64")
 
