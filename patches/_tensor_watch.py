@@ -256,7 +256,9 @@ def host_value(value, target):
 
 
 def rows_of(key, nrows: int):
-    """The rows (first dimension) a basic ``key`` touches."""
+    """The rows (first dimension) a ``key`` touches, or None when it is not basic (``basic_key``)."""
+    if not basic_key(key):
+        return None
     first = key[0] if type(key) is tuple and key else key
     if type(first) is slice:
         return range(*first.indices(nrows))

@@ -11,7 +11,7 @@ import numpy as np
 import paddle
 
 from ..runner import part, runner_state
-from ..step_syncs import POSTPROC, RUNNER, RunnerSyncs, _Mirror, _device_copy, shadow_not_exact
+from ..step_syncs import POSTPROC, RUNNER, RunnerSyncs, Shadow, _Mirror, _device_copy, replay_recover, shadow_not_exact
 from .. import step_syncs as feature  # own_path_reason looked up there (a probe may plant it)
 from .._tensor_watch import HOST_TYPES, Watched, basic_key, host_value, rows_of, watching, _UNKNOWN
 
@@ -75,14 +75,15 @@ class _StagedTable(Watched):
     def setitem(self, key, value):
         shadow = self.shadow
         v = value if type(value) in HOST_TYPES else host_value(value, self.tensor)
-        if v is _UNKNOWN or not basic_key(key) or not shadow._known["tables"]:
+        mirror = shadow.arrays["tables"]
+        rows = rows_of(key, len(mirror))
+        if v is _UNKNOWN or rows is None or not shadow._known["tables"]:
             shadow.flush()  # staged rows land first, in stream order, then FastDeploy's own write
             shadow.lose("tables", "a block-table write with a device value or mask")
             return NotImplemented
         if not shadow.dirty:
             shadow.before_staging()
-        mirror = shadow.arrays["tables"]
-        shadow.dirty.update(rows_of(key, len(mirror)))  # (if it fails: staged, in order before FD's write)
+        shadow.dirty.update(rows)  # (if the write fails: staged, in order before FastDeploy's own)
         try:
             mirror[key] = v
         except Exception as exc:  # the mirror cannot take it: FastDeploy's own write, shadow reloads
@@ -97,30 +98,21 @@ class _StagedTable(Watched):
         self.shadow.lose("tables", "a block-table write made past the watch")
 
 
-class StepShadow:
-    """The host's exact copy of the step state it needs, for one runner."""
+class StepShadow(Shadow):
+    """FD 2.4: the host's exact copy of the step state it needs, for one runner."""
+
+    host_written = ("tables", "bad_len")
+    lost_until = "reloaded"
 
     def __init__(self, runner, backend, block_size: int, runner_module=None, postproc=None) -> None:
-        self.backend = backend
-        self.modules = (runner_module, postproc)  # FastDeploy's runner and post-process modules
-        self.glue = backend.glue
-        self.block_size = int(block_size)
-        self.share_inputs = si = runner.share_inputs
-        self.tensors = {name: (runner.seq_lens_this_time_buffer if key is None else si[key])
-                        for name, key in SHADOWED.items()}
+        si = runner.share_inputs
+        super().__init__(runner, backend, block_size, {
+            name: (runner.seq_lens_this_time_buffer if key is None else si[key]) for name, key in SHADOWED.items()
+        }, collections.Counter(), collections.Counter(), (runner_module, postproc))
         #: S2: ``bad_tokens_len.numpy()`` inside ``_prepare_inputs``, answered from the shadow
         self.prepare_watch = [_BadTokensRead(self, "bad_len", self.tensors["bad_len"])]
-        self.arrays: dict[str, np.ndarray] = {}
-        self._known: dict[str, bool] = dict.fromkeys(SHADOWED, False)  # (every name: read by subscript)
-        self.fallbacks, self.served = collections.Counter(), collections.Counter()
         self.s1_off = ""  # why S1 stood down for good (a count mismatch), "" while it runs
-        self.snap = {  # pinned copies of the device state; the step snapshot uses SNAPSHOT's
-            name: backend.new_pinned(self.glue.shape(self.tensors[name]), self.glue.dtype(self.tensors[name]),
-                                     f"step_syncs.{name}")
-            for name in SHADOWED if name != "tables"
-        }
-        tables = self.tensors["tables"]
-        self.tables = backend.new_pinned(self.glue.shape(tables), self.glue.dtype(tables), "step_syncs.block_tables")
+        self.tables = self.snap["tables"]  # the pinned mirror FastDeploy's block-table writes go to
         self.snap_count = None  # pinned copy of the device token count, made at the first armed step
         self.count_src = None  # this step's device token count (get_padding_offset's input)
         self.count_used: int | None = None
@@ -131,50 +123,15 @@ class StepShadow:
         self.dirty: set[int] = set()
         self.load("construction")
 
-    # -- state --------------------------------------------------------------------------------
-    def known(self, name: str) -> bool:
-        return self._known.get(name, False)
-
-    def lose(self, name: str, why: str) -> None:
-        if self._known.get(name):
-            log.info("fd_async_copy step_syncs: lost track of %s (%s); FastDeploy's own path until reloaded", name, why)
-        self._known[name] = False
-
-    def host_write(self, name: str, key, value) -> None:
-        """FastDeploy's host write to the tensor behind ``name`` (``_Mirror``), on its shadow too."""
-        try:
-            self.arrays[name][key] = value
-        except Exception as exc:  # never fail FastDeploy's write: the shadow reloads instead
-            self.lose(name, f"a write FastDeploy made to {name} it cannot follow ({exc})")
-
-    def fallback(self, cause: str) -> None:
-        self.fallbacks[cause] += 1
-
     def load(self, why: str) -> None:
-        """Every shadow from the device (copies, one event, one wait): at construction and after a
-        reset, never in a decode step."""
+        """Every shadow from the device: at construction and after a reset or a dummy run."""
         from fd_async_copy_plugin.runtime.backend import host_view
 
-        backend = self.backend
-        backend.before_host_write(self.tables, "step_syncs.load")
-        for name, t in self.tensors.items():
-            backend.copy_d2h(self.tables if name == "tables" else self.snap[name], t, f"step_syncs.load.{name}")
-        backend.wait(backend.record("step_syncs.load"), f"step_syncs.load({why})")
-        for name in self.tensors:
-            if name == "tables":
-                self.arrays[name] = host_view(self.tables, self.glue)  # written in place, copied from
-            else:
-                self.arrays[name] = backend.read(self.snap[name], f"step_syncs.load.{name}")
-            self._known[name] = True
+        self.backend.before_host_write(self.tables, "step_syncs.load")
+        super().load(why)
+        self.arrays["tables"] = host_view(self.tables, self.glue)  # written in place, copied from
         self.snap_pending = False
         self.dirty.clear()
-        self.fallbacks[f"shadow loaded ({why})"] += 1
-
-    def ensure_loaded(self) -> None:
-        """After a dummy run (or a write the host could not follow) the shadow of a host-written
-        tensor is unknown: reload everything before the next real step."""
-        if not (self.known("tables") and self.known("bad_len")):
-            self.load("after a dummy run or an untracked write")
 
     # -- the step's device changes --------------------------------------------------------------
     def snapshot_copies(self) -> list:
@@ -259,22 +216,10 @@ class StepShadow:
     def recover_and_count(self, num_running: int) -> int | None:
         """Replay ``recover_decode_task`` on the shadow and return the step's token count, or None
         when the host cannot know it."""
-        if not all(self.known(n) for n in ("this_time", "block_step", "step_dec", "tables", "enc")):
+        if not self.known("this_time", "block_step", "step_dec", "tables", "enc") or not replay_recover(
+                self.arrays, num_running, self.block_size):
             return None
-        this_time = self.arrays["this_time"].reshape(-1)
-        block_step = self.arrays["block_step"].reshape(-1)
-        step_dec = self.arrays["step_dec"].reshape(-1)
-        enc = self.arrays["enc"].reshape(-1)
-        tables = self.arrays["tables"]
-        for i in np.flatnonzero(block_step[:num_running]):
-            col = int(step_dec[i]) // self.block_size
-            if col < 0 or col >= tables.shape[1]:
-                return None
-            if tables[i, col] != -1:
-                block_step[i] = False
-                this_time[i] = 1
-                enc[i] = 0
-        return int(this_time[:num_running].astype(np.int64).sum())
+        return int(self.arrays["this_time"].reshape(-1)[:num_running].astype(np.int64).sum())
 
     def upper_bound(self, num_running: int) -> int | None:
         """Overlap, no insert since the last step: the snapshot of that step is still in flight.

@@ -10,7 +10,7 @@ import numpy as np
 import paddle
 
 from ..runner import is_cuda_runner, runner_state
-from ..step_syncs import POSTPROC, RUNNER, RunnerSyncs, _Mirror, _device_copy, shadow_not_exact
+from ..step_syncs import POSTPROC, RUNNER, RunnerSyncs, Shadow, _Mirror, _device_copy, replay_recover, shadow_not_exact
 from .. import step_syncs as feature  # own_path_reason looked up there (a probe may plant it)
 from .._tensor_watch import DeferredEvent, ServedRead, Watched, watching
 from ..step import opened
@@ -115,38 +115,15 @@ RECOVERED = ("this_time", "block_step", "enc")  # what recover_decode_task write
 
 _SHADOWS_25: "weakref.WeakValueDictionary[int, TokenShadow]" = weakref.WeakValueDictionary()  # id(share_inputs)
 
-def replay_recover(arrays: dict, num_running: int, block_size: int) -> bool:
-    """recover_decode_task.cu (2.5) on host arrays, in place: a block-step slot whose next block
-    exists resumes decoding. False (nothing changed) when a block column is outside the table."""
-    this_time, block_step = arrays["this_time"].reshape(-1), arrays["block_step"].reshape(-1)
-    step_dec, enc, tables = arrays["step_dec"].reshape(-1), arrays["enc"].reshape(-1), arrays["tables"]
-    slots = np.flatnonzero(block_step[:num_running])
-    cols = [int(step_dec[i]) // block_size for i in slots]
-    if any(c < 0 or c >= tables.shape[1] for c in cols):
-        return False
-    for i, col in zip(slots, cols):
-        if tables[i, col] != -1:
-            block_step[i] = False
-            this_time[i] = 1
-            enc[i] = 0
-    return True
 
-
-class TokenShadow:
+class TokenShadow(Shadow):
     """FD 2.5: the host's exact copy of the state behind the step's token count, for one runner."""
 
     def __init__(self, runner, backend, block_size: int, served, fallbacks, runner_module=None,
                  postproc=None) -> None:
-        self.backend, self.glue = backend, backend.glue
-        self.modules = (runner_module, postproc)  # FastDeploy's runner and post-process modules
-        self.block_size = int(block_size)
-        self.share_inputs = si = runner.share_inputs
-        self.tensors = {name: si[key] for name, key in SHADOWED_25.items()}
-        self.snap = {name: backend.new_pinned(self.glue.shape(t), self.glue.dtype(t), f"step_syncs.{name}")
-                     for name, t in self.tensors.items()}
-        self.arrays: dict[str, np.ndarray] = {}
-        self._known: dict[str, bool] = dict.fromkeys(SHADOWED_25, False)  # (every name: read by subscript)
-        self.served, self.fallbacks = served, fallbacks
+        si = runner.share_inputs
+        super().__init__(runner, backend, block_size, {name: si[key] for name, key in SHADOWED_25.items()},
+                         served, fallbacks, (runner_module, postproc))
         self.pending = None  # the event of the issued snapshot not taken yet
         self.log: list = []  # host writes and recover replays made since that snapshot was issued
         self.lost_while_pending: set[str] = set()
@@ -156,23 +133,14 @@ class TokenShadow:
         self.load("construction")
 
     # -- state --------------------------------------------------------------------------------
-    def known(self, name: str) -> bool:
-        return self._known.get(name, False)
-
     def lose(self, name: str, why: str) -> None:
-        if self._known.get(name):
-            log.info("fd_async_copy step_syncs: lost track of %s (%s); FastDeploy's own wait until the next "
-                     "snapshot or reload", name, why)
-        self._known[name] = False
+        super().lose(name, why)
         if self.pending is not None:
             self.lost_while_pending.add(name)
 
     def lose_all(self, why: str) -> None:
         for name in SHADOWED_25:
             self.lose(name, why)
-
-    def fallback(self, cause: str) -> None:
-        self.fallbacks[cause] += 1
 
     def stale(self) -> str:
         """Why the shadowed tensors are no longer FastDeploy's ("" when they are)."""
@@ -182,37 +150,15 @@ class TokenShadow:
         return ""
 
     def load(self, why: str) -> None:
-        """Every shadow from the device (copies, one event, one wait): at construction and after a
-        dummy run, a reset or a write the host could not follow - never in a plain decode step."""
-        backend = self.backend
-        for name, t in self.tensors.items():
-            backend.copy_d2h(self.snap[name], t, f"step_syncs.load.{name}")
-        backend.wait(backend.record("step_syncs.load"), f"step_syncs.load({why})")
-        for name in self.tensors:
-            self.arrays[name] = backend.read(self.snap[name], f"step_syncs.load.{name}")
-            self._known[name] = True
+        super().load(why)
         self.pending, self.log, self.lost_while_pending = None, [], set()
-        self.fallbacks[f"shadow loaded ({why})"] += 1
-
-    def ensure_loaded(self) -> None:
-        # the block tables change on the host only (2.5, V1): once lost, only a load brings them back
-        if not self.known("tables"):
-            self.load("after a dummy run, a reset or an untracked write")
 
     # -- changes ------------------------------------------------------------------------------
     def host_write(self, name: str, key, value) -> None:
         if self.pending is not None and name in SNAPSHOT_25:
             self.log.append((name, key, np.array(value, copy=True)))
         else:
-            self._apply(name, key, value)
-
-    def _apply(self, name: str, key, value) -> None:
-        if not self._known[name]:
-            return
-        try:
-            self.arrays[name][key] = value
-        except Exception as exc:  # never fail FastDeploy's write: the shadow of it is lost instead
-            self.lose(name, f"a write to {name} it cannot follow ({exc})")
+            super().host_write(name, key, value)
 
     def recover(self, num_running: int) -> None:
         """recover_decode_task runs on the device now (the start of _prepare_inputs)."""
@@ -223,8 +169,7 @@ class TokenShadow:
             self._recover(num_running)
 
     def _recover(self, num_running: int) -> None:
-        if not all(self._known.values()) or not replay_recover(self.arrays, num_running,
-                                                                              self.block_size):
+        if not all(self._known.values()) or not replay_recover(self.arrays, num_running, self.block_size):
             for name in RECOVERED:
                 self.lose(name, "recover_decode_task cannot be replayed (a shadow unknown or a block column "
                                 "outside the table)")
@@ -250,7 +195,7 @@ class TokenShadow:
             if name == "recover":
                 self._recover(key)
             else:
-                self._apply(name, key, value)
+                self.host_write(name, key, value)
 
     # -- answers --------------------------------------------------------------------------------
     def answer(self, name: str, site: str, like) -> np.ndarray | None:
