@@ -285,9 +285,6 @@ class DeferredEvent:
         self.owed = False
         self.waited = False  # the host waited on it (FastDeploy's own wait ran)
 
-    def record(self, *args, **kwargs):
-        return self.event.record(*args, **kwargs)
-
     def synchronize(self):
         if not self.active:
             self.waited = True
@@ -319,22 +316,23 @@ class DeferredEvent:
 
 
 class ServedRead(Watched):
-    """``numpy()`` of a pinned buffer that ``event``'s wait covers: ``answer()`` (an exact host
-    value, or None), else the owed wait first and Paddle's own read."""
+    """``numpy()`` of a pinned buffer that the waits of ``events`` (``DeferredEvent``) cover:
+    ``answer()`` (an exact host value, or None), else the owed waits first and Paddle's own read."""
 
     once = True
 
-    def __init__(self, tensor, event: DeferredEvent, answer) -> None:
+    def __init__(self, tensor, events: list, answer) -> None:
         super().__init__(tensor)
-        self.event, self.answer = event, answer
+        self.events, self.answer = events, answer
 
     def numpy(self):
         value = self.answer()
-        if value is not None:
-            self.event.answered()
-            return value
-        self.event.settle()
-        return NotImplemented
+        for event in self.events:
+            if value is None:
+                event.settle()
+            else:
+                event.answered()
+        return NotImplemented if value is None else value
 
 
 def _build_create_event(original, ctx):

@@ -112,6 +112,9 @@ class StepShadow(Shadow):
         #: S2: ``bad_tokens_len.numpy()`` inside ``_prepare_inputs``, answered from the shadow
         self.prepare_watch = [_BadTokensRead(self, "bad_len", self.tensors["bad_len"])]
         self.s1_off = ""  # why S1 stood down for good (a count mismatch), "" while it runs
+        #: ``shadow_not_exact`` as this step's ``_prepare_inputs`` (or the last insert) found it:
+        #: ``exist_prefill()`` in the same step asks it, twice a step, without asking again
+        self.not_exact = ""
         self.tables = self.snap["tables"]  # the pinned mirror FastDeploy's block-table writes go to
         self.snap_count = None  # pinned copy of the device token count, made at the first armed step
         self.count_src = None  # this step's device token count (get_padding_offset's input)
@@ -187,25 +190,17 @@ class StepShadow(Shadow):
         backend.before_host_write(self.tables, "insert.block_tables")
 
     def flush(self) -> None:
-        """Copy the block-table rows written on the host to the device, on the stream."""
+        """Copy the block-table rows written on the host to the device, on the stream: one copy from
+        the first to the last (the rows between hold what the device holds: the host is the only
+        writer of the table while it is known)."""
         if not self.dirty:
             return
-        rows = sorted(self.dirty)
+        first, last = min(self.dirty), max(self.dirty)
+        self.served["I1 block-table rows staged"] += len(self.dirty)
         self.dirty.clear()
-        table = self.tensors["tables"]
-        row_bytes = self.arrays["tables"].strides[0]
-        base, device = self.glue.address(table), self.glue.gpu_device(table)
-        start = prev = rows[0]
-        for row in rows[1:] + [None]:
-            if row is not None and row == prev + 1:
-                prev = row
-                continue
-            n = (prev - start + 1) * row_bytes
-            self.backend.copy_h2d(base + start * row_bytes, device, self.tables, start * row_bytes, n,
-                                  "step_syncs.block_tables")
-            if row is not None:
-                start = prev = row
-        self.served["I1 block-table rows staged"] += len(rows)
+        table, row_bytes = self.tensors["tables"], self.arrays["tables"].strides[0]
+        self.backend.copy_h2d(self.glue.address(table) + first * row_bytes, self.glue.gpu_device(table), self.tables,
+                              first * row_bytes, (last - first + 1) * row_bytes, "step_syncs.block_tables")
 
     def handlers(self) -> list:
         out = [_Mirror24(self, name, self.tensors[name]) for name in SHADOWED if name != "tables"]
@@ -269,7 +264,7 @@ def set_up(ctx, runner) -> None:
 def inserting(shadow: StepShadow, runner, site: str):
     """Around FastDeploy's insert ``site``: the shadow refreshed, FastDeploy's host writes to the
     shadowed tensors followed (block-table rows staged), the staged rows copied after it."""
-    why = shadow_not_exact(runner, *shadow.modules)
+    why = shadow.not_exact = shadow_not_exact(runner, *shadow.modules)
     if why:
         shadow.fallback(why)
         for name in SHADOWED:
@@ -301,8 +296,9 @@ def step_count(syncs: RunnerSyncs, runner, dummy: bool) -> int | None:
     bound = not dummy and steps.bound_count_step() and shadow.snapshot_in_flight()
     if not bound:  # free unless the overlap schedule's exact count waits here for the last step
         shadow.refresh("overlap.exact count" if steps.holds_unsaved_step() else "_prepare_inputs")
-    why = "dummy/profile run" if dummy else (shadow_not_exact(runner, *shadow.modules)
-                                             or shadow.s1_off and "S1 stood down")
+    if not dummy:
+        shadow.not_exact = shadow_not_exact(runner, *shadow.modules)
+    why = "dummy/profile run" if dummy else shadow.not_exact or shadow.s1_off and "S1 stood down"
     count = None
     if not why:
         num_running = int(si["seq_lens_this_time"].shape[0])
@@ -327,7 +323,7 @@ def step_count(syncs: RunnerSyncs, runner, dummy: bool) -> int | None:
 
 def exist_prefill(shadow: StepShadow, runner) -> bool | None:
     """S3/S7: ``exist_prefill()`` from the shadow, or None (FastDeploy's own then)."""
-    why = shadow_not_exact(runner, *shadow.modules)
+    why = shadow.not_exact
     if why:
         shadow.fallback(f"S3/S7: {why}")
         return None

@@ -273,7 +273,7 @@ def prepare_counted(fd, syncs: RunnerSyncs, runner, args, kwargs):
         return made[-1]
 
     pinned = si["seq_lens_this_time_cpu"]
-    read = ServedRead(pinned, _Owed(made), lambda: shadow.answer("this_time", "_prepare_inputs", si["seq_lens_this_time"]))
+    read = ServedRead(pinned, made, lambda: shadow.answer("this_time", "_prepare_inputs", si["seq_lens_this_time"]))
     with opened(runner, make_event=make), watching([read], runner=runner):
         result = fd(runner, *args, **kwargs)
     for event in made:
@@ -303,29 +303,13 @@ def order_after_skipped_waits(state: RunnerSyncs, shadow: TokenShadow) -> None:
             event.event.synchronize()
 
 
-class _Owed:
-    """The deferred event(s) made in a _prepare_inputs call, for its read's handler."""
-
-    def __init__(self, events: list) -> None:
-        self.events = events
-
-    def settle(self) -> None:
-        for event in self.events:
-            event.settle()
-
-    def answered(self) -> None:
-        for event in self.events:
-            event.answered()
-
-
-
 def postprocess_reads(shadow: TokenShadow, runner, token_num_event: DeferredEvent) -> list:
     """``_postprocess``'s reads of the pinned count and block-step flags, answered from the shadow."""
     si = runner.share_inputs
     return [
-        ServedRead(si["seq_lens_this_time_cpu"], token_num_event,
+        ServedRead(si["seq_lens_this_time_cpu"], [token_num_event],
                    lambda: shadow.answer("this_time", "_postprocess", si["seq_lens_this_time"])),
-        ServedRead(si["is_block_step_cpu"], token_num_event,
+        ServedRead(si["is_block_step_cpu"], [token_num_event],
                    lambda: shadow.answer("block_step", "_postprocess", si["is_block_step"])),
     ]
 
