@@ -53,6 +53,11 @@ class Watched:
     def unseen(self) -> None:
         """The tensor was written where the watch did not see it."""
 
+    def hand_out(self, scope: "watching"):
+        """What the watched call gets for the tensor (asked once per key and scope): a ``StandIn``;
+        None for the tensor itself."""
+        return StandIn(self.tensor, self, scope)
+
 
 def _real(value):
     return value.tensor if type(value) is StandIn else value
@@ -111,29 +116,28 @@ class StandIn:
 
 class ScopedInputs:
     """FastDeploy's ``share_inputs`` (a dict on 2.4, an ``InputBatch`` on 2.5) during a watched
-    call: item access hands back a watched tensor's ``StandIn`` (on the call's thread, while it
-    runs); writes store real tensors; attributes and everything else are the real object's. Once
-    the call returned (or on another thread) it is the real object in all but identity."""
+    call: item access hands back what a watched tensor's handler hands out (on the call's thread,
+    while it runs); writes store real tensors; attributes and everything else are the real object's.
+    Once the call returned (or on another thread) it is the real object in all but identity."""
 
-    __slots__ = ("_real_", "_stand_ins_", "_seen_")
+    __slots__ = ("_real_", "_scope_", "_seen_")
 
-    def __init__(self, real, stand_ins: dict) -> None:
+    def __init__(self, real, scope: "watching") -> None:
         object.__setattr__(self, "_real_", real)
-        object.__setattr__(self, "_stand_ins_", stand_ins)  # id(tensor) -> StandIn
-        #: key -> (the value last found there, its StandIn or None): a key read again while it holds
-        #: the same object is decided without a call (a key written through the view is dropped at
-        #: once, so the view holds no value FastDeploy replaced through it)
+        object.__setattr__(self, "_scope_", scope)
+        #: key -> (the value last found there, what the call gets for it or None): a key read again
+        #: while it holds the same object is decided without a call (a key written through the view
+        #: is dropped at once, so the view holds no value FastDeploy replaced through it)
         object.__setattr__(self, "_seen_", {})
 
     def __getitem__(self, key):
-        value, seen = self._real_[key], self._seen_
+        value, seen, scope = self._real_[key], self._seen_, self._scope_
         last, out = seen.get(key, (None, None))  # (a constant: nothing is built per call)
         if last is not value:  # (first read of the key in this scope, or it holds another object)
-            out = self._stand_ins_.get(id(value))
-            if out is not None and out.tensor is not value:
-                out = None
+            h = scope.handlers.get(id(value))
+            out = h.hand_out(scope) if h is not None and h.tensor is value else None
             seen[key] = (value, out)
-        if out is not None and out.scope.open and _ident() == out.scope.owner:
+        if out is not None and scope.open and _ident() == scope.owner:
             return out
         return value
 
@@ -161,30 +165,31 @@ class ScopedInputs:
 class watching:
     """``with watching(handlers, runner=runner):`` watch ``handlers`` (``Watched`` objects) on this
     thread while the block runs: ``runner.share_inputs`` (and the runner attributes in
-    ``RUNNER_ALIASES`` that hold a watched tensor) hand out stand-ins meanwhile."""
+    ``RUNNER_ALIASES`` that hold a watched tensor) hand out what the handlers give meanwhile."""
 
-    __slots__ = ("runner", "owner", "open", "stand_ins", "swapped", "pending")
+    __slots__ = ("runner", "owner", "open", "handlers", "swapped", "pending")
 
     def __init__(self, handlers, *, runner) -> None:
         self.runner, self.owner, self.open = runner, _ident(), False
-        self.stand_ins = {}
+        self.handlers = {}  # id(tensor) -> its handler
         for h in handlers:
             if h is not None and h.tensor is not None:
                 h.version = h.tensor._inplace_version()
-                self.stand_ins[id(h.tensor)] = StandIn(h.tensor, h, self)
+                self.handlers[id(h.tensor)] = h
         # the reads still to come when every handler reads once (None: the view stays to the end)
-        once = all(out.handler.once for out in self.stand_ins.values())
-        self.pending = set(self.stand_ins) if once and self.stand_ins else None
+        once = all(h.once for h in self.handlers.values())
+        self.pending = set(self.handlers) if once and self.handlers else None
 
     def __enter__(self):
-        runner, stand_ins = self.runner, self.stand_ins
+        runner = self.runner
         real = runner.share_inputs
-        self.swapped = [("share_inputs", real, ScopedInputs(real, stand_ins))]
+        self.swapped = [("share_inputs", real, ScopedInputs(real, self))]
         attrs = runner.__dict__
         for name in RUNNER_ALIASES:
-            out = stand_ins.get(id(attrs.get(name)))
-            if out is not None and out.tensor is attrs[name]:
-                self.swapped.append((name, out.tensor, out))
+            h = self.handlers.get(id(attrs.get(name)))
+            out = h.hand_out(self) if h is not None and h.tensor is attrs[name] else None
+            if out is not None:
+                self.swapped.append((name, h.tensor, out))
         for name, _, stand_in in self.swapped:
             setattr(runner, name, stand_in)
         self.open = True
@@ -212,11 +217,10 @@ class watching:
     def __exit__(self, *exc) -> None:
         self.open = False
         self._restore()
-        for out in self.stand_ins.values():  # a write the watch did not see, after the last it saw
-            h = out.handler
-            if out.tensor._inplace_version() != h.version:
+        for h in self.handlers.values():  # a write the watch did not see, after the last it saw
+            if h.tensor._inplace_version() != h.version:
                 h.unseen()
-                h.version = out.tensor._inplace_version()
+                h.version = h.tensor._inplace_version()
 
 
 _BASIC = (int, np.integer, slice, type(Ellipsis))
@@ -253,19 +257,6 @@ def host_value(value, target):
         if value.place.is_cpu_place() and not target.place.is_cpu_place():
             return value.numpy()
     return _UNKNOWN
-
-
-def rows_of(key, nrows: int):
-    """The rows (first dimension) a ``key`` touches, or None when it is not basic (``basic_key``)."""
-    if not basic_key(key):
-        return None
-    first = key[0] if type(key) is tuple and key else key
-    if type(first) is slice:
-        return range(*first.indices(nrows))
-    if isinstance(first, (int, np.integer)):
-        i = int(first) + nrows if first < 0 else int(first)
-        return range(i, i + 1)
-    return range(nrows)
 
 
 # --- FastDeploy 2.5's token-count event (feature ``step_syncs``) ---------------------------------

@@ -13,7 +13,7 @@ import paddle
 from ..runner import part, runner_state
 from ..step_syncs import POSTPROC, RUNNER, RunnerSyncs, Shadow, _Mirror, _device_copy, replay_recover, shadow_not_exact
 from .. import step_syncs as feature  # own_path_reason looked up there (a probe may plant it)
-from .._tensor_watch import HOST_TYPES, Watched, basic_key, host_value, rows_of, watching, _UNKNOWN
+from .._tensor_watch import Watched, basic_key, watching
 
 log = logging.getLogger("fd_async_copy")
 
@@ -63,37 +63,32 @@ class _BadTokensRead(_Mirror24):
 
 
 class _StagedTable(Watched):
-    """``block_tables``: host writes go into a pinned mirror; the rows written are copied to the
-    device asynchronously when the FastDeploy call returns (``StepShadow.flush``)."""
-
-    name = "tables"
+    """``block_tables``: the watched call gets the pinned mirror itself (a numpy array over it) in
+    place of the tensor, so FastDeploy's writes - ``X[basic key] = host value``, the only use the
+    real-FD check (a) allows there - land in it as they are made; the rows that changed are copied
+    to the device asynchronously when the call returns (``StepShadow.flush``). While the table is
+    not known, the call gets the tensor (FastDeploy's own writes)."""
 
     def __init__(self, shadow: "StepShadow", tensor) -> None:
         super().__init__(tensor)
         self.shadow = shadow
 
-    def setitem(self, key, value):
+    def hand_out(self, scope):
         shadow = self.shadow
-        v = value if type(value) in HOST_TYPES else host_value(value, self.tensor)
-        mirror = shadow.arrays["tables"]
-        rows = rows_of(key, len(mirror))
-        if v is _UNKNOWN or rows is None or not shadow._known["tables"]:
-            shadow.flush()  # staged rows land first, in stream order, then FastDeploy's own write
-            shadow.lose("tables", "a block-table write with a device value or mask")
-            return NotImplemented
-        if not shadow.dirty:
-            shadow.before_staging()
-        shadow.dirty.update(rows)  # (if the write fails: staged, in order before FastDeploy's own)
-        try:
-            mirror[key] = v
-        except Exception as exc:  # the mirror cannot take it: FastDeploy's own write, shadow reloads
-            shadow.flush()
-            shadow.lose("tables", f"a block-table write it cannot follow ({exc})")
-            return NotImplemented
-        return None
+        if not shadow.known("tables"):
+            return None
+        backend = shadow.backend
+        if backend.h2d_in_flight(shadow.tables):
+            # rows staged at an insert before a step that never reached the update op (an idle
+            # step: no event covers their copy): wait for that copy before rewriting the mirror
+            shadow.fallback("I1: the last staged rows had no step event; their copy was waited for")
+            backend.wait(backend.record("step_syncs.block_tables"), "insert.block_tables")
+        backend.before_host_write(shadow.tables, "insert.block_tables")
+        return shadow.arrays["tables"]
 
     def unseen(self) -> None:
-        self.shadow.fallback("a write to tables past the watch (an earlier reference or another thread)")
+        if self.shadow.known("tables"):  # (else the call had the tensor: FastDeploy's own writes)
+            self.shadow.fallback("a write to tables past the watch (an earlier reference or another thread)")
         self.shadow.flush()
         self.shadow.lose("tables", "a block-table write made past the watch")
 
@@ -123,7 +118,6 @@ class StepShadow(Shadow):
         self.snap_pending = False
         self.snap_expect: tuple[int, bool] | None = None  # (count used, it was an upper bound)
         self.snap_nr = 0  # the running slots when the snapshot was issued
-        self.dirty: set[int] = set()
         self.load("construction")
 
     def load(self, why: str) -> None:
@@ -133,8 +127,8 @@ class StepShadow(Shadow):
         self.backend.before_host_write(self.tables, "step_syncs.load")
         super().load(why)
         self.arrays["tables"] = host_view(self.tables, self.glue)  # written in place, copied from
+        self.on_device = self.arrays["tables"].copy()
         self.snap_pending = False
-        self.dirty.clear()
 
     # -- the step's device changes --------------------------------------------------------------
     def snapshot_copies(self) -> list:
@@ -179,28 +173,19 @@ class StepShadow(Shadow):
                 log.error("fd_async_copy step_syncs: %s", self.s1_off)
         self.snap_expect = None
 
-    def before_staging(self) -> None:
-        """The first block-table row staged since the last flush: the mirror may be written."""
-        backend = self.backend
-        if backend.h2d_in_flight(self.tables):
-            # rows staged at an insert before a step that never reached the update op (an idle
-            # step: no event covers their copy): wait for that copy before rewriting the mirror
-            self.fallback("I1: the last staged rows had no step event; their copy was waited for")
-            backend.wait(backend.record("step_syncs.block_tables"), "insert.block_tables")
-        backend.before_host_write(self.tables, "insert.block_tables")
-
     def flush(self) -> None:
-        """Copy the block-table rows written on the host to the device, on the stream: one copy from
-        the first to the last (the rows between hold what the device holds: the host is the only
-        writer of the table while it is known)."""
-        if not self.dirty:
+        """Copy the block-table rows the host changed (the mirror against ``on_device``, what the
+        device holds) to the device, on the stream: one copy from the first to the last."""
+        mirror, on_device = self.arrays["tables"], self.on_device
+        changed = np.flatnonzero((mirror != on_device).reshape(len(mirror), -1).any(axis=1))
+        if not len(changed):
             return
-        first, last = min(self.dirty), max(self.dirty)
-        self.served["I1 block-table rows staged"] += len(self.dirty)
-        self.dirty.clear()
-        table, row_bytes = self.tensors["tables"], self.arrays["tables"].strides[0]
+        first, last = int(changed[0]), int(changed[-1]) + 1
+        on_device[first:last] = mirror[first:last]
+        self.served["I1 block-table rows staged"] += len(changed)
+        table, row_bytes = self.tensors["tables"], mirror.strides[0]
         self.backend.copy_h2d(self.glue.address(table) + first * row_bytes, self.glue.gpu_device(table), self.tables,
-                              first * row_bytes, (last - first + 1) * row_bytes, "step_syncs.block_tables")
+                              first * row_bytes, (last - first) * row_bytes, "step_syncs.block_tables")
 
     def handlers(self) -> list:
         out = [_Mirror24(self, name, self.tensors[name]) for name in SHADOWED if name != "tables"]

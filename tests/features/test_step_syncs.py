@@ -289,7 +289,7 @@ def test_planted_unflushed_block_table_rows_change_outputs(monkeypatch):
     """Block-table rows written into the pinned mirror but never copied to the device: the device
     keeps stale rows, block steps resolve differently: the host's count disagrees with the device
     (refused, or a poisoned padding tail) or the outputs differ."""
-    monkeypatch.setattr(step_syncs.StepShadow, "flush", lambda self: self.dirty.clear())
+    monkeypatch.setattr(step_syncs.StepShadow, "flush", lambda self: None)
     requests, arrivals = block_step_workload()
     with pytest.raises((AssertionError, RuntimeError, IndexError)):
         run_pair(BLOCKY, requests, arrivals, "sim", max_steps=300)
