@@ -101,7 +101,9 @@ class StandIn:
         return h
 
     def __getitem__(self, key):
-        key, h = _real(key), self._reader()
+        if type(key) is StandIn:
+            key = key.tensor
+        h = self._reader()
         result = NotImplemented if h is None else h.getitem(key)
         return self.tensor[key] if result is NotImplemented else result
 
@@ -177,8 +179,10 @@ class watching:
                 h.version = h.tensor._inplace_version()
                 self.handlers[id(h.tensor)] = h
         # the reads still to come when every handler reads once (None: the view stays to the end)
-        once = all(h.once for h in self.handlers.values())
-        self.pending = set(self.handlers) if once and self.handlers else None
+        self.pending = set(self.handlers) if self.handlers else None
+        for h in self.handlers.values():
+            if not h.once:
+                self.pending = None
 
     def __enter__(self):
         runner = self.runner

@@ -66,6 +66,8 @@ POSTPROC = "model_executor.pre_and_post_process"
 INPUT_BATCH = "worker.input_batch"
 log = logging.getLogger("fd_async_copy")
 FD24, FD25 = ("fastdeploy-2.4",), ("fastdeploy-2.5",)
+#: what the device changes during a step (the update op), copied to pinned buffers after it
+SNAPSHOT = ("this_time", "enc", "block_step", "step_dec")
 
 
 class _Mirror(Watched):
@@ -97,6 +99,7 @@ class Shadow:
     #: the names only the host writes: once lost, only a load brings them back
     host_written: tuple = ("tables",)
     lost_until = "the next snapshot or reload"
+    pending = None  # FD 2.5: the event of an issued snapshot not taken yet
 
     def __init__(self, runner, backend, block_size: int, tensors: dict, served, fallbacks, modules) -> None:
         self.backend, self.glue = backend, backend.glue
@@ -115,15 +118,19 @@ class Shadow:
 
     def lose(self, name: str, why: str) -> None:
         if self._known[name]:
-            log.info("fd_async_copy step_syncs: lost track of %s (%s); FastDeploy's own path until %s", name, why,
-                     self.lost_until)
+            log.info("fd_async_copy step_syncs: lost track of %s (%s); FastDeploy's own path until %s",
+                     name, why, self.lost_until)
         self._known[name] = False
 
     def fallback(self, cause: str) -> None:
         self.fallbacks[cause] += 1
 
     def host_write(self, name: str, key, value) -> None:
-        """FastDeploy's host write to the tensor behind ``name`` (``_Mirror``), on its shadow too."""
+        """FastDeploy's host write to the tensor behind ``name`` (``_Mirror``), on its shadow too;
+        while a snapshot of ``name`` is in flight (FD 2.5's ``pending``) it is kept for after it."""
+        if self.pending is not None and name in SNAPSHOT:
+            self.log.append((name, key, np.array(value, copy=True)))
+            return
         if not self._known[name]:
             return
         try:

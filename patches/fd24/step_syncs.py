@@ -11,7 +11,8 @@ import numpy as np
 import paddle
 
 from ..runner import part, runner_state
-from ..step_syncs import POSTPROC, RUNNER, RunnerSyncs, Shadow, _Mirror, _device_copy, replay_recover, shadow_not_exact
+from ..step_syncs import (POSTPROC, RUNNER, SNAPSHOT, RunnerSyncs, Shadow, _Mirror, _device_copy,
+                          replay_recover, shadow_not_exact)
 from .. import step_syncs as feature  # own_path_reason looked up there (a probe may plant it)
 from .._tensor_watch import Watched, basic_key, watching
 
@@ -26,8 +27,6 @@ SHADOWED = {
     "bad_len": "bad_tokens_len",
     "tables": "block_tables",
 }
-#: what the device changes during a step: copied to pinned after the update op, every step
-SNAPSHOT = ("this_time", "enc", "block_step", "step_dec")
 SNAPSHOT_LABELS = tuple((name, f"step_syncs.{name}") for name in SNAPSHOT)
 
 
@@ -39,7 +38,7 @@ class _Mirror24(_Mirror):
         # no framework tensor is built) - answered on the host when known.
         if self.name != "block_step":
             return NotImplemented
-        if self.shadow._known["block_step"] and basic_key(key):
+        if self.shadow._known["block_step"] and (type(key) is int or basic_key(key)):
             self.shadow.served["I1 is_block_step read"] += 1
             return np.array(self.shadow.arrays["block_step"][key])
         self.shadow.fallback("I1: shadow of is_block_step not known")
@@ -100,10 +99,10 @@ class StepShadow(Shadow):
     lost_until = "reloaded"
 
     def __init__(self, runner, backend, block_size: int, runner_module=None, postproc=None) -> None:
-        si = runner.share_inputs
-        super().__init__(runner, backend, block_size, {
-            name: (runner.seq_lens_this_time_buffer if key is None else si[key]) for name, key in SHADOWED.items()
-        }, collections.Counter(), collections.Counter(), (runner_module, postproc))
+        tensors = {name: runner.seq_lens_this_time_buffer if key is None else runner.share_inputs[key]
+                   for name, key in SHADOWED.items()}
+        super().__init__(runner, backend, block_size, tensors, collections.Counter(), collections.Counter(),
+                         (runner_module, postproc))
         #: S2: ``bad_tokens_len.numpy()`` inside ``_prepare_inputs``, answered from the shadow
         self.prepare_watch = [_BadTokensRead(self, "bad_len", self.tensors["bad_len"])]
         self.s1_off = ""  # why S1 stood down for good (a count mismatch), "" while it runs
@@ -184,8 +183,8 @@ class StepShadow(Shadow):
         on_device[first:last] = mirror[first:last]
         self.served["I1 block-table rows staged"] += len(changed)
         table, row_bytes = self.tensors["tables"], mirror.strides[0]
-        self.backend.copy_h2d(self.glue.address(table) + first * row_bytes, self.glue.gpu_device(table), self.tables,
-                              first * row_bytes, (last - first) * row_bytes, "step_syncs.block_tables")
+        self.backend.copy_h2d(self.glue.address(table) + first * row_bytes, self.glue.gpu_device(table),
+                              self.tables, first * row_bytes, (last - first) * row_bytes, "step_syncs.block_tables")
 
     def handlers(self) -> list:
         out = [_Mirror24(self, name, self.tensors[name]) for name in SHADOWED if name != "tables"]

@@ -10,7 +10,8 @@ import numpy as np
 import paddle
 
 from ..runner import is_cuda_runner, runner_state
-from ..step_syncs import POSTPROC, RUNNER, RunnerSyncs, Shadow, _Mirror, _device_copy, replay_recover, shadow_not_exact
+from ..step_syncs import (POSTPROC, RUNNER, SNAPSHOT, RunnerSyncs, Shadow, _Mirror, _device_copy,
+                          replay_recover, shadow_not_exact)
 from .. import step_syncs as feature  # own_path_reason looked up there (a probe may plant it)
 from .._tensor_watch import DeferredEvent, ServedRead, Watched, watching
 from ..step import opened
@@ -110,7 +111,6 @@ SHADOWED_25 = {
     "step_dec": "step_seq_lens_decoder",
     "tables": "block_tables",
 }
-SNAPSHOT_25 = ("this_time", "enc", "block_step", "step_dec")  # what update_inputs_v1 changes
 RECOVERED = ("this_time", "block_step", "enc")  # what recover_decode_task writes that the shadow keeps
 
 _SHADOWS_25: "weakref.WeakValueDictionary[int, TokenShadow]" = weakref.WeakValueDictionary()  # id(share_inputs)
@@ -154,12 +154,6 @@ class TokenShadow(Shadow):
         self.pending, self.log, self.lost_while_pending = None, [], set()
 
     # -- changes ------------------------------------------------------------------------------
-    def host_write(self, name: str, key, value) -> None:
-        if self.pending is not None and name in SNAPSHOT_25:
-            self.log.append((name, key, np.array(value, copy=True)))
-        else:
-            super().host_write(name, key, value)
-
     def recover(self, num_running: int) -> None:
         """recover_decode_task runs on the device now (the start of _prepare_inputs)."""
         self.nr = num_running
@@ -178,7 +172,7 @@ class TokenShadow(Shadow):
         """Right after update_inputs_v1, before FastDeploy records post_process_event: its copies
         and their event in one batch."""
         self.pending = self.backend.copy_d2h_many(
-            [(self.snap[name], self.tensors[name], f"step_syncs.{name}") for name in SNAPSHOT_25], "step_syncs.snapshot")
+            [(self.snap[name], self.tensors[name], f"step_syncs.{name}") for name in SNAPSHOT], "step_syncs.snapshot")
         self.log, self.lost_while_pending = [], set()
 
     def settle(self, reader: str) -> None:
@@ -188,7 +182,7 @@ class TokenShadow(Shadow):
             return
         lost, entries = self.lost_while_pending, self.log
         self.pending, self.log, self.lost_while_pending = None, [], set()
-        for name in SNAPSHOT_25:
+        for name in SNAPSHOT:
             self.arrays[name] = self.backend.read(self.snap[name], f"{reader}.{name}")
             self._known[name] = name not in lost
         for name, key, value in entries:
