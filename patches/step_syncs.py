@@ -160,7 +160,7 @@ def replay_recover(arrays: dict, num_running: int, block_size: int) -> bool:
     resumes decoding. False (nothing changed) when a block column is outside the table."""
     this_time, block_step = arrays["this_time"].reshape(-1), arrays["block_step"].reshape(-1)
     step_dec, enc, tables = arrays["step_dec"].reshape(-1), arrays["enc"].reshape(-1), arrays["tables"]
-    slots = np.flatnonzero(block_step[:num_running])
+    slots = block_step[:num_running].nonzero()[0]
     cols = [int(step_dec[i]) // block_size for i in slots]
     if any(c < 0 or c >= tables.shape[1] for c in cols):
         return False

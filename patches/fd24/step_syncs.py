@@ -176,7 +176,7 @@ class StepShadow(Shadow):
         """Copy the block-table rows the host changed (the mirror against ``on_device``, what the
         device holds) to the device, on the stream: one copy from the first to the last."""
         mirror, on_device = self.arrays["tables"], self.on_device
-        changed = np.flatnonzero((mirror != on_device).reshape(len(mirror), -1).any(axis=1))
+        changed = (mirror != on_device).reshape(len(mirror), -1).any(axis=1).nonzero()[0]
         if not len(changed):
             return
         first, last = int(changed[0]), int(changed[-1]) + 1
@@ -208,15 +208,6 @@ class StepShadow(Shadow):
             return None
         return int((self.arrays["this_time"].reshape(-1)[:num_running] > 0).sum())
 
-    def exist_prefill(self) -> bool | None:
-        if not self.known("enc"):
-            return None
-        enc = self.arrays["enc"].reshape(-1)
-        if self.snapshot_in_flight():
-            # right after a step whose snapshot has not landed: its update op zeroed
-            # seq_lens_encoder of every running slot (update_inputs_v1.cu), the others are as known
-            return bool(np.any(enc[self.snap_nr:] > 0))
-        return bool(np.any(enc > 0))
 
 
 
@@ -311,14 +302,16 @@ def exist_prefill(shadow: StepShadow, runner) -> bool | None:
     if why:
         shadow.fallback(f"S3/S7: {why}")
         return None
-    if not (runner_state(runner).holds_unsaved_step() and shadow.snapshot_in_flight()):
+    if shadow.snap_pending and not (runner_state(runner).holds_unsaved_step() and shadow.snapshot_in_flight()):
         shadow.refresh("exist_prefill")
-    answer = shadow.exist_prefill()
-    if answer is None:
+    if not shadow.known("enc"):
         shadow.fallback("S3/S7: shadow of seq_lens_encoder not known")
         return None
+    # right after a step whose snapshot has not landed (overlap): its update op zeroed
+    # seq_lens_encoder of every running slot (update_inputs_v1.cu), the others are as known
+    first = shadow.snap_nr if shadow.snapshot_in_flight() else 0
     shadow.served["S3/S7 exist_prefill"] += 1
-    return answer
+    return bool((shadow.arrays["enc"].reshape(-1)[first:] > 0).any())
 
 
 def padding_offset(fd, shadow: StepShadow, count: int, input_ids, token_num, args, kwargs):
