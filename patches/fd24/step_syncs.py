@@ -14,7 +14,7 @@ from ..runner import part, runner_state
 from ..step_syncs import (POSTPROC, RUNNER, SNAPSHOT, RunnerSyncs, Shadow, _Mirror, _device_copy,
                           replay_recover, shadow_not_exact)
 from .. import step_syncs as feature  # own_path_reason looked up there (a probe may plant it)
-from .._tensor_watch import Watched, basic_key, watching
+from .._tensor_watch import basic_key, watching
 
 log = logging.getLogger("fd_async_copy")
 
@@ -30,24 +30,26 @@ SHADOWED = {
 SNAPSHOT_LABELS = tuple((name, f"step_syncs.{name}") for name in SNAPSHOT)
 
 
-class _Mirror24(_Mirror):
-    """FD 2.4: also the host reads the shadow answers (I1, S2)."""
+class _BlockStepRead(_Mirror):
+    """I1: ``if share_inputs["is_block_step"][idx]:`` in an insert, answered from the shadow when it
+    is known (an if-test: the host value is all it needs, no framework tensor is built)."""
 
     def getitem(self, key):
-        # I1: ``if share_inputs["is_block_step"][idx]:`` (an if-test: the host value is all it needs,
-        # no framework tensor is built) - answered on the host when known.
-        if self.name != "block_step":
-            return NotImplemented
-        if self.shadow._known["block_step"] and (type(key) is int or basic_key(key)):
-            self.shadow.served["I1 is_block_step read"] += 1
-            return np.array(self.shadow.arrays["block_step"][key])
-        self.shadow.fallback("I1: shadow of is_block_step not known")
+        shadow = self.shadow
+        if shadow._known["block_step"] and (type(key) is int or basic_key(key)):
+            shadow.served["I1 is_block_step read"] += 1
+            return np.array(shadow.arrays["block_step"][key])
+        shadow.fallback("I1: shadow of is_block_step not known")
         return NotImplemented
 
+
+class _BadTokensRead(_Mirror):
+    """S2: ``_prepare_inputs``' one ``np.max(share_inputs["bad_tokens_len"].numpy())``, answered
+    from the shadow when it is known; the view goes after it."""
+
+    once = True
+
     def numpy(self):
-        # S2: ``np.max(share_inputs["bad_tokens_len"].numpy())`` in _prepare_inputs.
-        if self.name != "bad_len":
-            return NotImplemented
         if self.shadow._known["bad_len"]:
             self.shadow.served["S2 bad_tokens_len"] += 1
             return self.shadow.arrays["bad_len"].copy()
@@ -55,22 +57,12 @@ class _Mirror24(_Mirror):
         return NotImplemented
 
 
-class _BadTokensRead(_Mirror24):
-    """``_prepare_inputs``' one read of ``bad_tokens_len`` (S2); the view goes after it."""
-
-    once = True
-
-
-class _StagedTable(Watched):
+class _StagedTable(_Mirror):
     """``block_tables``: the watched call gets the pinned mirror itself (a numpy array over it) in
     place of the tensor, so FastDeploy's writes - ``X[basic key] = host value``, the only use the
     real-FD check (a) allows there - land in it as they are made; the rows that changed are copied
     to the device asynchronously when the call returns (``StepShadow.flush``). While the table is
     not known, the call gets the tensor (FastDeploy's own writes)."""
-
-    def __init__(self, shadow: "StepShadow", tensor) -> None:
-        super().__init__(tensor)
-        self.shadow = shadow
 
     def hand_out(self, scope):
         shadow = self.shadow
@@ -110,11 +102,13 @@ class StepShadow(Shadow):
         #: ``exist_prefill()`` in the same step asks it, twice a step, without asking again
         self.not_exact = ""
         self.tables = self.snap["tables"]  # the pinned mirror FastDeploy's block-table writes go to
-        self.snap_count = None  # pinned copy of the device token count, made at the first armed step
-        self.count_src = None  # this step's device token count (get_padding_offset's input)
-        self.count_used: int | None = None
-        self.count_is_bound = False  # this step's count is an upper bound (overlap), not exact
-        self.snap_pending = False
+        #: what an insert's watch hands out: the block-step read, the mirror, the other writes
+        self.insert_watch = [(_BlockStepRead if name == "block_step" else _StagedTable if name == "tables"
+                              else _Mirror)(self, name, t) for name, t in self.tensors.items()]
+        # this step's device token count (get_padding_offset's input) and the count used, whether that
+        # is an upper bound (overlap), not exact; the count's pinned copy, made at the first armed step
+        self.count_src = self.count_used = self.snap_count = None
+        self.count_is_bound = self.snap_pending = False
         self.snap_expect: tuple[int, bool] | None = None  # (count used, it was an upper bound)
         self.snap_nr = 0  # the running slots when the snapshot was issued
         self.load("construction")
@@ -186,11 +180,6 @@ class StepShadow(Shadow):
         self.backend.copy_h2d(self.glue.address(table) + first * row_bytes, self.glue.gpu_device(table),
                               self.tables, first * row_bytes, (last - first) * row_bytes, "step_syncs.block_tables")
 
-    def handlers(self) -> list:
-        out = [_Mirror24(self, name, self.tensors[name]) for name in SHADOWED if name != "tables"]
-        out.append(_StagedTable(self, self.tensors["tables"]))
-        return out
-
     # -- answers --------------------------------------------------------------------------------
     def recover_and_count(self, num_running: int) -> int | None:
         """Replay ``recover_decode_task`` on the shadow and return the step's token count, or None
@@ -249,7 +238,7 @@ def inserting(shadow: StepShadow, runner, site: str):
     if site != "_dummy_prefill_inputs":
         shadow.ensure_loaded()
     shadow.refresh(site)
-    with watching(shadow.handlers(), runner=runner):
+    with watching(shadow.insert_watch, runner=runner):
         try:
             yield
         finally:
