@@ -99,7 +99,6 @@ class Shadow:
     #: the names only the host writes: once lost, only a load brings them back
     host_written: tuple = ("tables",)
     lost_until = "the next snapshot or reload"
-    pending = None  # FD 2.5: the event of an issued snapshot not taken yet
 
     def __init__(self, runner, backend, block_size: int, tensors: dict, served, fallbacks, modules) -> None:
         self.backend, self.glue = backend, backend.glue
@@ -112,6 +111,9 @@ class Shadow:
         self.arrays: dict[str, np.ndarray] = {}
         self._known: dict[str, bool] = dict.fromkeys(tensors, False)
         self.served, self.fallbacks = served, fallbacks
+        #: FD 2.5: the event of an issued snapshot not taken yet, and the host writes (and
+        #: recover replays) made and names lost since it was issued (FD 2.4 takes it before an insert)
+        self.pending, self.log, self.lost_while_pending = None, [], set()
 
     def known(self, *names: str) -> bool:
         return all(map(self._known.__getitem__, names))
@@ -121,6 +123,12 @@ class Shadow:
             log.info("fd_async_copy step_syncs: lost track of %s (%s); FastDeploy's own path until %s",
                      name, why, self.lost_until)
         self._known[name] = False
+        if self.pending is not None:
+            self.lost_while_pending.add(name)
+
+    def lose_all(self, why: str) -> None:
+        for name in self._known:
+            self.lose(name, why)
 
     def fallback(self, cause: str) -> None:
         self.fallbacks[cause] += 1
@@ -148,6 +156,7 @@ class Shadow:
         for name in self.tensors:
             self.arrays[name] = backend.read(self.snap[name], f"step_syncs.load.{name}")
             self._known[name] = True
+        self.pending, self.log, self.lost_while_pending = None, [], set()
         self.fallbacks[f"shadow loaded ({why})"] += 1
 
     def ensure_loaded(self) -> None:

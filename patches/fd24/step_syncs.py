@@ -231,8 +231,7 @@ def inserting(shadow: StepShadow, runner, site: str):
     why = shadow.not_exact = shadow_not_exact(runner, *shadow.modules)
     if why:
         shadow.fallback(why)
-        for name in SHADOWED:
-            shadow.lose(name, why)
+        shadow.lose_all(why)
         yield
         return
     if site != "_dummy_prefill_inputs":

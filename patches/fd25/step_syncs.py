@@ -124,34 +124,18 @@ class TokenShadow(Shadow):
         si = runner.share_inputs
         super().__init__(runner, backend, block_size, {name: si[key] for name, key in SHADOWED_25.items()},
                          served, fallbacks, (runner_module, postproc))
-        self.pending = None  # the event of the issued snapshot not taken yet
-        self.log: list = []  # host writes and recover replays made since that snapshot was issued
-        self.lost_while_pending: set[str] = set()
         self.nr: int | None = None  # running slots at this step's _prepare_inputs
         self.last_answers: dict[str, np.ndarray] = {}  # what was served (tests compare with the device)
         _SHADOWS_25[id(si)] = self
         self.load("construction")
 
     # -- state --------------------------------------------------------------------------------
-    def lose(self, name: str, why: str) -> None:
-        super().lose(name, why)
-        if self.pending is not None:
-            self.lost_while_pending.add(name)
-
-    def lose_all(self, why: str) -> None:
-        for name in SHADOWED_25:
-            self.lose(name, why)
-
     def stale(self) -> str:
         """Why the shadowed tensors are no longer FastDeploy's ("" when they are)."""
         for name, key in SHADOWED_25.items():
             if self.share_inputs[key] is not self.tensors[name]:
                 return f"share_inputs[{key!r}] was re-created"
         return ""
-
-    def load(self, why: str) -> None:
-        super().load(why)
-        self.pending, self.log, self.lost_while_pending = None, [], set()
 
     # -- changes ------------------------------------------------------------------------------
     def recover(self, num_running: int) -> None:
