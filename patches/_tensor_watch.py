@@ -275,10 +275,8 @@ class DeferredEvent:
     it runs is counted at FastDeploy's line, as the other links here.)"""
 
     def __init__(self, event) -> None:
-        self.event = event
-        self.active = True
-        self.owed = False
-        self.waited = False  # the host waited on it (FastDeploy's own wait ran)
+        # open; no wait owed; whether the host waited on it (FastDeploy's own wait ran)
+        self.event, self.active, self.owed, self.waited = event, True, False, False
 
     def synchronize(self):
         if not self.active:
