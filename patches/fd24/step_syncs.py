@@ -255,12 +255,11 @@ def step_count(syncs: RunnerSyncs, runner, dummy: bool) -> int | None:
         runner.infer_seed_increment = syncs.increment
     if not dummy:
         shadow.ensure_loaded()
+        shadow.not_exact = shadow_not_exact(runner, *shadow.modules)
     steps = runner_state(runner)
     bound = not dummy and steps.bound_count_step() and shadow.snapshot_in_flight()
     if not bound:  # free unless the overlap schedule's exact count waits here for the last step
         shadow.refresh("overlap.exact count" if steps.holds_unsaved_step() else "_prepare_inputs")
-    if not dummy:
-        shadow.not_exact = shadow_not_exact(runner, *shadow.modules)
     why = "dummy/profile run" if dummy else shadow.not_exact or shadow.s1_off and "S1 stood down"
     count = None
     if not why:

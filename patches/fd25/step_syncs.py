@@ -68,8 +68,7 @@ def set_up(ctx, runner) -> None:
         try:
             state.shadow = TokenShadow(runner, ctx.backend, runner.cache_config.block_size, state.served,
                                        state.fallbacks, runner_module, ctx.module(POSTPROC))
-        except Exception as exc:  # never stop FastDeploy: its token_num waits stay
-            state.shadow = None
+        except Exception as exc:  # never stop FastDeploy: its token_num waits stay (state.shadow: None)
             state.token_off = f"cannot set up the token-count shadow ({type(exc).__name__}: {exc})"
             log.error("fd_async_copy step_syncs: %s; FastDeploy's token_num waits stay", state.token_off)
     registry.add(runner, state)
