@@ -33,11 +33,11 @@ HOLDERS = ("sampling_metadata", "forward_meta")
 
 
 class Watched:
-    """Handler of one watched tensor: ``setitem(original, key, value)``, ``getitem(original, key)``
-    and ``numpy(original)`` answer for Paddle's method (``setitem``: None once it wrote), or return
-    ``NotImplemented`` for Paddle's own. ``unseen()``: the tensor was written past the watch.
-    ``once``: a read-only handler read once per call; when all of a scope's are and have been read,
-    the runner gets its ``share_inputs`` back for the rest of the call."""
+    """Handler of one watched tensor: ``setitem(key, value)``, ``getitem(key)`` and ``numpy()``
+    answer for Paddle's method (``setitem``: None once it wrote), or return ``NotImplemented`` for
+    Paddle's own. ``unseen()``: the tensor was written past the watch. ``once``: a read-only
+    handler read once per call; when all of a scope's are and have been read, the runner gets its
+    ``share_inputs`` back for the rest of the call."""
 
     once = False
 
@@ -45,13 +45,18 @@ class Watched:
         self.tensor = tensor
         self.version = 0  # the tensor's in-place version the watch last saw
 
-    def setitem(self, original, *args):
+    def setitem(self, *args):
         return NotImplemented
 
     getitem = numpy = setitem
 
     def unseen(self) -> None:
         """The tensor was written where the watch did not see it."""
+
+    def hand_out(self, scope: "watching"):
+        """What the watched call gets for the tensor (asked once per key and scope): a ``StandIn``;
+        None for the tensor itself."""
+        return StandIn(self.tensor, self, scope)
 
 
 def _real(value):
@@ -78,29 +83,33 @@ class StandIn:
             return
         if t._inplace_version() != h.version:
             h.unseen()
-        if h.setitem(type(t).__setitem__, key, value) is NotImplemented:
+        if h.setitem(key, value) is NotImplemented:
             t[key] = value
         h.version = t._inplace_version()
 
-    def _read(self, method: str, paddles: str, *args):
-        """The handler's answer to a read (``NotImplemented``: Paddle's own read)."""
-        scope, h, t = self.scope, self.handler, self.tensor  # (``_handler``, inline)
+    def _reader(self):
+        """The handler when the watched call makes this read (its thread, while it runs), after the
+        version check (a write past the watch is told once), else None."""
+        scope, h, t = self.scope, self.handler, self.tensor
         if not scope.open or _ident() != scope.owner:
-            return NotImplemented
+            return None
         if t._inplace_version() != h.version:
             h.unseen()
-            h.version = t._inplace_version()  # told once, as ``__setitem__`` and the scope's end do
-        result = getattr(h, method)(getattr(type(t), paddles), *args)
+            h.version = t._inplace_version()
         if scope.pending is not None:
-            scope.read(t)
-        return result
+            scope.read(t)  # (it answers below; the runner's objects are given back meanwhile)
+        return h
 
     def __getitem__(self, key):
-        result = self._read("getitem", "__getitem__", key := _real(key))
+        if type(key) is StandIn:
+            key = key.tensor
+        h = self._reader()
+        result = NotImplemented if h is None else h.getitem(key)
         return self.tensor[key] if result is NotImplemented else result
 
     def numpy(self, *args, **kwargs):
-        result = NotImplemented if args or kwargs else self._read("numpy", "numpy")
+        h = None if args or kwargs else self._reader()
+        result = NotImplemented if h is None else h.numpy()
         return self.tensor.numpy(*args, **kwargs) if result is NotImplemented else result
 
     def __getattr__(self, name):
@@ -109,29 +118,28 @@ class StandIn:
 
 class ScopedInputs:
     """FastDeploy's ``share_inputs`` (a dict on 2.4, an ``InputBatch`` on 2.5) during a watched
-    call: item access hands back a watched tensor's ``StandIn`` (on the call's thread, while it
-    runs); writes store real tensors; attributes and everything else are the real object's. Once
-    the call returned (or on another thread) it is the real object in all but identity."""
+    call: item access hands back what a watched tensor's handler hands out (on the call's thread,
+    while it runs); writes store real tensors; attributes and everything else are the real object's.
+    Once the call returned (or on another thread) it is the real object in all but identity."""
 
-    __slots__ = ("_real_", "_stand_ins_", "_seen_")
+    __slots__ = ("_real_", "_scope_", "_seen_")
 
-    def __init__(self, real, stand_ins: dict) -> None:
+    def __init__(self, real, scope: "watching") -> None:
         object.__setattr__(self, "_real_", real)
-        object.__setattr__(self, "_stand_ins_", stand_ins)  # id(tensor) -> StandIn
-        #: key -> (the value last found there, its StandIn or None): a key read again while it holds
-        #: the same object is decided without a call (a key written through the view is dropped at
-        #: once, so the view holds no value FastDeploy replaced through it)
+        object.__setattr__(self, "_scope_", scope)
+        #: key -> (the value last found there, what the call gets for it or None): a key read again
+        #: while it holds the same object is decided without a call (a key written through the view
+        #: is dropped at once, so the view holds no value FastDeploy replaced through it)
         object.__setattr__(self, "_seen_", {})
 
     def __getitem__(self, key):
-        value, seen = self._real_[key], self._seen_
+        value, seen, scope = self._real_[key], self._seen_, self._scope_
         last, out = seen.get(key, (None, None))  # (a constant: nothing is built per call)
         if last is not value:  # (first read of the key in this scope, or it holds another object)
-            out = self._stand_ins_.get(id(value))
-            if out is not None and out.tensor is not value:
-                out = None
+            h = scope.handlers.get(id(value))
+            out = h.hand_out(scope) if h is not None and h.tensor is value else None
             seen[key] = (value, out)
-        if out is not None and out.scope.open and _ident() == out.scope.owner:
+        if out is not None and scope.open and _ident() == scope.owner:
             return out
         return value
 
@@ -159,30 +167,33 @@ class ScopedInputs:
 class watching:
     """``with watching(handlers, runner=runner):`` watch ``handlers`` (``Watched`` objects) on this
     thread while the block runs: ``runner.share_inputs`` (and the runner attributes in
-    ``RUNNER_ALIASES`` that hold a watched tensor) hand out stand-ins meanwhile."""
+    ``RUNNER_ALIASES`` that hold a watched tensor) hand out what the handlers give meanwhile."""
 
-    __slots__ = ("runner", "owner", "open", "stand_ins", "swapped", "pending")
+    __slots__ = ("runner", "owner", "open", "handlers", "swapped", "pending")
 
     def __init__(self, handlers, *, runner) -> None:
         self.runner, self.owner, self.open = runner, _ident(), False
-        self.stand_ins = {}
+        self.handlers = {}  # id(tensor) -> its handler
         for h in handlers:
             if h is not None and h.tensor is not None:
                 h.version = h.tensor._inplace_version()
-                self.stand_ins[id(h.tensor)] = StandIn(h.tensor, h, self)
+                self.handlers[id(h.tensor)] = h
         # the reads still to come when every handler reads once (None: the view stays to the end)
-        once = all(out.handler.once for out in self.stand_ins.values())
-        self.pending = set(self.stand_ins) if once and self.stand_ins else None
+        self.pending = set(self.handlers) if self.handlers else None
+        for h in self.handlers.values():
+            if not h.once:
+                self.pending = None
 
     def __enter__(self):
-        runner, stand_ins = self.runner, self.stand_ins
+        runner = self.runner
         real = runner.share_inputs
-        self.swapped = [("share_inputs", real, ScopedInputs(real, stand_ins))]
+        self.swapped = [("share_inputs", real, ScopedInputs(real, self))]
         attrs = runner.__dict__
         for name in RUNNER_ALIASES:
-            out = stand_ins.get(id(attrs.get(name)))
-            if out is not None and out.tensor is attrs[name]:
-                self.swapped.append((name, out.tensor, out))
+            h = self.handlers.get(id(attrs.get(name)))
+            out = h.hand_out(self) if h is not None and h.tensor is attrs[name] else None
+            if out is not None:
+                self.swapped.append((name, h.tensor, out))
         for name, _, stand_in in self.swapped:
             setattr(runner, name, stand_in)
         self.open = True
@@ -210,26 +221,24 @@ class watching:
     def __exit__(self, *exc) -> None:
         self.open = False
         self._restore()
-        for out in self.stand_ins.values():  # a write the watch did not see, after the last it saw
-            h = out.handler
-            if out.tensor._inplace_version() != h.version:
+        for h in self.handlers.values():  # a write the watch did not see, after the last it saw
+            if h.tensor._inplace_version() != h.version:
                 h.unseen()
-                h.version = out.tensor._inplace_version()
+                h.version = h.tensor._inplace_version()
 
 
 _BASIC = (int, np.integer, slice, type(Ellipsis))
-
-
 #: the exact types of a basic index part (``bool`` is not ``int`` here: ``type(True) is bool``)
 _PLAIN = frozenset((int, slice, type(Ellipsis)))
 
 
 def basic_key(key) -> bool:
-    """Integer/slice indexing (what numpy applies identically); masks and tensors are not."""
-    keys = key if isinstance(key, tuple) else (key,)
-    if all(map(_PLAIN.__contains__, map(type, keys))):  # the common keys, by type alone (no Python frame)
-        return True
-    return all(isinstance(k, _BASIC) and not isinstance(k, (bool, np.bool_)) for k in keys)
+    """Integer/slice indexing (what numpy applies identically); masks and tensors are not. (The
+    common parts are told by exact type, without a builtin call.)"""
+    for k in key if type(key) is tuple else (key,):
+        if type(k) not in _PLAIN and (not isinstance(k, _BASIC) or isinstance(k, (bool, np.bool_))):
+            return False
+    return True
 
 
 _UNKNOWN = object()
@@ -254,17 +263,6 @@ def host_value(value, target):
     return _UNKNOWN
 
 
-def rows_of(key, nrows: int):
-    """The rows (first dimension) a basic ``key`` touches."""
-    first = key[0] if isinstance(key, tuple) and key else key
-    if isinstance(first, (int, np.integer)):
-        i = int(first)
-        return range(i + nrows if i < 0 else i, (i + nrows if i < 0 else i) + 1)
-    if isinstance(first, slice):
-        return range(*first.indices(nrows))
-    return range(nrows)
-
-
 # --- FastDeploy 2.5's token-count event (feature ``step_syncs``) ---------------------------------
 
 
@@ -277,13 +275,8 @@ class DeferredEvent:
     it runs is counted at FastDeploy's line, as the other links here.)"""
 
     def __init__(self, event) -> None:
-        self.event = event
-        self.active = True
-        self.owed = False
-        self.waited = False  # the host waited on it (FastDeploy's own wait ran)
-
-    def record(self, *args, **kwargs):
-        return self.event.record(*args, **kwargs)
+        # open; no wait owed; whether the host waited on it (FastDeploy's own wait ran)
+        self.event, self.active, self.owed, self.waited = event, True, False, False
 
     def synchronize(self):
         if not self.active:
@@ -316,22 +309,23 @@ class DeferredEvent:
 
 
 class ServedRead(Watched):
-    """``numpy()`` of a pinned buffer that ``event``'s wait covers: ``answer()`` (an exact host
-    value, or None), else the owed wait first and Paddle's own read."""
+    """``numpy()`` of a pinned buffer that the waits of ``events`` (``DeferredEvent``) cover:
+    ``answer()`` (an exact host value, or None), else the owed waits first and Paddle's own read."""
 
     once = True
 
-    def __init__(self, tensor, event: DeferredEvent, answer) -> None:
+    def __init__(self, tensor, events: list, answer) -> None:
         super().__init__(tensor)
-        self.event, self.answer = event, answer
+        self.events, self.answer = events, answer
 
-    def numpy(self, original):
+    def numpy(self):
         value = self.answer()
-        if value is not None:
-            self.event.answered()
-            return value
-        self.event.settle()
-        return NotImplemented
+        for event in self.events:
+            if value is None:
+                event.settle()
+            else:
+                event.answered()
+        return NotImplemented if value is None else value
 
 
 def _build_create_event(original, ctx):

@@ -143,16 +143,19 @@ class FeatureRunners:
         weakref.finalize(runner, self._stood_down.pop, id(runner), None)
 
     def live(self) -> list:
-        with self._lock:
-            refs = list(self._runners.values())
-        return [r for r in (ref() for ref in refs) if r is not None and part(r, self.slot) is not None]
+        return [runner for runner in map(weakref.ref.__call__, list(self._runners.values()))
+                if runner is not None and part(runner, self.slot) is not None]
 
     def parts(self) -> list:
-        """The live runners' parts (``live()`` and ``part()`` inline: asked several times a step)."""
-        with self._lock:
-            refs = list(self._runners.values())
-        found = [getattr(r.__dict__.get(_SLOT), self.slot, None) for r in [ref() for ref in refs] if r is not None]
-        return [p for p in found if p is not None]
+        """The live runners' parts (asked several times a step; no lock: copying the dict's values
+        is one step under the GIL)."""
+        out = []
+        for ref in list(self._runners.values()):
+            runner = ref()
+            part_state = None if runner is None else getattr(runner.__dict__.get(_SLOT), self.slot, None)
+            if part_state is not None:
+                out.append(part_state)
+        return out
 
     def report(self) -> dict | None:
         patched = self.live()

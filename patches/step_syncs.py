@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import logging
 import sys
 
 import numpy as np
@@ -63,7 +64,10 @@ from ._tensor_watch import CREATE_EVENT, HOST_TYPES, Watched, basic_key, host_va
 RUNNER = "worker.gpu_model_runner"
 POSTPROC = "model_executor.pre_and_post_process"
 INPUT_BATCH = "worker.input_batch"
+log = logging.getLogger("fd_async_copy")
 FD24, FD25 = ("fastdeploy-2.4",), ("fastdeploy-2.5",)
+#: what the device changes during a step (the update op), copied to pinned buffers after it
+SNAPSHOT = ("this_time", "enc", "block_step", "step_dec")
 
 
 class _Mirror(Watched):
@@ -74,8 +78,8 @@ class _Mirror(Watched):
         super().__init__(tensor)
         self.shadow, self.name = shadow, name
 
-    def setitem(self, original, key, value) -> None:
-        original(self.tensor, key, value)
+    def setitem(self, key, value) -> None:
+        self.tensor[key] = value  # FastDeploy's write, as Paddle makes it
         v = value if type(value) in HOST_TYPES else host_value(value, self.tensor)
         if v is _UNKNOWN or not (type(key) is slice or basic_key(key)):
             self.shadow.lose(self.name, f"a write FastDeploy made to {self.name} with a device value or a mask")
@@ -85,6 +89,96 @@ class _Mirror(Watched):
     def unseen(self) -> None:
         self.shadow.fallback(f"a write to {self.name} past the watch (an earlier reference or another thread)")
         self.shadow.lose(self.name, "a write FastDeploy made past the watch")
+
+
+class Shadow:
+    """The host's exact copy of part of one runner's step state (FD 2.4's ``StepShadow``, FD 2.5's
+    ``TokenShadow``): ``tensors`` (name -> FastDeploy's tensor), ``snap`` (their pinned copies),
+    ``arrays`` (the host values) and ``_known`` (every name; a write it cannot follow loses it)."""
+
+    #: the names only the host writes: once lost, only a load brings them back
+    host_written: tuple = ("tables",)
+    lost_until = "the next snapshot or reload"
+
+    def __init__(self, runner, backend, block_size: int, tensors: dict, served, fallbacks, modules) -> None:
+        self.backend, self.glue = backend, backend.glue
+        self.modules = modules  # FastDeploy's runner and post-process modules
+        self.block_size = int(block_size)
+        self.share_inputs = runner.share_inputs
+        self.tensors = tensors
+        self.snap = {name: backend.new_pinned(self.glue.shape(t), self.glue.dtype(t), f"step_syncs.{name}")
+                     for name, t in tensors.items()}
+        self.arrays: dict[str, np.ndarray] = {}
+        self._known: dict[str, bool] = dict.fromkeys(tensors, False)
+        self.served, self.fallbacks = served, fallbacks
+        #: FD 2.5: the event of an issued snapshot not taken yet, and the host writes (and
+        #: recover replays) made and names lost since it was issued (FD 2.4 takes it before an insert)
+        self.pending, self.log, self.lost_while_pending = None, [], set()
+
+    def known(self, *names: str) -> bool:
+        return all(map(self._known.__getitem__, names))
+
+    def lose(self, name: str, why: str) -> None:
+        if self._known[name]:
+            log.info("fd_async_copy step_syncs: lost track of %s (%s); FastDeploy's own path until %s",
+                     name, why, self.lost_until)
+        self._known[name] = False
+        if self.pending is not None:
+            self.lost_while_pending.add(name)
+
+    def lose_all(self, why: str) -> None:
+        for name in self._known:
+            self.lose(name, why)
+
+    def fallback(self, cause: str) -> None:
+        self.fallbacks[cause] += 1
+
+    def host_write(self, name: str, key, value) -> None:
+        """FastDeploy's host write to the tensor behind ``name`` (``_Mirror``), on its shadow too;
+        while a snapshot of ``name`` is in flight (FD 2.5's ``pending``) it is kept for after it."""
+        if self.pending is not None and name in SNAPSHOT:
+            self.log.append((name, key, np.array(value, copy=True)))
+            return
+        if not self._known[name]:
+            return
+        try:
+            self.arrays[name][key] = value
+        except Exception as exc:  # never fail FastDeploy's write: the shadow of it is lost instead
+            self.lose(name, f"a write FastDeploy made to {name} it cannot follow ({exc})")
+
+    def load(self, why: str) -> None:
+        """Every shadow from the device (copies, one event, one wait): at construction and after a
+        dummy run, a reset or a write the host could not follow - never in a plain decode step."""
+        backend = self.backend
+        for name, t in self.tensors.items():
+            backend.copy_d2h(self.snap[name], t, f"step_syncs.load.{name}")
+        backend.wait(backend.record("step_syncs.load"), f"step_syncs.load({why})")
+        for name in self.tensors:
+            self.arrays[name] = backend.read(self.snap[name], f"step_syncs.load.{name}")
+            self._known[name] = True
+        self.pending, self.log, self.lost_while_pending = None, [], set()
+        self.fallbacks[f"shadow loaded ({why})"] += 1
+
+    def ensure_loaded(self) -> None:
+        if not self.known(*self.host_written):
+            self.load("after a dummy run, a reset or an untracked write")
+
+
+def replay_recover(arrays: dict, num_running: int, block_size: int) -> bool:
+    """recover_decode_task.cu on host arrays, in place: a block-step slot whose next block exists
+    resumes decoding. False (nothing changed) when a block column is outside the table."""
+    this_time, block_step = arrays["this_time"].reshape(-1), arrays["block_step"].reshape(-1)
+    step_dec, enc, tables = arrays["step_dec"].reshape(-1), arrays["enc"].reshape(-1), arrays["tables"]
+    slots = block_step[:num_running].nonzero()[0]
+    cols = [int(step_dec[i]) // block_size for i in slots]
+    if any(c < 0 or c >= tables.shape[1] for c in cols):
+        return False
+    for i, col in zip(slots, cols):
+        if tables[i, col] != -1:
+            block_step[i] = False
+            this_time[i] = 1
+            enc[i] = 0
+    return True
 
 
 class RunnerSyncs:

@@ -11,9 +11,10 @@ import numpy as np
 import paddle
 
 from ..runner import part, runner_state
-from ..step_syncs import POSTPROC, RUNNER, RunnerSyncs, _Mirror, _device_copy, shadow_not_exact
+from ..step_syncs import (POSTPROC, RUNNER, SNAPSHOT, RunnerSyncs, Shadow, _Mirror, _device_copy,
+                          replay_recover, shadow_not_exact)
 from .. import step_syncs as feature  # own_path_reason looked up there (a probe may plant it)
-from .._tensor_watch import HOST_TYPES, Watched, basic_key, host_value, rows_of, watching, _UNKNOWN
+from .._tensor_watch import basic_key, watching
 
 log = logging.getLogger("fd_async_copy")
 
@@ -26,159 +27,101 @@ SHADOWED = {
     "bad_len": "bad_tokens_len",
     "tables": "block_tables",
 }
-#: what the device changes during a step: copied to pinned after the update op, every step
-SNAPSHOT = ("this_time", "enc", "block_step", "step_dec")
 SNAPSHOT_LABELS = tuple((name, f"step_syncs.{name}") for name in SNAPSHOT)
 
 
-class _Mirror24(_Mirror):
-    """FD 2.4: also the host reads the shadow answers (I1, S2)."""
+class _BlockStepRead(_Mirror):
+    """I1: ``if share_inputs["is_block_step"][idx]:`` in an insert, answered from the shadow when it
+    is known (an if-test: the host value is all it needs, no framework tensor is built)."""
 
-    def getitem(self, original, key):
-        # I1: ``if share_inputs["is_block_step"][idx]:`` - answered on the host when known.
-        if self.name == "block_step" and basic_key(key) and self.shadow._known["block_step"]:
-            self.shadow.served["I1 is_block_step read"] += 1
-            return self.shadow.glue.from_numpy(np.array(self.shadow.arrays[self.name][key]))  # (to_tensor's)
-        if self.name == "block_step":
-            self.shadow.fallback("I1: shadow of is_block_step not known")
-        return NotImplemented
-
-    def numpy(self, original):
-        # S2: ``np.max(share_inputs["bad_tokens_len"].numpy())`` in _prepare_inputs.
-        if self.name == "bad_len" and self.shadow._known["bad_len"]:
-            self.shadow.served["S2 bad_tokens_len"] += 1
-            return self.shadow.arrays[self.name].copy()
-        if self.name == "bad_len":
-            self.shadow.fallback("S2: shadow of bad_tokens_len not known")
+    def getitem(self, key):
+        shadow = self.shadow
+        if shadow._known["block_step"] and (type(key) is int or basic_key(key)):
+            shadow.served["I1 is_block_step read"] += 1
+            return np.array(shadow.arrays["block_step"][key])
+        shadow.fallback("I1: shadow of is_block_step not known")
         return NotImplemented
 
 
-class _BadTokensRead(_Mirror24):
-    """``_prepare_inputs``' one read of ``bad_tokens_len`` (S2); the view goes after it."""
+class _BadTokensRead(_Mirror):
+    """S2: ``_prepare_inputs``' one ``np.max(share_inputs["bad_tokens_len"].numpy())``, answered
+    from the shadow when it is known; the view goes after it."""
 
     once = True
 
+    def numpy(self):
+        if self.shadow._known["bad_len"]:
+            self.shadow.served["S2 bad_tokens_len"] += 1
+            return self.shadow.arrays["bad_len"].copy()
+        self.shadow.fallback("S2: shadow of bad_tokens_len not known")
+        return NotImplemented
 
-class _StagedTable(Watched):
-    """``block_tables``: host writes go into a pinned mirror; the rows written are copied to the
-    device asynchronously when the FastDeploy call returns (``StepShadow.flush``)."""
 
-    name = "tables"
+class _StagedTable(_Mirror):
+    """``block_tables``: the watched call gets the pinned mirror itself (a numpy array over it) in
+    place of the tensor, so FastDeploy's writes - ``X[basic key] = host value``, the only use the
+    real-FD check (a) allows there - land in it as they are made; the rows that changed are copied
+    to the device asynchronously when the call returns (``StepShadow.flush``). While the table is
+    not known, the call gets the tensor (FastDeploy's own writes)."""
 
-    def __init__(self, shadow: "StepShadow", tensor) -> None:
-        super().__init__(tensor)
-        self.shadow = shadow
-
-    def setitem(self, original, key, value):
+    def hand_out(self, scope):
         shadow = self.shadow
-        v = value if type(value) in HOST_TYPES else host_value(value, self.tensor)
-        if v is _UNKNOWN or not basic_key(key) or not shadow._known["tables"]:
-            shadow.flush()  # staged rows land first, in stream order, then FastDeploy's own write
-            shadow.lose("tables", "a block-table write with a device value or mask")
-            return NotImplemented
-        if not shadow.dirty:
-            backend = shadow.backend
-            if backend.h2d_in_flight(shadow.tables):
-                # rows staged at an insert before a step that never reached the update op (an idle
-                # step: no event covers their copy): wait for that copy before rewriting the mirror
-                shadow.fallback("I1: the last staged rows had no step event; their copy was waited for")
-                backend.wait(backend.record("step_syncs.block_tables"), "insert.block_tables")
-            backend.before_host_write(shadow.tables, "insert.block_tables")
-        rows = rows_of(key, shadow.arrays["tables"].shape[0])
-        try:
-            shadow.arrays["tables"][key] = v
-        except Exception as exc:  # the mirror cannot take it: FastDeploy's own write, shadow reloads
-            shadow.dirty.update(rows)  # the rows already staged keep their order before FD's write
-            shadow.flush()
-            shadow.lose("tables", f"a block-table write it cannot follow ({exc})")
-            return NotImplemented
-        shadow.dirty.update(rows)
-        return None
+        if not shadow.known("tables"):
+            return None
+        backend = shadow.backend
+        if backend.h2d_in_flight(shadow.tables):
+            # rows staged at an insert before a step that never reached the update op (an idle
+            # step: no event covers their copy): wait for that copy before rewriting the mirror
+            shadow.fallback("I1: the last staged rows had no step event; their copy was waited for")
+            backend.wait(backend.record("step_syncs.block_tables"), "insert.block_tables")
+        backend.before_host_write(shadow.tables, "insert.block_tables")
+        return shadow.arrays["tables"]
 
     def unseen(self) -> None:
-        self.shadow.fallback("a write to tables past the watch (an earlier reference or another thread)")
+        if self.shadow.known("tables"):  # (else the call had the tensor: FastDeploy's own writes)
+            self.shadow.fallback("a write to tables past the watch (an earlier reference or another thread)")
         self.shadow.flush()
         self.shadow.lose("tables", "a block-table write made past the watch")
 
 
-class StepShadow:
-    """The host's exact copy of the step state it needs, for one runner."""
+class StepShadow(Shadow):
+    """FD 2.4: the host's exact copy of the step state it needs, for one runner."""
+
+    host_written = ("tables", "bad_len")
+    lost_until = "reloaded"
 
     def __init__(self, runner, backend, block_size: int, runner_module=None, postproc=None) -> None:
-        self.backend = backend
-        self.modules = (runner_module, postproc)  # FastDeploy's runner and post-process modules
-        self.glue = backend.glue
-        self.block_size = int(block_size)
-        self.share_inputs = si = runner.share_inputs
-        self.tensors = {name: (runner.seq_lens_this_time_buffer if key is None else si[key])
-                        for name, key in SHADOWED.items()}
+        tensors = {name: runner.seq_lens_this_time_buffer if key is None else runner.share_inputs[key]
+                   for name, key in SHADOWED.items()}
+        super().__init__(runner, backend, block_size, tensors, collections.Counter(), collections.Counter(),
+                         (runner_module, postproc))
         #: S2: ``bad_tokens_len.numpy()`` inside ``_prepare_inputs``, answered from the shadow
         self.prepare_watch = [_BadTokensRead(self, "bad_len", self.tensors["bad_len"])]
-        self.arrays: dict[str, np.ndarray] = {}
-        self._known: dict[str, bool] = dict.fromkeys(SHADOWED, False)  # (every name: read by subscript)
-        self.fallbacks, self.served = collections.Counter(), collections.Counter()
         self.s1_off = ""  # why S1 stood down for good (a count mismatch), "" while it runs
-        self.snap = {  # pinned copies of the device state; the step snapshot uses SNAPSHOT's
-            name: backend.new_pinned(self.glue.shape(self.tensors[name]), self.glue.dtype(self.tensors[name]),
-                                     f"step_syncs.{name}")
-            for name in SHADOWED if name != "tables"
-        }
-        tables = self.tensors["tables"]
-        self.tables = backend.new_pinned(self.glue.shape(tables), self.glue.dtype(tables), "step_syncs.block_tables")
-        self.snap_count = None  # pinned copy of the device token count, made at the first armed step
-        self.count_src = None  # this step's device token count (get_padding_offset's input)
-        self.count_used: int | None = None
-        self.count_is_bound = False  # this step's count is an upper bound (overlap), not exact
-        self.snap_pending = False
+        #: ``shadow_not_exact`` as this step's ``_prepare_inputs`` (or the last insert) found it:
+        #: ``exist_prefill()`` in the same step asks it, twice a step, without asking again
+        self.not_exact = ""
+        self.tables = self.snap["tables"]  # the pinned mirror FastDeploy's block-table writes go to
+        #: what an insert's watch hands out: the block-step read, the mirror, the other writes
+        self.insert_watch = [(_BlockStepRead if name == "block_step" else _StagedTable if name == "tables"
+                              else _Mirror)(self, name, t) for name, t in self.tensors.items()]
+        # this step's device token count (get_padding_offset's input) and the count used, whether that
+        # is an upper bound (overlap), not exact; the count's pinned copy, made at the first armed step
+        self.count_src = self.count_used = self.snap_count = None
+        self.count_is_bound = self.snap_pending = False
         self.snap_expect: tuple[int, bool] | None = None  # (count used, it was an upper bound)
         self.snap_nr = 0  # the running slots when the snapshot was issued
-        self.dirty: set[int] = set()
         self.load("construction")
 
-    # -- state --------------------------------------------------------------------------------
-    def known(self, name: str) -> bool:
-        return self._known.get(name, False)
-
-    def lose(self, name: str, why: str) -> None:
-        if self._known.get(name):
-            log.info("fd_async_copy step_syncs: lost track of %s (%s); FastDeploy's own path until reloaded", name, why)
-        self._known[name] = False
-
-    def host_write(self, name: str, key, value) -> None:
-        """FastDeploy's host write to the tensor behind ``name`` (``_Mirror``), on its shadow too."""
-        try:
-            self.arrays[name][key] = value
-        except Exception as exc:  # never fail FastDeploy's write: the shadow reloads instead
-            self.lose(name, f"a write FastDeploy made to {name} it cannot follow ({exc})")
-
-    def fallback(self, cause: str) -> None:
-        self.fallbacks[cause] += 1
-
     def load(self, why: str) -> None:
-        """Every shadow from the device (copies, one event, one wait): at construction and after a
-        reset, never in a decode step."""
+        """Every shadow from the device: at construction and after a reset or a dummy run."""
         from fd_async_copy_plugin.runtime.backend import host_view
 
-        backend = self.backend
-        backend.before_host_write(self.tables, "step_syncs.load")
-        for name, t in self.tensors.items():
-            backend.copy_d2h(self.tables if name == "tables" else self.snap[name], t, f"step_syncs.load.{name}")
-        backend.wait(backend.record("step_syncs.load"), f"step_syncs.load({why})")
-        for name in self.tensors:
-            if name == "tables":
-                self.arrays[name] = host_view(self.tables, self.glue)  # written in place, copied from
-            else:
-                self.arrays[name] = backend.read(self.snap[name], f"step_syncs.load.{name}")
-            self._known[name] = True
+        self.backend.before_host_write(self.tables, "step_syncs.load")
+        super().load(why)
+        self.arrays["tables"] = host_view(self.tables, self.glue)  # written in place, copied from
+        self.on_device = self.arrays["tables"].copy()
         self.snap_pending = False
-        self.dirty.clear()
-        self.fallbacks[f"shadow loaded ({why})"] += 1
-
-    def ensure_loaded(self) -> None:
-        """After a dummy run (or a write the host could not follow) the shadow of a host-written
-        tensor is unknown: reload everything before the next real step."""
-        if not (self.known("tables") and self.known("bad_len")):
-            self.load("after a dummy run or an untracked write")
 
     # -- the step's device changes --------------------------------------------------------------
     def snapshot_copies(self) -> list:
@@ -224,51 +167,27 @@ class StepShadow:
         self.snap_expect = None
 
     def flush(self) -> None:
-        """Copy the block-table rows written on the host to the device, on the stream."""
-        if not self.dirty:
+        """Copy the block-table rows the host changed (the mirror against ``on_device``, what the
+        device holds) to the device, on the stream: one copy from the first to the last."""
+        mirror, on_device = self.arrays["tables"], self.on_device
+        changed = (mirror != on_device).reshape(len(mirror), -1).any(axis=1).nonzero()[0]
+        if not len(changed):
             return
-        rows = sorted(self.dirty)
-        self.dirty.clear()
-        table = self.tensors["tables"]
-        row_bytes = self.arrays["tables"].strides[0]
-        base, device = self.glue.address(table), self.glue.gpu_device(table)
-        start = prev = rows[0]
-        for row in rows[1:] + [None]:
-            if row is not None and row == prev + 1:
-                prev = row
-                continue
-            n = (prev - start + 1) * row_bytes
-            self.backend.copy_h2d(base + start * row_bytes, device, self.tables, start * row_bytes, n,
-                                  "step_syncs.block_tables")
-            if row is not None:
-                start = prev = row
-        self.served["I1 block-table rows staged"] += len(rows)
-
-    def handlers(self) -> list:
-        out = [_Mirror24(self, name, self.tensors[name]) for name in SHADOWED if name != "tables"]
-        out.append(_StagedTable(self, self.tensors["tables"]))
-        return out
+        first, last = int(changed[0]), int(changed[-1]) + 1
+        on_device[first:last] = mirror[first:last]
+        self.served["I1 block-table rows staged"] += len(changed)
+        table, row_bytes = self.tensors["tables"], mirror.strides[0]
+        self.backend.copy_h2d(self.glue.address(table) + first * row_bytes, self.glue.gpu_device(table),
+                              self.tables, first * row_bytes, (last - first) * row_bytes, "step_syncs.block_tables")
 
     # -- answers --------------------------------------------------------------------------------
     def recover_and_count(self, num_running: int) -> int | None:
         """Replay ``recover_decode_task`` on the shadow and return the step's token count, or None
         when the host cannot know it."""
-        if not all(self.known(n) for n in ("this_time", "block_step", "step_dec", "tables", "enc")):
+        if not self.known("this_time", "block_step", "step_dec", "tables", "enc") or not replay_recover(
+                self.arrays, num_running, self.block_size):
             return None
-        this_time = self.arrays["this_time"].reshape(-1)
-        block_step = self.arrays["block_step"].reshape(-1)
-        step_dec = self.arrays["step_dec"].reshape(-1)
-        enc = self.arrays["enc"].reshape(-1)
-        tables = self.arrays["tables"]
-        for i in np.flatnonzero(block_step[:num_running]):
-            col = int(step_dec[i]) // self.block_size
-            if col < 0 or col >= tables.shape[1]:
-                return None
-            if tables[i, col] != -1:
-                block_step[i] = False
-                this_time[i] = 1
-                enc[i] = 0
-        return int(this_time[:num_running].astype(np.int64).sum())
+        return int(self.arrays["this_time"].reshape(-1)[:num_running].astype(np.int64).sum())
 
     def upper_bound(self, num_running: int) -> int | None:
         """Overlap, no insert since the last step: the snapshot of that step is still in flight.
@@ -278,15 +197,6 @@ class StepShadow:
             return None
         return int((self.arrays["this_time"].reshape(-1)[:num_running] > 0).sum())
 
-    def exist_prefill(self) -> bool | None:
-        if not self.known("enc"):
-            return None
-        enc = self.arrays["enc"].reshape(-1)
-        if self.snapshot_in_flight():
-            # right after a step whose snapshot has not landed: its update op zeroed
-            # seq_lens_encoder of every running slot (update_inputs_v1.cu), the others are as known
-            return bool(np.any(enc[self.snap_nr:] > 0))
-        return bool(np.any(enc > 0))
 
 
 
@@ -318,17 +228,16 @@ def set_up(ctx, runner) -> None:
 def inserting(shadow: StepShadow, runner, site: str):
     """Around FastDeploy's insert ``site``: the shadow refreshed, FastDeploy's host writes to the
     shadowed tensors followed (block-table rows staged), the staged rows copied after it."""
-    why = shadow_not_exact(runner, *shadow.modules)
+    why = shadow.not_exact = shadow_not_exact(runner, *shadow.modules)
     if why:
         shadow.fallback(why)
-        for name in SHADOWED:
-            shadow.lose(name, why)
+        shadow.lose_all(why)
         yield
         return
     if site != "_dummy_prefill_inputs":
         shadow.ensure_loaded()
     shadow.refresh(site)
-    with watching(shadow.handlers(), runner=runner):
+    with watching(shadow.insert_watch, runner=runner):
         try:
             yield
         finally:
@@ -346,12 +255,12 @@ def step_count(syncs: RunnerSyncs, runner, dummy: bool) -> int | None:
         runner.infer_seed_increment = syncs.increment
     if not dummy:
         shadow.ensure_loaded()
+        shadow.not_exact = shadow_not_exact(runner, *shadow.modules)
     steps = runner_state(runner)
     bound = not dummy and steps.bound_count_step() and shadow.snapshot_in_flight()
     if not bound:  # free unless the overlap schedule's exact count waits here for the last step
         shadow.refresh("overlap.exact count" if steps.holds_unsaved_step() else "_prepare_inputs")
-    why = "dummy/profile run" if dummy else (shadow_not_exact(runner, *shadow.modules)
-                                             or shadow.s1_off and "S1 stood down")
+    why = "dummy/profile run" if dummy else shadow.not_exact or shadow.s1_off and "S1 stood down"
     count = None
     if not why:
         num_running = int(si["seq_lens_this_time"].shape[0])
@@ -376,18 +285,20 @@ def step_count(syncs: RunnerSyncs, runner, dummy: bool) -> int | None:
 
 def exist_prefill(shadow: StepShadow, runner) -> bool | None:
     """S3/S7: ``exist_prefill()`` from the shadow, or None (FastDeploy's own then)."""
-    why = shadow_not_exact(runner, *shadow.modules)
+    why = shadow.not_exact
     if why:
         shadow.fallback(f"S3/S7: {why}")
         return None
-    if not (runner_state(runner).holds_unsaved_step() and shadow.snapshot_in_flight()):
+    if shadow.snap_pending and not (runner_state(runner).holds_unsaved_step() and shadow.snapshot_in_flight()):
         shadow.refresh("exist_prefill")
-    answer = shadow.exist_prefill()
-    if answer is None:
+    if not shadow.known("enc"):
         shadow.fallback("S3/S7: shadow of seq_lens_encoder not known")
         return None
+    # right after a step whose snapshot has not landed (overlap): its update op zeroed
+    # seq_lens_encoder of every running slot (update_inputs_v1.cu), the others are as known
+    first = shadow.snap_nr if shadow.snapshot_in_flight() else 0
     shadow.served["S3/S7 exist_prefill"] += 1
-    return answer
+    return bool((shadow.arrays["enc"].reshape(-1)[first:] > 0).any())
 
 
 def padding_offset(fd, shadow: StepShadow, count: int, input_ids, token_num, args, kwargs):

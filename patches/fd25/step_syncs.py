@@ -10,7 +10,8 @@ import numpy as np
 import paddle
 
 from ..runner import is_cuda_runner, runner_state
-from ..step_syncs import POSTPROC, RUNNER, RunnerSyncs, _Mirror, _device_copy, shadow_not_exact
+from ..step_syncs import (POSTPROC, RUNNER, SNAPSHOT, RunnerSyncs, Shadow, _Mirror, _device_copy,
+                          replay_recover, shadow_not_exact)
 from .. import step_syncs as feature  # own_path_reason looked up there (a probe may plant it)
 from .._tensor_watch import DeferredEvent, ServedRead, Watched, watching
 from ..step import opened
@@ -67,8 +68,7 @@ def set_up(ctx, runner) -> None:
         try:
             state.shadow = TokenShadow(runner, ctx.backend, runner.cache_config.block_size, state.served,
                                        state.fallbacks, runner_module, ctx.module(POSTPROC))
-        except Exception as exc:  # never stop FastDeploy: its token_num waits stay
-            state.shadow = None
+        except Exception as exc:  # never stop FastDeploy: its token_num waits stay (state.shadow: None)
             state.token_off = f"cannot set up the token-count shadow ({type(exc).__name__}: {exc})"
             log.error("fd_async_copy step_syncs: %s; FastDeploy's token_num waits stay", state.token_off)
     registry.add(runner, state)
@@ -110,70 +110,25 @@ SHADOWED_25 = {
     "step_dec": "step_seq_lens_decoder",
     "tables": "block_tables",
 }
-SNAPSHOT_25 = ("this_time", "enc", "block_step", "step_dec")  # what update_inputs_v1 changes
 RECOVERED = ("this_time", "block_step", "enc")  # what recover_decode_task writes that the shadow keeps
 
 _SHADOWS_25: "weakref.WeakValueDictionary[int, TokenShadow]" = weakref.WeakValueDictionary()  # id(share_inputs)
 
-def replay_recover(arrays: dict, num_running: int, block_size: int) -> bool:
-    """recover_decode_task.cu (2.5) on host arrays, in place: a block-step slot whose next block
-    exists resumes decoding. False (nothing changed) when a block column is outside the table."""
-    this_time, block_step = arrays["this_time"].reshape(-1), arrays["block_step"].reshape(-1)
-    step_dec, enc, tables = arrays["step_dec"].reshape(-1), arrays["enc"].reshape(-1), arrays["tables"]
-    slots = np.flatnonzero(block_step[:num_running])
-    cols = [int(step_dec[i]) // block_size for i in slots]
-    if any(c < 0 or c >= tables.shape[1] for c in cols):
-        return False
-    for i, col in zip(slots, cols):
-        if tables[i, col] != -1:
-            block_step[i] = False
-            this_time[i] = 1
-            enc[i] = 0
-    return True
 
-
-class TokenShadow:
+class TokenShadow(Shadow):
     """FD 2.5: the host's exact copy of the state behind the step's token count, for one runner."""
 
     def __init__(self, runner, backend, block_size: int, served, fallbacks, runner_module=None,
                  postproc=None) -> None:
-        self.backend, self.glue = backend, backend.glue
-        self.modules = (runner_module, postproc)  # FastDeploy's runner and post-process modules
-        self.block_size = int(block_size)
-        self.share_inputs = si = runner.share_inputs
-        self.tensors = {name: si[key] for name, key in SHADOWED_25.items()}
-        self.snap = {name: backend.new_pinned(self.glue.shape(t), self.glue.dtype(t), f"step_syncs.{name}")
-                     for name, t in self.tensors.items()}
-        self.arrays: dict[str, np.ndarray] = {}
-        self._known: dict[str, bool] = dict.fromkeys(SHADOWED_25, False)  # (every name: read by subscript)
-        self.served, self.fallbacks = served, fallbacks
-        self.pending = None  # the event of the issued snapshot not taken yet
-        self.log: list = []  # host writes and recover replays made since that snapshot was issued
-        self.lost_while_pending: set[str] = set()
+        si = runner.share_inputs
+        super().__init__(runner, backend, block_size, {name: si[key] for name, key in SHADOWED_25.items()},
+                         served, fallbacks, (runner_module, postproc))
         self.nr: int | None = None  # running slots at this step's _prepare_inputs
         self.last_answers: dict[str, np.ndarray] = {}  # what was served (tests compare with the device)
         _SHADOWS_25[id(si)] = self
         self.load("construction")
 
     # -- state --------------------------------------------------------------------------------
-    def known(self, name: str) -> bool:
-        return self._known.get(name, False)
-
-    def lose(self, name: str, why: str) -> None:
-        if self._known.get(name):
-            log.info("fd_async_copy step_syncs: lost track of %s (%s); FastDeploy's own wait until the next "
-                     "snapshot or reload", name, why)
-        self._known[name] = False
-        if self.pending is not None:
-            self.lost_while_pending.add(name)
-
-    def lose_all(self, why: str) -> None:
-        for name in SHADOWED_25:
-            self.lose(name, why)
-
-    def fallback(self, cause: str) -> None:
-        self.fallbacks[cause] += 1
-
     def stale(self) -> str:
         """Why the shadowed tensors are no longer FastDeploy's ("" when they are)."""
         for name, key in SHADOWED_25.items():
@@ -181,39 +136,7 @@ class TokenShadow:
                 return f"share_inputs[{key!r}] was re-created"
         return ""
 
-    def load(self, why: str) -> None:
-        """Every shadow from the device (copies, one event, one wait): at construction and after a
-        dummy run, a reset or a write the host could not follow - never in a plain decode step."""
-        backend = self.backend
-        for name, t in self.tensors.items():
-            backend.copy_d2h(self.snap[name], t, f"step_syncs.load.{name}")
-        backend.wait(backend.record("step_syncs.load"), f"step_syncs.load({why})")
-        for name in self.tensors:
-            self.arrays[name] = backend.read(self.snap[name], f"step_syncs.load.{name}")
-            self._known[name] = True
-        self.pending, self.log, self.lost_while_pending = None, [], set()
-        self.fallbacks[f"shadow loaded ({why})"] += 1
-
-    def ensure_loaded(self) -> None:
-        # the block tables change on the host only (2.5, V1): once lost, only a load brings them back
-        if not self.known("tables"):
-            self.load("after a dummy run, a reset or an untracked write")
-
     # -- changes ------------------------------------------------------------------------------
-    def host_write(self, name: str, key, value) -> None:
-        if self.pending is not None and name in SNAPSHOT_25:
-            self.log.append((name, key, np.array(value, copy=True)))
-        else:
-            self._apply(name, key, value)
-
-    def _apply(self, name: str, key, value) -> None:
-        if not self._known[name]:
-            return
-        try:
-            self.arrays[name][key] = value
-        except Exception as exc:  # never fail FastDeploy's write: the shadow of it is lost instead
-            self.lose(name, f"a write to {name} it cannot follow ({exc})")
-
     def recover(self, num_running: int) -> None:
         """recover_decode_task runs on the device now (the start of _prepare_inputs)."""
         self.nr = num_running
@@ -223,8 +146,7 @@ class TokenShadow:
             self._recover(num_running)
 
     def _recover(self, num_running: int) -> None:
-        if not all(self._known.values()) or not replay_recover(self.arrays, num_running,
-                                                                              self.block_size):
+        if not all(self._known.values()) or not replay_recover(self.arrays, num_running, self.block_size):
             for name in RECOVERED:
                 self.lose(name, "recover_decode_task cannot be replayed (a shadow unknown or a block column "
                                 "outside the table)")
@@ -233,7 +155,7 @@ class TokenShadow:
         """Right after update_inputs_v1, before FastDeploy records post_process_event: its copies
         and their event in one batch."""
         self.pending = self.backend.copy_d2h_many(
-            [(self.snap[name], self.tensors[name], f"step_syncs.{name}") for name in SNAPSHOT_25], "step_syncs.snapshot")
+            [(self.snap[name], self.tensors[name], f"step_syncs.{name}") for name in SNAPSHOT], "step_syncs.snapshot")
         self.log, self.lost_while_pending = [], set()
 
     def settle(self, reader: str) -> None:
@@ -243,14 +165,14 @@ class TokenShadow:
             return
         lost, entries = self.lost_while_pending, self.log
         self.pending, self.log, self.lost_while_pending = None, [], set()
-        for name in SNAPSHOT_25:
+        for name in SNAPSHOT:
             self.arrays[name] = self.backend.read(self.snap[name], f"{reader}.{name}")
             self._known[name] = name not in lost
         for name, key, value in entries:
             if name == "recover":
                 self._recover(key)
             else:
-                self._apply(name, key, value)
+                self.host_write(name, key, value)
 
     # -- answers --------------------------------------------------------------------------------
     def answer(self, name: str, site: str, like) -> np.ndarray | None:
@@ -289,7 +211,7 @@ class _ViewWrite(Watched):
         super().__init__(tensor)
         self.shadow = shadow
 
-    def setitem(self, original, key, value):
+    def setitem(self, key, value):
         self.shadow.lose("this_time", "a write through the seq_lens_this_time view")
         return NotImplemented
 
@@ -328,7 +250,7 @@ def prepare_counted(fd, syncs: RunnerSyncs, runner, args, kwargs):
         return made[-1]
 
     pinned = si["seq_lens_this_time_cpu"]
-    read = ServedRead(pinned, _Owed(made), lambda: shadow.answer("this_time", "_prepare_inputs", si["seq_lens_this_time"]))
+    read = ServedRead(pinned, made, lambda: shadow.answer("this_time", "_prepare_inputs", si["seq_lens_this_time"]))
     with opened(runner, make_event=make), watching([read], runner=runner):
         result = fd(runner, *args, **kwargs)
     for event in made:
@@ -358,29 +280,13 @@ def order_after_skipped_waits(state: RunnerSyncs, shadow: TokenShadow) -> None:
             event.event.synchronize()
 
 
-class _Owed:
-    """The deferred event(s) made in a _prepare_inputs call, for its read's handler."""
-
-    def __init__(self, events: list) -> None:
-        self.events = events
-
-    def settle(self) -> None:
-        for event in self.events:
-            event.settle()
-
-    def answered(self) -> None:
-        for event in self.events:
-            event.answered()
-
-
-
 def postprocess_reads(shadow: TokenShadow, runner, token_num_event: DeferredEvent) -> list:
     """``_postprocess``'s reads of the pinned count and block-step flags, answered from the shadow."""
     si = runner.share_inputs
     return [
-        ServedRead(si["seq_lens_this_time_cpu"], token_num_event,
+        ServedRead(si["seq_lens_this_time_cpu"], [token_num_event],
                    lambda: shadow.answer("this_time", "_postprocess", si["seq_lens_this_time"])),
-        ServedRead(si["is_block_step_cpu"], token_num_event,
+        ServedRead(si["is_block_step_cpu"], [token_num_event],
                    lambda: shadow.answer("block_step", "_postprocess", si["is_block_step"])),
     ]
 

@@ -131,6 +131,74 @@ def test_block_steps_and_recovery_are_served_from_the_shadow(backend):
     assert set(fallbacks) == {"shadow loaded (construction)"}, fallbacks
 
 
+def test_an_insert_writes_block_table_rows_into_the_mirror_and_reads_the_block_step_flag_as_a_host_value(
+        monkeypatch):
+    """Inside FD's insert (its thread): ``share_inputs["block_tables"]`` is the pinned mirror's numpy
+    array (FD's row writes cost no Python call) and the I1 read answers a host value, no framework
+    tensor; the unpatched reference run sees tensors at the same points. Each insert's changed rows
+    go to the device in one copy."""
+    from fd_async_copy_plugin.runtime.backend import CopyBackend
+
+    module = __import__(f"{FD24}.worker.gpu_model_runner", fromlist=["GPUModelRunner"])
+    fd_insert = vars(module.GPUModelRunner)["insert_tasks_v1"]
+    seen, copies, flushes = collections.Counter(), [], []
+
+    def insert_tasks_v1(self, req_dicts, num_running_requests=None):
+        si = self.share_inputs
+        seen["tables", type(si["block_tables"]).__name__] += 1
+        seen["block_step", type(si["is_block_step"][0]).__name__] += 1
+        return fd_insert(self, req_dicts, num_running_requests)
+
+    copy_h2d, flush = CopyBackend.copy_h2d, step_syncs.StepShadow.flush
+
+    def counted_flush(self):
+        before = len(copies)
+        flush(self)
+        flushes.append(len(copies) - before)
+
+    def counted(self, dst, device, src, offset, nbytes, label):
+        if label == "step_syncs.block_tables":
+            copies.append(nbytes)
+        return copy_h2d(self, dst, device, src, offset, nbytes, label)
+
+    monkeypatch.setattr(module.GPUModelRunner, "insert_tasks_v1", insert_tasks_v1)
+    monkeypatch.setattr(CopyBackend, "copy_h2d", counted)
+    monkeypatch.setattr(step_syncs.StepShadow, "flush", counted_flush)
+    requests, arrivals = block_step_workload()
+    _, served, fallbacks = run_pair(BLOCKY, requests, arrivals, "sim", max_steps=300)
+    inserts = seen["tables", "Tensor"]  # the reference run's inserts; the plugin's made as many
+    assert inserts > 0 and seen == {("tables", "Tensor"): inserts, ("tables", "ndarray"): inserts,
+                                    ("block_step", "Tensor"): inserts, ("block_step", "ndarray"): inserts}, seen
+    assert copies and max(flushes) == 1, flushes  # one copy per insert, from the first changed row to the last
+    assert served["I1 block-table rows staged"] > 0 and set(fallbacks) == {"shadow loaded (construction)"}
+
+
+def test_exist_prefill_asks_the_steps_own_verdict_on_the_shadow(monkeypatch):
+    """``shadow_not_exact`` (FD's switch, the runner's configuration, the update op's junction) is
+    asked once per ``_prepare_inputs`` and per insert; ``exist_prefill()``, twice a step after it,
+    reads that step's answer instead of asking again."""
+    asked = collections.Counter()
+    fd_not_exact = step_syncs.shadow_not_exact
+
+    def counted(runner, *modules):
+        asked["asked"] += 1
+        return fd_not_exact(runner, *modules)
+
+    for name in ("step_count", "inserting", "exist_prefill"):
+        real = getattr(step_syncs, name)
+
+        def spy(*args, _real=real, _name=name, **kwargs):
+            asked[_name] += 1
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(step_syncs, name, spy)
+    monkeypatch.setattr(step_syncs, "shadow_not_exact", counted)
+    requests, arrivals = workload(7, steps=10)
+    _, served, _ = run_pair(config(7), requests, arrivals, "sim")
+    assert served["S3/S7 exist_prefill"] >= asked["exist_prefill"] > 0, (served, asked)
+    assert asked["asked"] == asked["step_count"] + asked["inserting"], asked
+
+
 @pytest.mark.parametrize("backend", ["host", "sim"])
 @pytest.mark.parametrize("blocks, lag", [(10, 0), (12, 0), (12, 1)])
 def test_preemption_mid_flight_is_followed_by_the_shadow(backend, blocks, lag):
@@ -263,7 +331,7 @@ def test_a_runner_stop_flag_leaves_alone_keeps_fastdeploys_path(monkeypatch):
 def test_planted_lost_insert_write_is_caught(monkeypatch):
     """A shadow that misses FastDeploy's insert writes computes a wrong token count: the replica's
     get_padding_offset (sized by the count, like the 2.4 op) refuses it."""
-    monkeypatch.setattr(step_syncs._Mirror, "setitem", lambda self, original, key, value: NotImplemented)
+    monkeypatch.setattr(step_syncs._Mirror, "setitem", lambda self, key, value: NotImplemented)
     requests, arrivals = workload(7, steps=8)
     with pytest.raises(RuntimeError, match="token_num"):
         run_pair(config(7), requests, arrivals, "sim")
@@ -289,7 +357,7 @@ def test_planted_unflushed_block_table_rows_change_outputs(monkeypatch):
     """Block-table rows written into the pinned mirror but never copied to the device: the device
     keeps stale rows, block steps resolve differently: the host's count disagrees with the device
     (refused, or a poisoned padding tail) or the outputs differ."""
-    monkeypatch.setattr(step_syncs.StepShadow, "flush", lambda self: self.dirty.clear())
+    monkeypatch.setattr(step_syncs.StepShadow, "flush", lambda self: None)
     requests, arrivals = block_step_workload()
     with pytest.raises((AssertionError, RuntimeError, IndexError)):
         run_pair(BLOCKY, requests, arrivals, "sim", max_steps=300)

@@ -30,11 +30,11 @@ class _Recorder(Watched):
         super().__init__(tensor)
         self.calls = []
 
-    def setitem(self, original, key, value):
+    def setitem(self, key, value):
         self.calls.append(("setitem", threading.get_ident()))
         return NotImplemented
 
-    def numpy(self, original):
+    def numpy(self):
         self.calls.append(("numpy", threading.get_ident()))
         return np.full(self.tensor.shape, -7, dtype="int64")
 
@@ -291,3 +291,45 @@ def test_the_view_decides_a_key_again_when_it_holds_another_object():
         assert "b" not in si._seen_ and si["b"] is b
     assert si["a"] is other and si["b"] is b  # closed: FastDeploy's own objects, whatever it remembers
 
+
+
+class _HandsOutArray(_Recorder):
+    """Hands the watched call a numpy array in place of the tensor (as FD 2.4's block tables get
+    their pinned mirror), or the tensor itself when ``give`` is off."""
+
+    def __init__(self, tensor, give=True) -> None:
+        super().__init__(tensor)
+        self.array, self.give = np.zeros(4, dtype="int64"), give
+
+    def hand_out(self, scope):
+        self.calls.append(("hand_out", threading.get_ident()))
+        return self.array if self.give else None
+
+
+def test_a_handler_may_hand_out_another_object_than_a_stand_in():
+    """What the watched call gets is the handler's choice, asked once per key in a scope: here an
+    array it writes into directly (no Python call per write), on the call's thread only; None gives
+    the call the tensor itself, and a write made that way is told as past the watch."""
+    runner = _Runner()
+    a = runner.share_inputs["a"]
+    handler = _HandsOutArray(a)
+    other = {}
+
+    def second_thread():
+        other["type"] = type(runner.share_inputs["a"])
+
+    with watching([handler], runner=runner):
+        got = runner.share_inputs["a"]
+        assert got is handler.array and runner.share_inputs["a"] is handler.array  # asked once
+        got[1:3] = 9
+        worker = threading.Thread(target=second_thread)
+        worker.start()
+        worker.join(10)
+    assert other == {"type": paddle.Tensor}
+    assert handler.array.tolist() == [0, 9, 9, 0] and a.numpy().tolist() == [0, 1, 2, 3]
+    assert [c[0] for c in handler.calls] == ["hand_out"]  # no write reached the handler: none past it
+    refused = _HandsOutArray(a, give=False)
+    with watching([refused], runner=runner):
+        assert runner.share_inputs["a"] is a
+        runner.share_inputs["a"][0] = 5  # FastDeploy's own write, on the tensor
+    assert [c[0] for c in refused.calls] == ["hand_out", "unseen"] and a.numpy().tolist() == [5, 1, 2, 3]
