@@ -20,8 +20,10 @@ always complete): the ``host`` backend and the CPU tests run the cuda backend's 
 from __future__ import annotations
 
 import ctypes
+import itertools
 import os
 import threading
+from functools import partialmethod
 
 CUDART_ENV = "FD_ASYNC_COPY_CUDART"
 SONAMES = ("libcudart.so.13", "libcudart.so.12", "libcudart.so")
@@ -49,13 +51,8 @@ class CudaError(RuntimeError):
 
 class _PointerAttributes(ctypes.Structure):
     # CUDA 11-13 layout; ``reserved`` covers the padding CUDA 13 added.
-    _fields_ = [
-        ("type", ctypes.c_int),
-        ("device", ctypes.c_int),
-        ("devicePointer", ctypes.c_void_p),
-        ("hostPointer", ctypes.c_void_p),
-        ("reserved", ctypes.c_long * 8),
-    ]
+    _fields_ = [("type", ctypes.c_int), ("device", ctypes.c_int), ("devicePointer", ctypes.c_void_p),
+                ("hostPointer", ctypes.c_void_p), ("reserved", ctypes.c_long * 8)]
 
 
 class _Api(ctypes.Structure):
@@ -187,22 +184,16 @@ class CudaRuntime:
         P, I, S = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t
         signatures = {
             "cudaHostAlloc": [ctypes.POINTER(P), S, ctypes.c_uint],
-            "cudaFreeHost": [P],
+            **dict.fromkeys(("cudaFreeHost", "cudaEventQuery", "cudaEventSynchronize", "cudaEventDestroy",
+                             "cudaStreamSynchronize"), [P]),  # one pointer or handle
+            **dict.fromkeys(("cudaGetDevice", "cudaGetDeviceCount", "cudaRuntimeGetVersion", "cudaDriverGetVersion"),
+                            [ctypes.POINTER(I)]),  # an int written
+            **dict.fromkeys(("cudaDeviceSynchronize", "cudaGetLastError"), []),
             "cudaMemcpyAsync": [P, P, S, I, P],
             "cudaEventCreateWithFlags": [ctypes.POINTER(P), ctypes.c_uint],
             "cudaEventRecord": [P, P],
-            "cudaEventQuery": [P],
-            "cudaEventSynchronize": [P],
-            "cudaEventDestroy": [P],
-            "cudaStreamSynchronize": [P],
-            "cudaDeviceSynchronize": [],
-            "cudaGetDevice": [ctypes.POINTER(I)],
             "cudaSetDevice": [I],
-            "cudaGetDeviceCount": [ctypes.POINTER(I)],
             "cudaPointerGetAttributes": [ctypes.POINTER(_PointerAttributes), P],
-            "cudaRuntimeGetVersion": [ctypes.POINTER(I)],
-            "cudaDriverGetVersion": [ctypes.POINTER(I)],
-            "cudaGetLastError": [],
         }
         missing = [name for name in (*signatures, "cudaGetErrorString") if not hasattr(lib, name)]
         if missing:
@@ -234,7 +225,7 @@ class CudaRuntime:
 
     def _call(self, name: str, *args) -> int:
         code = self._f[name](*args)
-        if code != 0 and not (name in ("cudaEventQuery",) and code == _NOT_READY):
+        if code != 0 and not (code == _NOT_READY and name == "cudaEventQuery"):
             self._fail(name, code)
         return code
 
@@ -243,25 +234,25 @@ class CudaRuntime:
         self._f["cudaGetLastError"]()
         raise CudaError(name, code, self._error_string(code).decode(errors="replace"))
 
+    def _out(self, name: str, ctype, *args):
+        """Call ``name`` with a pointer to a fresh ``ctype`` first and return the value it wrote."""
+        value = ctype()
+        self._call(name, ctypes.byref(value), *args)
+        return value.value
+
     # -- device -----------------------------------------------------------------------------------
     def device_count(self) -> int:
-        n = ctypes.c_int()
-        self._call("cudaGetDeviceCount", ctypes.byref(n))
-        return n.value
+        return self._out("cudaGetDeviceCount", ctypes.c_int)
 
     def get_device(self) -> int:
-        d = ctypes.c_int()
-        self._call("cudaGetDevice", ctypes.byref(d))
-        return d.value
+        return self._out("cudaGetDevice", ctypes.c_int)
 
     def set_device(self, device: int) -> None:
         self._call("cudaSetDevice", int(device))
 
     def versions(self) -> dict:
-        rt, drv = ctypes.c_int(), ctypes.c_int()
-        self._call("cudaRuntimeGetVersion", ctypes.byref(rt))
-        self._call("cudaDriverGetVersion", ctypes.byref(drv))
-        return {"runtime": rt.value, "driver": drv.value, "library": self.origin}
+        return {"runtime": self._out("cudaRuntimeGetVersion", ctypes.c_int),
+                "driver": self._out("cudaDriverGetVersion", ctypes.c_int), "library": self.origin}
 
     def pointer_info(self, ptr: int) -> tuple[str, int]:
         """(memory type, device) of an address: ``("device", 0)`` for a GPU allocation on gpu:0."""
@@ -271,12 +262,9 @@ class CudaRuntime:
 
     # -- pinned host memory -----------------------------------------------------------------------
     def host_alloc(self, nbytes: int) -> int:
-        ptr = ctypes.c_void_p()
-        self._call("cudaHostAlloc", ctypes.byref(ptr), max(1, int(nbytes)), HOST_ALLOC_PORTABLE)
-        return ptr.value
+        return self._out("cudaHostAlloc", ctypes.c_void_p, max(1, int(nbytes)), HOST_ALLOC_PORTABLE)
 
-    def host_free(self, ptr: int) -> None:
-        self._call("cudaFreeHost", ptr)
+    host_free = partialmethod(_call, "cudaFreeHost")
 
     # -- copies -----------------------------------------------------------------------------------
     # The calls of every decode step (copies, records, waits) skip ``_call``: one Python frame each.
@@ -291,10 +279,8 @@ class CudaRuntime:
     # -- events and streams -----------------------------------------------------------------------
     def event_create(self, blocking: bool = True) -> int:
         """A timing-free event; ``blocking`` waits sleep instead of spinning on the driver lock."""
-        ev = ctypes.c_void_p()
         flags = EVENT_DISABLE_TIMING | (EVENT_BLOCKING_SYNC if blocking else 0)
-        self._call("cudaEventCreateWithFlags", ctypes.byref(ev), flags)
-        return ev.value
+        return self._out("cudaEventCreateWithFlags", ctypes.c_void_p, flags)
 
     def event_record(self, event: int, stream: int) -> None:
         code = self._f["cudaEventRecord"](event, stream)
@@ -310,14 +296,9 @@ class CudaRuntime:
         if code:
             self._fail("cudaEventSynchronize", code)
 
-    def event_destroy(self, event: int) -> None:
-        self._call("cudaEventDestroy", event)
-
-    def stream_synchronize(self, stream: int) -> None:
-        self._call("cudaStreamSynchronize", stream)
-
-    def device_synchronize(self) -> None:
-        self._call("cudaDeviceSynchronize")
+    event_destroy = partialmethod(_call, "cudaEventDestroy")
+    stream_synchronize = partialmethod(_call, "cudaStreamSynchronize")
+    device_synchronize = partialmethod(_call, "cudaDeviceSynchronize")
 
 
 class HostRuntime:
@@ -336,9 +317,8 @@ class HostRuntime:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._blocks: dict[int, ctypes.Array] = {}
-        self._next_event = 0
-        self.allocations = 0
-        self.frees = 0
+        self._event_ids = itertools.count(1)
+        self.allocations = self.frees = 0
 
     def get_device(self) -> int:
         return 0
@@ -366,27 +346,15 @@ class HostRuntime:
     memcpy_h2d_async = memcpy_d2h_async
 
     def event_create(self, blocking: bool = True) -> int:
-        with self._lock:
-            self._next_event += 1
-            return self._next_event
+        return next(self._event_ids)  # (atomic under the GIL)
 
-    def event_record(self, event: int, stream: int) -> None:
-        return None
+    def _nothing(self, *args) -> None:
+        """A record, wait, destroy or synchronize: host copies have landed when they return."""
+
+    event_record = event_synchronize = event_destroy = stream_synchronize = device_synchronize = _nothing
 
     def event_query(self, event: int) -> bool:
         return True
-
-    def event_synchronize(self, event: int) -> None:
-        return None
-
-    def event_destroy(self, event: int) -> None:
-        return None
-
-    def stream_synchronize(self, stream: int) -> None:
-        return None
-
-    def device_synchronize(self) -> None:
-        return None
 
 
 _runtime_lock = threading.Lock()
