@@ -18,7 +18,6 @@ from .stop_flag_ops import OpsUnavailable, StopFlagOps, load_ops, ops_status
 from .toolchain import find_nvcc
 
 
-
 def __getattr__(name: str):
     # The builder (compilers, locks, subprocesses) is loaded by `build-ops`, never by enable().
     if name in ("BuildError", "build_ops"):
@@ -28,14 +27,5 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = [
-    "BuildError",
-    "OPS_DIR_ENV",
-    "OpsUnavailable",
-    "StopFlagOps",
-    "build_ops",
-    "find_nvcc",
-    "load_ops",
-    "ops_dir",
-    "ops_status",
-]
+__all__ = ["BuildError", "OPS_DIR_ENV", "OpsUnavailable", "StopFlagOps", "build_ops", "find_nvcc", "load_ops",
+           "ops_dir", "ops_status"]

@@ -89,54 +89,50 @@ class StopFlagOps:
     ) -> None:
         if prefill_one_step_stop is None:
             prefill_one_step_stop = prefill_one_step_stop_from_env()
-        bsz, max_bsz = check_batch(seq_lens_this_time, stop_flags)
-        ids_stride = _row_stride(input_ids)
-        rows = _state_rows(
-            stop_flags, not_need_stop, seq_lens_this_time, seq_lens_encoder, seq_lens_decoder, bsz, max_bsz
-        ) + [
-            ("step_seq_lens_decoder", step_seq_lens_decoder, "int32", bsz),
-            ("prompt_lens", prompt_lens, "int64", bsz),
-            ("topk_ids", topk_ids, "int64", bsz),
-            _input_ids_row(input_ids, bsz, ids_stride),
-            ("block_tables", block_tables, "int32", 0),
-        ]
-        device, pointers = _checked_pointers(rows, stop_nums, next_tokens, is_block_step, bsz)
-        self._launch(
-            "update_inputs_v1", pointers, device, bsz, max_bsz, ids_stride,
-            block_tables_stride=_row_stride(block_tables),
-            block_tables_numel=_elements(block_tables),
-            block_size=int(block_size),
-            prefill_one_step_stop=bool(prefill_one_step_stop),
-        )
+        tensors = (stop_flags, not_need_stop, seq_lens_this_time, seq_lens_encoder, seq_lens_decoder,
+                   step_seq_lens_decoder, prompt_lens, topk_ids, input_ids, block_tables, stop_nums, next_tokens,
+                   is_block_step)
+        self._launch("update_inputs_v1", dict(zip(V1_TENSORS, tensors)), block_tables_stride=_row_stride(block_tables),
+                     block_tables_numel=_elements(block_tables), block_size=int(block_size),
+                     prefill_one_step_stop=bool(prefill_one_step_stop))
 
     def _update_inputs_cuda(
         self, stop_flags, not_need_stop, seq_lens_this_time, seq_lens_encoder, seq_lens_decoder,
         input_ids, stop_nums, next_tokens, is_block_step,
     ) -> None:
-        bsz, max_bsz = check_batch(seq_lens_this_time, stop_flags)
-        ids_stride = _row_stride(input_ids)
-        rows = _state_rows(
-            stop_flags, not_need_stop, seq_lens_this_time, seq_lens_encoder, seq_lens_decoder, bsz, max_bsz
-        ) + [_input_ids_row(input_ids, bsz, ids_stride)]
-        device, pointers = _checked_pointers(rows, stop_nums, next_tokens, is_block_step, bsz)
-        self._launch("update_inputs", pointers, device, bsz, max_bsz, ids_stride)
+        tensors = (stop_flags, not_need_stop, seq_lens_this_time, seq_lens_encoder, seq_lens_decoder, input_ids,
+                   stop_nums, next_tokens, is_block_step)
+        self._launch("update_inputs", dict(zip(V0_TENSORS, tensors)))
 
-    def _launch(self, kernel: str, pointers, device: int, bsz: int, max_bsz: int, ids_stride: int, **scalars) -> None:
-        """Calls ``kernel`` of the CUDA library on Paddle's current stream of ``device``."""
+    def _launch(self, kernel: str, tensors: dict, **scalars) -> None:
+        """Checks ``tensors`` (the kernel's tensor arguments by name, in its order; ``stop_nums`` may
+        be None) and calls ``kernel`` of the CUDA library on Paddle's current stream of their device."""
+        bsz, max_bsz = check_batch(tensors["seq_lens_this_time"], tensors["stop_flags"])
+        ids_stride = _row_stride(tensors["input_ids"])
+        # The elements the kernels index (any other tensor: one per running slot). They read
+        # input_ids[i * stride] for i < bsz: the last row needs only its first element.
+        need = {"stop_flags": max_bsz, "not_need_stop": 1, "stop_nums": 1, "block_tables": 0,
+                "input_ids": (bsz - 1) * ids_stride + 1 if bsz else 0}
+        device = check_device_tensors([(name, t, _DTYPES.get(name, "int32"), need.get(name, bsz))
+                                       for name, t in tensors.items() if t is not None or name != "stop_nums"])
         check_current_device(device)
         lib = self.cuda_library
-        status = getattr(lib, kernel)(
-            *pointers,
-            bsz=bsz,
-            max_bsz=max_bsz,
-            input_ids_stride=ids_stride,
-            **scalars,
-            stream=current_stream_handle(device),
-        )
-        _raise_on_status(lib, status)
+        status = getattr(lib, kernel)(*map(_address, tensors.values()), bsz=bsz, max_bsz=max_bsz,
+                                      input_ids_stride=ids_stride, **scalars, stream=current_stream_handle(device))
+        if status != 0:
+            raise RuntimeError(f"fd_async_copy stop-flag kernel: {lib.message(status)} (status {status})")
 
 
 # --- argument checks for the raw-pointer path (the C++ host path checks in C++) -----------------
+
+#: The tensor arguments of the kernels, in their order (stop_flag_api.h), and their dtypes (int32
+#: where not listed).
+V0_TENSORS = ("stop_flags", "not_need_stop", "seq_lens_this_time", "seq_lens_encoder", "seq_lens_decoder",
+              "input_ids", "stop_nums", "next_tokens", "is_block_step")
+V1_TENSORS = (*V0_TENSORS[:5], "step_seq_lens_decoder", "prompt_lens", "topk_ids", "input_ids", "block_tables",
+              *V0_TENSORS[6:])
+_DTYPES = {**dict.fromkeys(("stop_flags", "not_need_stop", "is_block_step"), "bool"),
+           **dict.fromkeys(("prompt_lens", "topk_ids", "input_ids", "stop_nums", "next_tokens"), "int64")}
 
 
 def check_current_device(device: int) -> None:
@@ -146,10 +142,8 @@ def check_current_device(device: int) -> None:
 
     current = paddle.device.current_device()
     if current != device:
-        raise ValueError(
-            f"the stop-flag tensors are on gpu:{device} but the current device is gpu:{current}; "
-            "the kernel would launch on the wrong GPU"
-        )
+        raise ValueError(f"the stop-flag tensors are on gpu:{device} but the current device is gpu:{current}; "
+                         "the kernel would launch on the wrong GPU")
 
 
 def check_batch(seq_lens_this_time, stop_flags) -> tuple[int, int]:
@@ -162,33 +156,6 @@ def check_batch(seq_lens_this_time, stop_flags) -> tuple[int, int]:
     if bsz > max_bsz:
         raise ValueError(f"bsz={bsz} (seq_lens_this_time) exceeds max_bsz={max_bsz} (stop_flags)")
     return bsz, max_bsz
-
-
-def _state_rows(stop_flags, not_need_stop, seq_lens_this_time, seq_lens_encoder, seq_lens_decoder, bsz, max_bsz):
-    """The leading (name, tensor, dtype, min_numel) rows both kernels take, in argument order."""
-    return [
-        ("stop_flags", stop_flags, "bool", max_bsz),
-        ("not_need_stop", not_need_stop, "bool", 1),
-        ("seq_lens_this_time", seq_lens_this_time, "int32", bsz),
-        ("seq_lens_encoder", seq_lens_encoder, "int32", bsz),
-        ("seq_lens_decoder", seq_lens_decoder, "int32", bsz),
-    ]
-
-
-def _input_ids_row(input_ids, bsz: int, ids_stride: int):
-    # The kernels read input_ids[i * stride] for i < bsz: the last row needs only its first element.
-    return ("input_ids", input_ids, "int64", (bsz - 1) * ids_stride + 1 if bsz else 0)
-
-
-def _checked_pointers(rows, stop_nums, next_tokens, is_block_step, bsz: int) -> tuple[int, list]:
-    """Checks ``rows`` plus the trailing tensors both kernels take (``stop_nums`` may be None) and
-    returns the device id and every address in the kernels' argument order."""
-    tensors = rows + [("next_tokens", next_tokens, "int64", bsz), ("is_block_step", is_block_step, "bool", bsz)]
-    if stop_nums is not None:
-        tensors.append(("stop_nums", stop_nums, "int64", 1))
-    device = check_device_tensors(tensors)
-    pointers = [_address(t) for _, t, _, _ in rows] + [_address(stop_nums), _address(next_tokens), _address(is_block_step)]
-    return device, pointers
 
 
 def check_device_tensors(tensors) -> int:
@@ -211,9 +178,8 @@ def check_device_tensors(tensors) -> int:
             raise ValueError(f"{name} has dtype {t.dtype}, expected {dtype}")
         if not glue.is_contiguous(t):
             raise ValueError(f"{name} must be contiguous")
-        count = _elements(t)
-        if count < min_numel:
-            raise ValueError(f"{name} has {count} elements, needs at least {min_numel}")
+        if _elements(t) < min_numel:
+            raise ValueError(f"{name} has {_elements(t)} elements, needs at least {min_numel}")
     if len(devices) != 1:
         raise ValueError(f"stop-flag tensors are spread over GPUs {sorted(devices)}")
     return devices.pop()
@@ -248,11 +214,6 @@ def _rows(t) -> int:
 
 def _row_stride(t) -> int:
     return prod(list(t.shape)[1:])  # (1 for a tensor of fewer than two dimensions)
-
-
-def _raise_on_status(lib: StopFlagLibrary, status: int) -> None:
-    if status != 0:
-        raise RuntimeError(f"fd_async_copy stop-flag kernel: {lib.message(status)} (status {status})")
 
 
 # --- loading and status --------------------------------------------------------------------------
@@ -331,24 +292,15 @@ def _no_nvcc_reason() -> str | None:
 def ops_status(load: bool = True) -> dict:
     """JSON-serialisable state of the custom ops; never raises. ``load=False``: describe only what
     this process has loaded already (``loadable`` is ``None`` when nothing was loaded)."""
-    status: dict = {
-        "ops_dir": None,
-        "sources": None,
-        "built": False,
-        "stale": None,
-        "loadable": False,
-        "path": None,
-        "error": None,
-        "cuda_kernels": {"built": False, "loadable": False, "available": False, "path": None, "why": ""},
-    }
+    status: dict = {"ops_dir": None, "sources": None, "built": False, "stale": None, "loadable": False, "path": None,
+                    "error": None, "cuda_kernels": {"built": False, "loadable": False, "available": False,
+                                                    "path": None, "why": ""}}
     try:
         src = cache.sources_dir()
         status["sources"] = str(src) if src else None
         directory = cache.ops_dir()
-        status["ops_dir"] = str(directory)
         artifact = directory / cache.PYBIND_FILE
-        status["path"] = str(artifact)
-        status["built"] = artifact.is_file()
+        status.update(ops_dir=str(directory), path=str(artifact), built=artifact.is_file())
         status["stale"] = cache.staleness(artifact, cache.pybind_fingerprint()) if status["built"] else None
         if not load:
             ops = _loaded.get(directory)
@@ -371,19 +323,14 @@ def ops_status(load: bool = True) -> dict:
 
 def _cuda_status(directory: Path, ops: StopFlagOps | None) -> dict:
     artifact = directory / cache.CUDA_LIB_FILE
-    entry = {"built": artifact.is_file(), "loadable": False, "available": False, "path": str(artifact)}
     library, why = (ops.cuda_library, ops.cuda_why) if ops is not None else _load_cuda_library()
-    entry["loadable"] = library is not None
-    if library is None:
-        entry["why"] = why
-        return entry
+    entry = {"built": artifact.is_file(), "loadable": library is not None, "available": False, "path": str(artifact)}
     import paddle
 
-    if not paddle.is_compiled_with_cuda():
-        entry["why"] = "library loaded, but this Paddle is CPU-only"
-    elif ops is None:
-        entry["why"] = "library loaded, but the pybind module is not (see error)"
+    if library is not None and not paddle.is_compiled_with_cuda():
+        why = "library loaded, but this Paddle is CPU-only"
+    elif library is not None and ops is None:
+        why = "library loaded, but the pybind module is not (see error)"
     else:
-        entry["available"] = True
-        entry["why"] = why
-    return entry
+        entry["available"] = library is not None
+    return {**entry, "why": why}
