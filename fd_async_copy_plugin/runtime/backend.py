@@ -311,12 +311,16 @@ class CopyBackend:
         facts = self._facts(buf)
         return facts.memory() if facts is not None else None
 
-    def _fit(self, dst, shape: tuple, dtype: str) -> _Pinned:
+    def _fit(self, dst, shape: tuple, dtype: str, grow: bool = True) -> _Pinned | None:
         """Give ``dst`` the source's ``shape`` (Paddle ``copy_`` semantics) inside its allocation,
         after checking the ``dtype`` and - when the shape is not the one last given - the capacity;
-        returns the buffer's facts (``memory``: its allocation, ``nbytes``: the bytes to copy)."""
+        returns the buffer's facts (``memory``: its allocation, ``nbytes``: the bytes to copy).
+        ``grow=False``: None, nothing changed, where ``dst`` is not a pinned buffer of this backend
+        or too small (the ring then chooses and grows a slot)."""
         facts = self._pinned.get(id(dst))
         if facts is None or facts.buf() is not dst:
+            if not grow:
+                return None
             raise ValueError("copy_d2h: the destination is not a pinned buffer of this backend (new_pinned)")
         glue = self.glue
         if facts.memory() is None or glue.address(dst) != facts.ptr:
@@ -329,6 +333,8 @@ class CopyBackend:
         if shape != facts.shape:
             nbytes = (prod(shape) if shape else 1) * facts.flat.itemsize
             if nbytes > facts.memory().nbytes:
+                if not grow:
+                    return None
                 raise ValueError(
                     f"copy_d2h: {nbytes} bytes ({list(shape)} {dtype}) do not fit the pinned buffer's "
                     f"{facts.memory().nbytes}; allocate it larger (a pinned buffer never grows in place)"
@@ -513,24 +519,13 @@ class CopyBackend:
         return self.read(t, reader, start, end)
 
 
-_NP_DTYPES = {
-    "bool": np.bool_,
-    "int8": np.int8,
-    "uint8": np.uint8,
-    "int16": np.int16,
-    "int32": np.int32,
-    "int64": np.int64,
-    "float16": np.float16,
-    "float32": np.float32,
-    "float64": np.float64,
-}
+_NP_DTYPES = ("bool", "int8", "uint8", "int16", "int32", "int64", "float16", "float32", "float64")
 
 
 def np_dtype_of(name: str) -> np.dtype:
-    try:
-        return np.dtype(_NP_DTYPES[name])
-    except KeyError:
-        raise ValueError(f"dtype {name!r} is not supported for pinned buffers; expected one of {sorted(_NP_DTYPES)}") from None
+    if name not in _NP_DTYPES:
+        raise ValueError(f"dtype {name!r} is not supported for pinned buffers; expected one of {sorted(_NP_DTYPES)}")
+    return np.dtype(name)
 
 
 def host_view(t, glue=None) -> np.ndarray:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 from functools import partial
-from math import prod
 from operator import itemgetter
 
 from . import census
@@ -106,10 +105,9 @@ class RuntimeBackend(CopyBackend):
         """Why copies of ``src`` must not use this backend ("" when they may): the accessor probe
         of its device failed."""
         device = self.glue.gpu_device(src)
-        if device is None:
-            return ""
         try:
-            self.ensure_probed(device)
+            if device is not None:
+                self.ensure_probed(device)
         except AccessorProbeError as exc:
             return str(exc)
         return ""
@@ -184,10 +182,9 @@ class RuntimeBackend(CopyBackend):
             shape = source[2]
             if (facts is None or facts.buf() is not dst or shape != facts.shape or source[3] != facts.dtype
                     or address(dst) != facts.ptr or shape_of(dst) != shape):
-                if not grow and (facts is None or facts.buf() is not dst or (prod(shape) if shape else 1)
-                                 * facts.flat.itemsize > facts.memory().nbytes):
+                facts = self._fit(dst, shape, source[3], grow)  # (the buffer as the backend left it: nothing to fit)
+                if facts is None:
                     return None
-                facts = self._fit(dst, shape, source[3])  # (the buffer as the backend left it: nothing to fit)
             fitted.append(facts)
             srcs.append(source[1])
             if source[0] != device:
@@ -199,12 +196,12 @@ class RuntimeBackend(CopyBackend):
             events = [self._issue([dsts[i] for i in group], [names[i] for i in group], [sources[i] for i in group],
                                   label) for group in groups.values()]
             return CopyEvent(label, sum((e.native for e in events), ()), events)
-        batch = self.rt.batch
-        if batch is not None and len(fitted) > batch.MAX:
-            batch = None
-        described = fitted[0].copyset
+        described = fitted[0].copyset  # (the copy set these destinations make, described once)
         if described is None or described.facts != fitted:
-            described = self._describe(fitted, batch)
+            batch = self.rt.batch
+            c = None if batch is None or len(fitted) > batch.MAX else CopySet(
+                batch, [f.ptr for f in fitted], [f.memory().nbytes for f in fitted])
+            described = fitted[0].copyset = CopySetState(fitted, c)
         with self._lock:
             if census._ACTIVE is not None:
                 for name in names:
@@ -215,21 +212,16 @@ class RuntimeBackend(CopyBackend):
             handle = self._event(stream, -1 if device is None else device)
             c = described.c
             if c is not None:
-                reshapes = self._reshapes
-                if described.sizes_at != reshapes:  # (a buffer was reshaped since: new sizes)
-                    c.issue(srcs, [f.nbytes for f in fitted], stream, handle)
-                    described.sizes_at = reshapes
-                else:
-                    c.issue(srcs, None, stream, handle)
+                reshapes = self._reshapes  # (read once: a reshape since makes it write the new sizes)
+                c.issue(srcs, None if described.sizes_at == reshapes else [f.nbytes for f in fitted], stream, handle)
+                described.sizes_at = reshapes
             else:
                 memcpy = self.rt.memcpy_d2h_async
                 for facts, src in zip(fitted, srcs):
                     if facts.nbytes:
                         memcpy(facts.ptr, src, facts.nbytes, stream)
                 self.rt.event_record(handle, stream)
-            last = self._last
-            before = last.get(stream)
-            event = last[stream] = CopyEvent(label, (handle,), () if before is None else (before,))
+            event = self._last[stream] = CopyEvent(label, (handle,), (self._last.get(stream),))
             described.event, described.names, described.stream, described.whole = event, names, stream, True
             for i in claim:
                 facts = fitted[i]
@@ -237,13 +229,6 @@ class RuntimeBackend(CopyBackend):
                     facts.set.whole = False  # (that set no longer wrote this buffer last)
                 facts.set, facts.index = described, i
             return event
-
-    def _describe(self, fitted: list, batch) -> CopySetState:
-        """The copy set of these destinations, described once and kept by the first of them."""
-        memories = [facts.memory() for facts in fitted]  # (alive: the buffers are)
-        c = None if batch is None else CopySet(batch, [f.ptr for f in fitted], [m.nbytes for m in memories])
-        described = fitted[0].copyset = CopySetState(fitted, c)
-        return described
 
     def _ordered(self, described, fitted, stream: int, names) -> list:
         """Wait for a copy into one of ``fitted`` still running on another stream (``_order_after``);
