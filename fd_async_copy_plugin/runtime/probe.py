@@ -37,8 +37,8 @@ import time
 
 import numpy as np
 
-from .cudart import CopySet
-from .glue import composed_facts
+from .cudart import CopySet, runtime
+from .glue import composed_facts, paddle_glue
 
 _N = 256  # elements per probe tensor
 _PATTERN = np.arange(_N, dtype=np.int64) * 7919 + 13
@@ -88,44 +88,24 @@ def probe_accessors(device: int, glue=None, rt=None, ops=None, kernels=None) -> 
     """Run every check on ``device``; returns ``{"ok", "device", "reason", "checks": [...],
     "seconds"}`` where each check is ``{"check", "ok", "detail"}``. Never raises: an exception in a
     check is that check's failure."""
-    if glue is None:
-        from .glue import paddle_glue
-
-        glue = paddle_glue()
-    if rt is None:
-        from .cudart import runtime
-
-        rt = runtime()
-    ops = ops or PaddleProbeOps()
-    checks = [
-        ("current_device", _check_current_device),
-        ("data_ptr", _check_data_ptr),
-        ("contiguous", _check_contiguous),
-        ("stream_order", _check_stream_order),
-        ("pinned_wrap", _check_pinned_wrap),
-    ]
+    glue, rt, ops = glue or paddle_glue(), rt or runtime(), ops or PaddleProbeOps()
+    checks = [_check_current_device, _check_data_ptr, _check_contiguous, _check_stream_order, _check_pinned_wrap]
     if kernels is not None:
-        checks.append(("kernel_order", _check_kernel_order))
+        checks.append(_check_kernel_order)
     if getattr(getattr(rt, "batch", None), "batch_api", None) is not None:
-        checks.append(("batch_api", _check_batch_api))
+        checks.append(_check_batch_api)
     start = time.perf_counter()
     results = []
-    for name, check in checks:
+    for check in checks:  # (each named for its function: ``_check_<name>``)
         try:
             ok, detail = check(device, glue, rt, ops, kernels)
         except Exception as exc:
             ok, detail = False, f"{type(exc).__name__}: {exc}"
-        results.append({"check": name, "ok": bool(ok), "detail": detail})
-    failed = [r for r in results if not r["ok"]]
-    reason = "; ".join(f"{r['check']}: {r['detail']}" for r in failed)
-    return {
-        "ok": not failed,
-        "device": device,
-        "runtime": getattr(rt, "origin", ""),
-        "reason": f"Paddle's accessors disagree with the CUDA layer ({reason})" if failed else "",
-        "checks": results,
-        "seconds": round(time.perf_counter() - start, 6),
-    }
+        results.append({"check": check.__name__.removeprefix("_check_"), "ok": bool(ok), "detail": detail})
+    reason = "; ".join(f"{r['check']}: {r['detail']}" for r in results if not r["ok"])
+    return {"ok": not reason, "device": device, "runtime": getattr(rt, "origin", ""),
+            "reason": f"Paddle's accessors disagree with the CUDA layer ({reason})" if reason else "",
+            "checks": results, "seconds": round(time.perf_counter() - start, 6)}
 
 
 class _Pinned:
@@ -260,8 +240,7 @@ def _check_kernel_order(device, glue, rt, ops, kernels):
 
 def _check_pinned_wrap(device, glue, rt, ops, kernels):
     count = 64
-    pinned = _Pinned(rt, count * 8)
-    try:
+    with _Pinned(rt, count * 8) as pinned:
         raw = (ctypes.c_byte * pinned.nbytes).from_address(pinned.ptr)
         array = np.frombuffer(raw, dtype=np.int64, count=count)
         array[:] = _PATTERN[:count]
@@ -279,8 +258,6 @@ def _check_pinned_wrap(device, glue, rt, ops, kernels):
         kept = glue.address(t) == pinned.ptr and glue.shape(t) == (count // 2, 1)
         del t, array
         return kept, f"wrap at the pinned address, reads back through the framework; reshaped in place: {kept}"
-    finally:
-        pinned.__exit__()
 
 
 def _check_batch_api(device, glue, rt, ops, kernels):
