@@ -61,24 +61,14 @@ class PinnedSlot:
 class PinnedRing:
     """N slots of pinned buffers, each buffer a flat allocation of ``capacity`` elements."""
 
-    def __init__(
-        self,
-        backend: CopyBackend,
-        name: str,
-        dtypes: dict[str, str],
-        capacity: dict[str, int],
-        slots: int = 2,
-        max_bytes: int | None = None,
-    ) -> None:
+    def __init__(self, backend: CopyBackend, name: str, dtypes: dict[str, str], capacity: dict[str, int],
+                 slots: int = 2, max_bytes: int | None = None) -> None:
         if slots < 1:
             raise ValueError("a PinnedRing needs at least one slot")
-        self.backend = backend
-        self.name = name
-        self.dtypes = dict(dtypes)
+        self.backend, self.name, self.dtypes = backend, name, dict(dtypes)
+        self.base_slots, self.max_bytes = slots, max_bytes
         self.itemsize = {f: np.dtype(d).itemsize for f, d in self.dtypes.items()}
         self.slots: list[PinnedSlot] = []
-        self.base_slots = slots
-        self.max_bytes = max_bytes
         self.grow_events = 0  # slots added after construction (stays 0 after warm-up when healthy)
         self.released_slots = 0  # idle slots released after a lagging consumer caught up
         self.refused = 0  # acquires refused with RingFull (the step was copied another way)
@@ -220,11 +210,8 @@ class PinnedRing:
         """Bytes serving ``need`` from ``slot`` (None: a new slot) would add to the ring."""
         if slot is None:
             return sum(max(1, n) * self.itemsize[f] for f, n in need.items())
-        return sum(
-            (max(n, int(reserve.get(f, 0))) - slot.capacity[f]) * self.itemsize[f]
-            for f, n in need.items()
-            if n > slot.capacity[f]
-        )
+        return sum((max(n, int(reserve.get(f, 0))) - slot.capacity[f]) * self.itemsize[f]
+                   for f, n in need.items() if n > slot.capacity[f])
 
     def _free_next(self) -> PinnedSlot | None:
         """The slot of the common step: the next one in ring order, when the ring holds its initial
@@ -289,12 +276,8 @@ class PinnedRing:
                     )
         if slot is None:
             self.grow_events += 1
-            log.warning(
-                "fd_async_copy: every slot of pinned ring %s is still in use; adding slot %d (a pinned "
-                "allocation; expected only during warm-up)",
-                self.name,
-                len(self.slots),
-            )
+            log.warning("fd_async_copy: every slot of pinned ring %s is still in use; adding slot %d (a pinned "
+                        "allocation; expected only during warm-up)", self.name, len(self.slots))
             slot = self._add_slot(need)
         for name, elements in need.items():
             if elements > slot.capacity[name]:
