@@ -31,6 +31,7 @@ from typing import Iterable
 import numpy as np
 
 from . import census
+from .glue import paddle_glue
 
 log = logging.getLogger("fd_async_copy")
 
@@ -243,11 +244,7 @@ class CopyBackend:
     wait_timeout: float | None = None
 
     def __init__(self, glue, rt) -> None:
-        if glue is None:
-            from .glue import paddle_glue
-
-            glue = paddle_glue()
-        self.glue = glue  # tensor accessors (runtime/glue.py): the only framework-specific part
+        self.glue = glue or paddle_glue()  # tensor accessors (runtime/glue.py): the only framework-specific part
         self.rt = rt  # the CUDA layer (runtime/cudart.py), or its host-memory stand-in
         self._lock = threading.RLock()
         # Keyed by id() but checked by identity through weak references: an id can be reused by an
@@ -530,10 +527,7 @@ def np_dtype_of(name: str) -> np.dtype:
 
 def host_view(t, glue=None) -> np.ndarray:
     """A zero-copy numpy view of a host (CPU or pinned) tensor's memory, through its pointer."""
-    if glue is None:
-        from .glue import paddle_glue
-
-        glue = paddle_glue()
+    glue = glue or paddle_glue()
     dtype = np_dtype_of(glue.dtype(t))
     shape = list(glue.shape(t))
     count = prod(shape) if shape else 1

@@ -13,6 +13,8 @@ answer on a GPU build is checked at first use by ``runtime.probe.probe_accessors
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 #: The accessors ``facts`` answers in one call, in its order.
@@ -144,11 +146,7 @@ class PaddleGlue(FactsInOneCall):
         return np.array(t.numpy(), copy=True)
 
 
-_paddle_glue: PaddleGlue | None = None
-
-
+@functools.cache
 def paddle_glue() -> PaddleGlue:
-    global _paddle_glue
-    if _paddle_glue is None:
-        _paddle_glue = PaddleGlue()
-    return _paddle_glue
+    """The process's ``PaddleGlue`` (made once)."""
+    return PaddleGlue()
