@@ -92,13 +92,6 @@ class D2HBatch:
         if not ok:
             self.batch_api = None
 
-    def _raise(self, code: int, failed: int, count: int, nbytes, capacity) -> None:
-        if code == -2:
-            raise ValueError(f"fdac_d2h_batch: copy {failed} of {nbytes[failed]} bytes does not fit its destination's "
-                             f"{capacity[failed]}; nothing was issued")
-        if code:
-            self._fail({count: "cudaEventRecord", count + 1: "cudaMemcpyBatchAsync"}.get(failed, "cudaMemcpyAsync"), code)
-
 
 class _SetArgs(ctypes.Structure):
     # ``struct fdac_d2h_set`` (custom_ops/copy_batch.cc)
@@ -130,24 +123,24 @@ class CopySet:
         self._src[:] = src
         if nbytes is not None:
             self._nbytes[:] = nbytes
-        batch = self._batch
-        code = batch._set_issue(self._at, stream, event)
-        if code:
-            batch._raise(code, self._args.failed, self.count, list(self._nbytes), list(self._capacity))
+        code = self._batch._set_issue(self._at, stream, event)
+        if code == -2:
+            failed = self._args.failed
+            raise ValueError(f"fdac_d2h_batch: copy {failed} of {self._nbytes[failed]} bytes does not fit its "
+                             f"destination's {self._capacity[failed]}; nothing was issued")
+        if code:  # the call that failed: copy ``failed``'s, or after them the record, or the batch call
+            call = {self.count: "cudaEventRecord", self.count + 1: "cudaMemcpyBatchAsync"}.get(self._args.failed)
+            self._batch._fail(call or "cudaMemcpyAsync", code)
 
 
 def loaded_cudart_paths() -> list[str]:
     """Paths of every ``libcudart`` shared object mapped into this process (Linux)."""
-    paths: list[str] = []
-    try:
+    try:  # (a line: address, perms, offset, dev, inode, path)
         with open("/proc/self/maps") as maps:
-            for line in maps:
-                path = line.rsplit(None, 1)[-1] if "/" in line else ""
-                if "libcudart.so" in os.path.basename(path) and path not in paths:
-                    paths.append(path)
+            paths = [line.split()[-1] for line in maps if "libcudart.so" in os.path.basename(line.rstrip())]
     except OSError:
-        pass
-    return paths
+        return []
+    return list(dict.fromkeys(paths))  # (each once, in map order)
 
 
 def find_cudart() -> tuple[ctypes.CDLL, str]:
