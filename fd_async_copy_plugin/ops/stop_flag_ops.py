@@ -20,13 +20,13 @@ from __future__ import annotations
 import importlib.util
 import os
 import threading
-from pathlib import Path
-
 from math import prod
+from pathlib import Path
 
 from ..runtime.glue import paddle_glue
 from . import cache
 from .stop_flag_library import MAX_BATCH, StopFlagLibrary
+from .toolchain import find_nvcc
 
 ONE_STEP_STOP_ENV = "PREFILL_NODE_ONE_STEP_STOP_V1"
 
@@ -38,6 +38,14 @@ class OpsUnavailable(RuntimeError):
 def prefill_one_step_stop_from_env() -> bool:
     """FastDeploy's rule: the variable is set and its first character is ``1``."""
     return os.environ.get(ONE_STEP_STOP_ENV, "").startswith("1")
+
+
+def _v1_scalars(block_size: int, prefill_one_step_stop: bool | None = None) -> tuple[int, bool]:
+    """``update_inputs_v1``'s scalars as the ops take them; ``prefill_one_step_stop`` None: read
+    from the environment, as FastDeploy's op does on every call."""
+    if prefill_one_step_stop is None:
+        prefill_one_step_stop = prefill_one_step_stop_from_env()
+    return int(block_size), bool(prefill_one_step_stop)
 
 
 class StopFlagOps:
@@ -63,18 +71,10 @@ class StopFlagOps:
 
     # --- host implementation (CPU tensors) -----------------------------------------------------
 
-    def update_inputs_v1_host(
-        self, stop_flags, not_need_stop, seq_lens_this_time, seq_lens_encoder, seq_lens_decoder,
-        step_seq_lens_decoder, prompt_lens, topk_ids, input_ids, block_tables, stop_nums,
-        next_tokens, is_block_step, block_size: int, prefill_one_step_stop: bool | None = None,
-    ) -> None:
-        if prefill_one_step_stop is None:
-            prefill_one_step_stop = prefill_one_step_stop_from_env()
-        self.module.update_inputs_v1_host(
-            stop_flags, not_need_stop, seq_lens_this_time, seq_lens_encoder, seq_lens_decoder,
-            step_seq_lens_decoder, prompt_lens, topk_ids, input_ids, block_tables, stop_nums,
-            next_tokens, is_block_step, int(block_size), bool(prefill_one_step_stop),
-        )
+    def update_inputs_v1_host(self, *args, **one_step_stop) -> None:
+        """FastDeploy 2.4's ``update_inputs_v1`` arguments (``V1_TENSORS``, ``block_size``), then
+        ``prefill_one_step_stop`` (by position or name; absent or None: from the environment)."""
+        self.module.update_inputs_v1_host(*args[:13], *_v1_scalars(*args[13:], **one_step_stop))
 
     # --- CUDA kernels (GPU tensors) ------------------------------------------------------------
     # The launch is framework-neutral (StopFlagLibrary: addresses, shapes, a cudaStream_t), checked
@@ -82,27 +82,17 @@ class StopFlagOps:
     # accessors (data_ptr, shape, dtype, place, the current stream's handle), which
     # runtime.probe.probe_accessors checks on the GPU at first use; nothing here reads a device value.
 
-    def _update_inputs_v1_cuda(
-        self, stop_flags, not_need_stop, seq_lens_this_time, seq_lens_encoder, seq_lens_decoder,
-        step_seq_lens_decoder, prompt_lens, topk_ids, input_ids, block_tables, stop_nums,
-        next_tokens, is_block_step, block_size: int, prefill_one_step_stop: bool | None = None,
-    ) -> None:
-        if prefill_one_step_stop is None:
-            prefill_one_step_stop = prefill_one_step_stop_from_env()
-        tensors = (stop_flags, not_need_stop, seq_lens_this_time, seq_lens_encoder, seq_lens_decoder,
-                   step_seq_lens_decoder, prompt_lens, topk_ids, input_ids, block_tables, stop_nums, next_tokens,
-                   is_block_step)
-        self._launch("update_inputs_v1", dict(zip(V1_TENSORS, tensors)), block_tables_stride=_row_stride(block_tables),
-                     block_tables_numel=_elements(block_tables), block_size=int(block_size),
-                     prefill_one_step_stop=bool(prefill_one_step_stop))
+    def _update_inputs_v1_cuda(self, *args, **one_step_stop) -> None:
+        """``update_inputs_v1_host``'s arguments, on GPU tensors."""
+        tensors = dict(zip(V1_TENSORS, args[:13], strict=True))
+        block_size, one_step_stop = _v1_scalars(*args[13:], **one_step_stop)
+        tables = tensors["block_tables"]
+        self._launch("update_inputs_v1", tensors, block_tables_stride=_row_stride(tables),
+                     block_tables_numel=_elements(tables), block_size=block_size, prefill_one_step_stop=one_step_stop)
 
-    def _update_inputs_cuda(
-        self, stop_flags, not_need_stop, seq_lens_this_time, seq_lens_encoder, seq_lens_decoder,
-        input_ids, stop_nums, next_tokens, is_block_step,
-    ) -> None:
-        tensors = (stop_flags, not_need_stop, seq_lens_this_time, seq_lens_encoder, seq_lens_decoder, input_ids,
-                   stop_nums, next_tokens, is_block_step)
-        self._launch("update_inputs", dict(zip(V0_TENSORS, tensors)))
+    def _update_inputs_cuda(self, *tensors) -> None:
+        """FastDeploy's ``update_inputs`` arguments (``V0_TENSORS``), on GPU tensors."""
+        self._launch("update_inputs", dict(zip(V0_TENSORS, tensors, strict=True)))
 
     def _launch(self, kernel: str, tensors: dict, **scalars) -> None:
         """Checks ``tensors`` (the kernel's tensor arguments by name, in its order; ``stop_nums`` may
@@ -197,9 +187,7 @@ def current_stream_handle(device_id: int) -> int:
 
 def _address(t) -> int | None:
     """Device address, or None (NULL) for an absent or empty tensor, which no slot touches."""
-    if t is None or _elements(t) == 0:
-        return None
-    return paddle_glue().address(t)
+    return None if t is None or _elements(t) == 0 else paddle_glue().address(t)
 
 
 def _elements(t) -> int:
@@ -208,8 +196,8 @@ def _elements(t) -> int:
 
 
 def _rows(t) -> int:
-    shape = list(t.shape)
-    return int(shape[0]) if shape else 1
+    shape = t.shape
+    return int(shape[0]) if len(shape) else 1
 
 
 def _row_stride(t) -> int:
@@ -231,6 +219,7 @@ def load_ops(build: bool = False) -> StopFlagOps:
     with _load_lock:
         try:
             directory = cache.ops_dir()
+            import paddle  # noqa: F401  - the module's tensor caster needs Paddle initialised
         except ImportError as exc:
             raise OpsUnavailable(f"Paddle is not importable: {exc}") from exc
         if directory in _loaded:
@@ -249,10 +238,6 @@ def load_ops(build: bool = False) -> StopFlagOps:
 
 
 def _import_pybind_module():
-    try:
-        import paddle  # noqa: F401  - the module's tensor caster needs Paddle initialised
-    except ImportError as exc:
-        raise OpsUnavailable(f"Paddle is not importable: {exc}") from exc
     artifact = cache.ops_dir() / cache.PYBIND_FILE
     why = cache.staleness(artifact, cache.pybind_fingerprint())
     if why is not None:
@@ -263,9 +248,7 @@ def _import_pybind_module():
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
     except Exception as exc:  # an ImportError or a symbol error from a mismatched Paddle
-        raise OpsUnavailable(
-            f"cannot import {artifact}: {exc}; run `fd-async-copy build-ops --force`"
-        ) from exc
+        raise OpsUnavailable(f"cannot import {artifact}: {exc}; run `fd-async-copy build-ops --force`") from exc
     return module
 
 
@@ -275,18 +258,13 @@ def _load_cuda_library() -> tuple[StopFlagLibrary | None, str]:
     if why is not None:
         if cache.REBUILD in why:  # built, but not what was built: never loaded
             return None, why
-        return None, _no_nvcc_reason() or f"{why}; run `fd-async-copy build-ops` with nvcc available"
+        nvcc, origin = find_nvcc()
+        return None, f"{why}; run `fd-async-copy build-ops` with nvcc available" if nvcc else \
+            f"not built: {origin}, then run `fd-async-copy build-ops`"
     try:
         return StopFlagLibrary(artifact, "cuda"), f"loaded {artifact}"
     except OSError as exc:
         return None, f"cannot load {artifact}: {exc}"
-
-
-def _no_nvcc_reason() -> str | None:
-    from .toolchain import find_nvcc
-
-    nvcc, origin = find_nvcc()
-    return None if nvcc else f"not built: {origin}, then run `fd-async-copy build-ops`"
 
 
 def ops_status(load: bool = True) -> dict:
