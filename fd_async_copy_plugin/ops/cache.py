@@ -119,13 +119,12 @@ def integrity(artifact: Path, manifest: dict) -> str | None:
     if not isinstance(recorded, dict) or "size" not in recorded or "sha256" not in recorded:
         return f"{artifact.name}'s build manifest records no size/sha256 (built by an older version); {REBUILD}"
     try:
-        size = artifact.stat().st_size
-        if size != recorded["size"]:
-            return (f"{artifact.name} is {size} bytes but was built as {recorded['size']} (truncated or "
-                    f"replaced); {REBUILD}")
         found = file_identity(artifact)
     except OSError as exc:
         return f"{artifact.name} cannot be read ({exc}); {REBUILD}"
+    if found["size"] != recorded["size"]:
+        return (f"{artifact.name} is {found['size']} bytes but was built as {recorded['size']} (truncated or "
+                f"replaced); {REBUILD}")
     if found["sha256"] != recorded["sha256"]:
         return f"{artifact.name} does not match the sha256 recorded when it was built (corrupted); {REBUILD}"
     return None

@@ -128,7 +128,7 @@ class PinnedMemory:
 
     def __init__(self, rt, ptr: int, nbytes: int) -> None:
         self.rt, self.ptr, self.nbytes = rt, ptr, nbytes
-        self.facts: _Pinned | None = None
+        self.facts: _Pinned | None = None  # (set by the allocation)
         self.released = False
 
     def release(self) -> None:
@@ -244,7 +244,7 @@ class CopyBackend:
     wait_timeout: float | None = None
 
     def __init__(self, glue, rt) -> None:
-        self.glue = glue or paddle_glue()  # tensor accessors (runtime/glue.py): the only framework-specific part
+        self.glue = glue or paddle_glue()  # tensor accessors (runtime/glue.py): the framework-specific part
         self.rt = rt  # the CUDA layer (runtime/cudart.py), or its host-memory stand-in
         self._lock = threading.RLock()
         # Keyed by id() but checked by identity through weak references: an id can be reused by an
@@ -475,9 +475,7 @@ class CopyBackend:
         facts, glue = self._pinned.get(id(buf)), self.glue  # (``_facts``, inline)
         if (facts is not None and facts.buf() is buf and glue.address(buf) == facts.ptr
                 and glue.shape(buf) == facts.shape):
-            view = facts.view  # the allocation's own view, in the tensor's shape
-            if view is None:
-                view = facts.shaped()
+            view = facts.shaped()  # the allocation's own view, in the tensor's shape
         else:
             view = host_view(buf, glue)
         rows = view if start is None and end is None else view[start:end]

@@ -43,12 +43,9 @@ class PaddleGlue(FactsInOneCall):
     def __init__(self) -> None:
         import paddle
 
-        self.paddle = paddle
-        try:
-            from paddle.utils.dlpack import from_dlpack
-        except ImportError:  # pragma: no cover - Paddle 3.3 has it
-            from_dlpack = paddle.from_dlpack
-        self._from_dlpack = from_dlpack
+        from paddle.utils.dlpack import from_dlpack  # (Paddle 2.x and 3.x)
+
+        self.paddle, self._from_dlpack = paddle, from_dlpack
         self._cpu = paddle.CPUPlace()
         # id(Paddle dtype) -> (the dtype, its name): ``str()`` of a dtype costs ~2 us and hashing one
         # ~1 us; Paddle's dtypes are singletons, so the identity check makes the id safe.
