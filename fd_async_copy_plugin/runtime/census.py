@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import Iterator
 
 #: The kinds of interaction the census counts, with a short description used in reports.
 KINDS: dict[str, str] = {
@@ -25,22 +25,9 @@ KINDS: dict[str, str] = {
     "op_on_pinned": "Paddle ops on pinned tensors",
     "host_read": "host reads of copied data",
     # Recorded by device-value tracking (reference/device_tracking.py, tests and bench only):
-    # every blocking point, whoever causes it; the site is ``encode_host_wait(...)``.
+    # every blocking point, whoever causes it; the site is ``device_tracking.encode_host_wait(...)``.
     "host_wait": "host waits (tracked)",
 }
-
-#: Kinds after which host data of the step is known to be complete.
-_WAIT_KINDS = frozenset({"blocking_d2h", "device_sync", "stream_sync", "event_wait"})
-
-
-def encode_host_wait(mechanism: str, long: bool, where: str, what: str) -> str:
-    """The census site of a ``host_wait``: ``long|short``, mechanism, ``file:line function``, what."""
-    return f"{'long' if long else 'short'}|{mechanism}|{where}|{what}"
-
-
-def decode_host_wait(site: str) -> dict:
-    length, mechanism, where, what = site.split("|", 3)
-    return {"long": length == "long", "mechanism": mechanism, "where": where, "what": what}
 
 
 @dataclass
@@ -58,21 +45,6 @@ class StepRecord:
 
     def sites(self, kind: str) -> list[str]:
         return [site for k, site in self.events if k == kind]
-
-    def first_read_after_wait(self, sites: Callable[[str], bool] | None = None) -> bool | None:
-        """True when the first host read of the step comes after at least one wait.
-
-        ``sites`` restricts both to the sites it accepts. None when the step had no such host read.
-        """
-        waited = False
-        for kind, site in self.events:
-            if sites is not None and not sites(site):
-                continue
-            if kind in _WAIT_KINDS:
-                waited = True
-            elif kind == "host_read":
-                return waited
-        return None
 
 
 class SyncCensus:
