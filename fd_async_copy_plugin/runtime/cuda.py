@@ -17,6 +17,7 @@ checks that those accessors agree with the layer; a disagreement raises ``Access
 
 from __future__ import annotations
 
+import ctypes
 import logging
 from functools import partial
 from operator import itemgetter
@@ -330,8 +331,6 @@ def attach_batch(rt) -> str:
     if rt.batch is not None:
         return "fdac_d2h_batch: loaded"
     try:
-        import ctypes
-
         from ..ops import cache
 
         artifact = cache.ops_dir() / cache.PYBIND_FILE

@@ -79,11 +79,6 @@ class D2HBatch:
         self.batch_api: tuple[int, int] | None = None
         self.batch_api_state = "not offered (a runtime without cudaMemcpyBatchAsync: CUDA < 12.8)"
 
-    def offer_batch_api(self, address: int, abi: int) -> None:
-        """The runtime has ``cudaMemcpyBatchAsync`` (``abi``: 13, or 12 for CUDA 12.8-12.9's signature):
-        unused until a check of it on a GPU passes (``use_batch_api``; the accessor probe checks)."""
-        self.batch_api, self.batch_api_state = (address, abi), f"offered (CUDA {abi}), not checked yet"
-
     def use_batch_api(self, ok: bool, why: str) -> None:
         """Turn the offered ``cudaMemcpyBatchAsync`` on (``ok``) or off for good, saying ``why``."""
         on = ok and self.batch_api is not None
@@ -213,8 +208,11 @@ class CudaRuntime:
         self.batch = D2HBatch(lib, *address, self._fail)
         version = self.versions()["runtime"]
         if version >= 12080 and hasattr(self.lib, "cudaMemcpyBatchAsync"):
-            self.batch.offer_batch_api(ctypes.cast(self.lib.cudaMemcpyBatchAsync, ctypes.c_void_p).value,
-                                       13 if version >= 13000 else 12)
+            # Offered (``abi``: 13, or 12 for CUDA 12.8-12.9's signature), unused until a check of it
+            # on a GPU passes (``D2HBatch.use_batch_api``; the accessor probe checks).
+            abi = 13 if version >= 13000 else 12
+            self.batch.batch_api = (ctypes.cast(self.lib.cudaMemcpyBatchAsync, ctypes.c_void_p).value, abi)
+            self.batch.batch_api_state = f"offered (CUDA {abi}), not checked yet"
 
     def _call(self, name: str, *args) -> int:
         code = self._f[name](*args)

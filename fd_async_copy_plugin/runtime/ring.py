@@ -99,11 +99,6 @@ class PinnedRing:
         self.slots.append(slot)
         return slot
 
-    def external_refs(self, slot: PinnedSlot) -> dict[str, int]:
-        """References to the slot's buffers held outside the ring."""
-        buffers = slot.buffers
-        return {name: extra for name, base in slot.baseline.items() if (extra := getrefcount(buffers[name]) - base) > 0}
-
     def is_free(self, slot: PinnedSlot) -> bool:
         buffers = slot.buffers
         for name, base in slot.baseline.items():
@@ -135,7 +130,8 @@ class PinnedRing:
         return None
 
     def _verify_unreferenced(self, slot: PinnedSlot, writer: str) -> bool:
-        refs = self.external_refs(slot)
+        buffers = slot.buffers  # references to the slot's buffers held outside the ring:
+        refs = {name: extra for name, base in slot.baseline.items() if (extra := getrefcount(buffers[name]) - base) > 0}
         if not refs:
             return True
         self.backend.reused_while_referenced(  # the simulator raises here
