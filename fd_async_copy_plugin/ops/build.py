@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 from . import cache
-from .toolchain import find_nvcc
+from .cache import find_nvcc
 
 CUDA_ARCHS_ENV = "FD_ASYNC_COPY_CUDA_ARCHS"
 # Ampere and Hopper SASS plus Hopper PTX, which newer GPUs JIT-compile. CUDA 13 dropped < sm_75.

@@ -1,4 +1,4 @@
-"""Where the custom ops are built, from which sources, and whether a build is current.
+"""Where the custom ops are built, from which sources, whether a build is current, and where nvcc is.
 
 The ops are compiled per user and per Paddle/Python version (a pybind module is tied to both), not
 shipped in the wheel: ``~/.cache/fd_async_copy/paddle-<version>-<python tag>/`` unless
@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -145,3 +146,25 @@ def staleness(artifact: Path, fingerprint: dict) -> str | None:
             return f"{artifact.name} is stale ({key} changed since it was built)"
     return integrity(artifact, manifest)
 
+
+def find_nvcc() -> tuple[str | None, str]:
+    """The nvcc to use and where it came from, or ``None`` and why none was found (asked by the
+    builder, and by the loader explaining a missing CUDA library). A ``CUDA_HOME`` or
+    ``CUDA_PATH`` without ``bin/nvcc`` is named in the answer, never silently skipped."""
+    for env in ("CUDA_HOME", "CUDA_PATH"):
+        root = os.environ.get(env)
+        if root and os.access(Path(root) / "bin" / "nvcc", os.X_OK):
+            return str(Path(root) / "bin" / "nvcc"), f"${env}"
+    ignored = ignored_cuda_roots()
+    note = f"; {', '.join(ignored)}: ignored, fix or unset it" if ignored else ""
+    for nvcc, origin in ((shutil.which("nvcc"), "PATH"), ("/usr/local/cuda/bin/nvcc", "/usr/local/cuda")):
+        if nvcc and os.access(nvcc, os.X_OK):
+            return nvcc, origin + note
+    why = f"{', '.join(ignored)}; set CUDA_HOME to a CUDA toolkit" if ignored else "set CUDA_HOME"
+    return None, f"nvcc not found: {why} (e.g. CUDA_HOME=/usr/local/cuda) or put nvcc on PATH"
+
+
+def ignored_cuda_roots() -> list[str]:
+    """``CUDA_HOME``/``CUDA_PATH`` values set but without an executable ``bin/nvcc`` (one line each)."""
+    return [f"{env}={os.environ[env]!r} has no executable bin/nvcc" for env in ("CUDA_HOME", "CUDA_PATH")
+            if os.environ.get(env) and not os.access(Path(os.environ[env]) / "bin" / "nvcc", os.X_OK)]

@@ -26,7 +26,6 @@ from pathlib import Path
 from ..runtime.glue import paddle_glue
 from . import cache
 from .stop_flag_library import MAX_BATCH, StopFlagLibrary
-from .toolchain import find_nvcc
 
 ONE_STEP_STOP_ENV = "PREFILL_NODE_ONE_STEP_STOP_V1"
 
@@ -258,7 +257,7 @@ def _load_cuda_library() -> tuple[StopFlagLibrary | None, str]:
     if why is not None:
         if cache.REBUILD in why:  # built, but not what was built: never loaded
             return None, why
-        nvcc, origin = find_nvcc()
+        nvcc, origin = cache.find_nvcc()
         return None, f"{why}; run `fd-async-copy build-ops` with nvcc available" if nvcc else \
             f"not built: {origin}, then run `fd-async-copy build-ops`"
     try:

@@ -59,7 +59,6 @@ RUNTIME = {
     f"{PACKAGE}.ops.cache",
     f"{PACKAGE}.ops.stop_flag_library",
     f"{PACKAGE}.ops.stop_flag_ops",
-    f"{PACKAGE}.ops.toolchain",
 }
 #: New runtime modules are fine (add them above); these must never be loaded by register()+enable().
 SCAFFOLDING = ("testing", "cli", "serving_ab", "runtime.simulated", "ops.build",
