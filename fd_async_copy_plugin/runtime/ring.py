@@ -111,14 +111,8 @@ class PinnedRing:
         """The reuse policy: the next free slot of the initial ones in ring order, else the first
         free added slot (so added slots go idle once the consumer caught up), or None."""
         base = min(self.base_slots, len(self.slots))
-        for offset in range(base):
-            candidate = self.slots[(self._next + offset) % base]
-            if self.is_free(candidate):
-                return candidate
-        for candidate in self.slots[base:]:
-            if self.is_free(candidate):
-                return candidate
-        return None
+        order = [self.slots[(self._next + offset) % base] for offset in range(base)] + self.slots[base:]
+        return next((slot for slot in order if self.is_free(slot)), None)
 
     def _choose(self, writer: str) -> PinnedSlot | None:
         """``_select``'s slot after one check: ``is_free``'s if it found that slot free, else (a policy
