@@ -60,10 +60,8 @@ def _hash_sources(names: tuple[str, ...]) -> str | None:
     src = sources_dir()
     if src is None:
         return None
-    digest = hashlib.sha256()
-    for name in sorted(names):
-        digest.update(name.encode() + b"\0" + (src / name).read_bytes() + b"\0")
-    return digest.hexdigest()
+    return hashlib.sha256(b"".join(name.encode() + b"\0" + (src / name).read_bytes() + b"\0"
+                                   for name in sorted(names))).hexdigest()
 
 
 def paddle_build() -> str:
@@ -76,12 +74,8 @@ def paddle_build() -> str:
 
 
 def pybind_fingerprint() -> dict:
-    return {
-        "sources_sha256": _hash_sources(PYBIND_SOURCES + HEADERS),
-        "paddle": paddle_version(),
-        "paddle_build": paddle_build(),
-        "python": python_tag(),
-    }
+    return {"sources_sha256": _hash_sources(PYBIND_SOURCES + HEADERS), "paddle": paddle_version(),
+            "paddle_build": paddle_build(), "python": python_tag()}
 
 
 def cuda_fingerprint() -> dict:
@@ -139,11 +133,10 @@ def staleness(artifact: Path, fingerprint: dict) -> str | None:
     if manifest is None:
         return f"{artifact.name} has no readable build manifest"
     built_from = manifest.get("fingerprint", {})
-    for key, want in fingerprint.items():
-        if want is None:  # sources not shipped: cannot tell, trust the build
-            continue
-        if built_from.get(key) != want:
-            return f"{artifact.name} is stale ({key} changed since it was built)"
+    # (a value None: sources not shipped, cannot tell: the build is trusted)
+    changed = [key for key, want in fingerprint.items() if want is not None and built_from.get(key) != want]
+    if changed:
+        return f"{artifact.name} is stale ({changed[0]} changed since it was built)"
     return integrity(artifact, manifest)
 
 
