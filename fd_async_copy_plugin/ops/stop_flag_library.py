@@ -40,8 +40,8 @@ class StopFlagLibrary:
         fn.argtypes, fn.restype = argtypes, restype
         return fn
 
-    def update_inputs_v1(self, *addresses, bsz, max_bsz, input_ids_stride, block_tables_stride, block_tables_numel,
-                         block_size, prefill_one_step_stop, stream=None) -> int:
+    def update_inputs_v1(self, *addresses, bsz, max_bsz, input_ids_stride, block_tables_stride,
+                         block_tables_numel, block_size, prefill_one_step_stop, stream=None) -> int:
         """The addresses (ints) of FastDeploy's 13 tensor arguments in its order (stop_flags,
         not_need_stop, seq_lens_this_time, seq_lens_encoder, seq_lens_decoder, step_seq_lens_decoder,
         prompt_lens, topk_ids, input_ids, block_tables, stop_nums - may be ``None`` -, next_tokens,

@@ -87,7 +87,8 @@ class StopFlagOps:
         block_size, one_step_stop = _v1_scalars(*args[13:], **one_step_stop)
         tables = tensors["block_tables"]
         self._launch("update_inputs_v1", tensors, block_tables_stride=_row_stride(tables),
-                     block_tables_numel=_elements(tables), block_size=block_size, prefill_one_step_stop=one_step_stop)
+                     block_tables_numel=_elements(tables), block_size=block_size,
+                     prefill_one_step_stop=one_step_stop)
 
     def _update_inputs_cuda(self, *tensors) -> None:
         """FastDeploy's ``update_inputs`` arguments (``V0_TENSORS``), on GPU tensors."""
@@ -106,8 +107,8 @@ class StopFlagOps:
                                        for name, t in tensors.items() if t is not None or name != "stop_nums"])
         check_current_device(device)
         lib = self.cuda_library
-        status = getattr(lib, kernel)(*map(_address, tensors.values()), bsz=bsz, max_bsz=max_bsz,
-                                      input_ids_stride=ids_stride, **scalars, stream=current_stream_handle(device))
+        status = getattr(lib, kernel)(*map(_address, tensors.values()), bsz=bsz, max_bsz=max_bsz, **scalars,
+                                      input_ids_stride=ids_stride, stream=current_stream_handle(device))
         if status != 0:
             raise RuntimeError(f"fd_async_copy stop-flag kernel: {lib.message(status)} (status {status})")
 
@@ -138,10 +139,8 @@ def check_current_device(device: int) -> None:
 def check_batch(seq_lens_this_time, stop_flags) -> tuple[int, int]:
     bsz, max_bsz = _rows(seq_lens_this_time), _rows(stop_flags)
     if max_bsz > MAX_BATCH:
-        raise ValueError(
-            f"max_bsz={max_bsz} (stop_flags.shape[0]) exceeds {MAX_BATCH}, the one-block limit of "
-            "the stop-flag kernel (and of FastDeploy's update_inputs kernels); lower max_num_seqs"
-        )
+        raise ValueError(f"max_bsz={max_bsz} (stop_flags.shape[0]) exceeds {MAX_BATCH}, the one-block limit of "
+                         "the stop-flag kernel (and of FastDeploy's update_inputs kernels); lower max_num_seqs")
     if bsz > max_bsz:
         raise ValueError(f"bsz={bsz} (seq_lens_this_time) exceeds max_bsz={max_bsz} (stop_flags)")
     return bsz, max_bsz
@@ -269,9 +268,9 @@ def _load_cuda_library() -> tuple[StopFlagLibrary | None, str]:
 def ops_status(load: bool = True) -> dict:
     """JSON-serialisable state of the custom ops; never raises. ``load=False``: describe only what
     this process has loaded already (``loadable`` is ``None`` when nothing was loaded)."""
-    status: dict = {"ops_dir": None, "sources": None, "built": False, "stale": None, "loadable": False, "path": None,
-                    "error": None, "cuda_kernels": {"built": False, "loadable": False, "available": False,
-                                                    "path": None, "why": ""}}
+    kernels = {"built": False, "loadable": False, "available": False, "path": None, "why": ""}
+    status: dict = {"ops_dir": None, "sources": None, "built": False, "stale": None, "loadable": False,
+                    "path": None, "error": None, "cuda_kernels": kernels}
     try:
         src = cache.sources_dir()
         status["sources"] = str(src) if src else None
@@ -301,7 +300,8 @@ def ops_status(load: bool = True) -> dict:
 def _cuda_status(directory: Path, ops: StopFlagOps | None) -> dict:
     artifact = directory / cache.CUDA_LIB_FILE
     library, why = (ops.cuda_library, ops.cuda_why) if ops is not None else _load_cuda_library()
-    entry = {"built": artifact.is_file(), "loadable": library is not None, "available": False, "path": str(artifact)}
+    entry = {"built": artifact.is_file(), "loadable": library is not None, "available": False,
+             "path": str(artifact)}
     import paddle
 
     if library is not None and not paddle.is_compiled_with_cuda():

@@ -290,10 +290,8 @@ class CopyBackend:
         t = self.glue.wrap(array)
         del raw, array
         if self.glue.address(t) != memory.ptr:
-            raise AsyncCopyError(
-                f"wrapping pinned memory {memory.ptr:#x} gave a tensor at {self.glue.address(t):#x}: "
-                "the host wrap is not zero-copy"
-            )
+            raise AsyncCopyError(f"wrapping pinned memory {memory.ptr:#x} gave a tensor at "
+                                 f"{self.glue.address(t):#x}: the host wrap is not zero-copy")
         flat = np.frombuffer((ctypes.c_byte * max(1, nbytes)).from_address(memory.ptr), dtype=np_dtype, count=count)
         facts = memory.facts = _Pinned(weakref.ref(t), weakref.ref(memory), memory.ptr, self.glue.dtype(t), flat,
                                        tuple(shape))
@@ -321,10 +319,9 @@ class CopyBackend:
             raise ValueError("copy_d2h: the destination is not a pinned buffer of this backend (new_pinned)")
         glue = self.glue
         if facts.memory() is None or glue.address(dst) != facts.ptr:
-            raise AsyncCopyError(
-                "copy_d2h: the pinned buffer no longer points at its memory (a framework op such as a "
-                "copy_ of a larger tensor reallocated it); write pinned buffers only through the backend"
-            )
+            raise AsyncCopyError("copy_d2h: the pinned buffer no longer points at its memory (a framework op "
+                                 "such as a copy_ of a larger tensor reallocated it); write pinned buffers only "
+                                 "through the backend")
         if dtype != facts.dtype:
             raise ValueError(f"copy_d2h: source dtype {dtype} differs from the pinned buffer's {facts.dtype}")
         if shape != facts.shape:
@@ -332,10 +329,9 @@ class CopyBackend:
             if nbytes > facts.memory().nbytes:
                 if not grow:
                     return None
-                raise ValueError(
-                    f"copy_d2h: {nbytes} bytes ({list(shape)} {dtype}) do not fit the pinned buffer's "
-                    f"{facts.memory().nbytes}; allocate it larger (a pinned buffer never grows in place)"
-                )
+                raise ValueError(f"copy_d2h: {nbytes} bytes ({list(shape)} {dtype}) do not fit the pinned "
+                                 f"buffer's {facts.memory().nbytes}; allocate it larger (a pinned buffer never "
+                                 "grows in place)")
             facts.reshape(shape)
             self._reshapes = next(_reshape_count)  # (after the reshape: the copy sets' sizes are stale)
         glue.set_shape(dst, shape)  # (a no-op when the tensor has it: also after a foreign reshape)
@@ -519,7 +515,8 @@ _NP_DTYPES = ("bool", "int8", "uint8", "int16", "int32", "int64", "float16", "fl
 
 def np_dtype_of(name: str) -> np.dtype:
     if name not in _NP_DTYPES:
-        raise ValueError(f"dtype {name!r} is not supported for pinned buffers; expected one of {sorted(_NP_DTYPES)}")
+        raise ValueError(f"dtype {name!r} is not supported for pinned buffers; expected one of "
+                         f"{sorted(_NP_DTYPES)}")
     return np.dtype(name)
 
 

@@ -183,7 +183,7 @@ class RuntimeBackend(CopyBackend):
             shape = source[2]
             if (facts is None or facts.buf() is not dst or shape != facts.shape or source[3] != facts.dtype
                     or address(dst) != facts.ptr or shape_of(dst) != shape):
-                facts = self._fit(dst, shape, source[3], grow)  # (the buffer as the backend left it: nothing to fit)
+                facts = self._fit(dst, shape, source[3], grow)  # (as the backend left it: nothing to fit)
                 if facts is None:
                     return None
             fitted.append(facts)
@@ -214,7 +214,8 @@ class RuntimeBackend(CopyBackend):
             c = described.c
             if c is not None:
                 reshapes = self._reshapes  # (read once: a reshape since makes it write the new sizes)
-                c.issue(srcs, None if described.sizes_at == reshapes else [f.nbytes for f in fitted], stream, handle)
+                sizes = None if described.sizes_at == reshapes else [f.nbytes for f in fitted]
+                c.issue(srcs, sizes, stream, handle)
                 described.sizes_at = reshapes
             else:
                 memcpy = self.rt.memcpy_d2h_async

@@ -174,8 +174,8 @@ class CudaRuntime:
             "cudaHostAlloc": [ctypes.POINTER(P), S, ctypes.c_uint],
             **dict.fromkeys(("cudaFreeHost", "cudaEventQuery", "cudaEventSynchronize", "cudaEventDestroy",
                              "cudaStreamSynchronize"), [P]),  # one pointer or handle
-            **dict.fromkeys(("cudaGetDevice", "cudaGetDeviceCount", "cudaRuntimeGetVersion", "cudaDriverGetVersion"),
-                            [ctypes.POINTER(I)]),  # an int written
+            **dict.fromkeys(("cudaGetDevice", "cudaGetDeviceCount", "cudaRuntimeGetVersion",
+                             "cudaDriverGetVersion"), [ctypes.POINTER(I)]),  # an int written
             **dict.fromkeys(("cudaDeviceSynchronize", "cudaGetLastError"), []),
             "cudaMemcpyAsync": [P, P, S, I, P],
             "cudaEventCreateWithFlags": [ctypes.POINTER(P), ctypes.c_uint],
@@ -186,10 +186,9 @@ class CudaRuntime:
         missing = [name for name in (*signatures, "cudaGetErrorString") if not hasattr(lib, name)]
         if missing:
             what = f"{CUDART_ENV}={lib._name!r}" if CUDART_ENV in origin else (origin or lib._name)
-            raise CudaUnavailable(
-                f"{what} is not a CUDA runtime library: it lacks {', '.join(missing[:3])}"
-                f"{' and more' if len(missing) > 3 else ''}; point {CUDART_ENV} at libcudart.so, or unset it"
-            )
+            lacks = ", ".join(missing[:3]) + (" and more" if len(missing) > 3 else "")
+            raise CudaUnavailable(f"{what} is not a CUDA runtime library: it lacks {lacks}; point {CUDART_ENV} at "
+                                  "libcudart.so, or unset it")
         self._f = {}
         for name, argtypes in signatures.items():
             fn = getattr(lib, name)

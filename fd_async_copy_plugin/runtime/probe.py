@@ -221,11 +221,9 @@ def _check_kernel_order(device, glue, rt, ops, kernels):
     ops.fill(next_tokens, 4242)  # the framework op our kernel must be ordered after
     stream = glue.stream(device)
     on_stream = {"stream": stream} if kernels.flavor == "cuda" else {}  # the host library: no stream
-    status = kernels.update_inputs(
-        glue.address(stop_flags), glue.address(not_need_stop), *(glue.address(s) for s in seq),
-        glue.address(input_ids), None, glue.address(next_tokens), glue.address(is_block_step),
-        bsz=1, max_bsz=1, input_ids_stride=1, **on_stream,
-    )
+    addresses = [glue.address(t) for t in (stop_flags, not_need_stop, *seq, input_ids)]
+    addresses += [None, glue.address(next_tokens), glue.address(is_block_step)]  # (stop_nums: none)
+    status = kernels.update_inputs(*addresses, bsz=1, max_bsz=1, input_ids_stride=1, **on_stream)
     if status != 0:
         return False, f"kernel launch failed: {kernels.message(status)} (status {status})"
     with _Pinned(rt, 16) as pinned:

@@ -125,7 +125,8 @@ class PinnedRing:
 
     def _verify_unreferenced(self, slot: PinnedSlot, writer: str) -> bool:
         buffers = slot.buffers  # references to the slot's buffers held outside the ring:
-        refs = {name: extra for name, base in slot.baseline.items() if (extra := getrefcount(buffers[name]) - base) > 0}
+        refs = {name: extra for name, base in slot.baseline.items()
+                if (extra := getrefcount(buffers[name]) - base) > 0}
         if not refs:
             return True
         self.backend.reused_while_referenced(  # the simulator raises here
@@ -211,11 +212,7 @@ class PinnedRing:
         if len(slots) != self.base_slots:
             return None
         slot = slots[self._next]
-        buffers = slot.buffers
-        for name, base in slot.baseline.items():
-            if getrefcount(buffers[name]) > base:
-                return None
-        return slot
+        return slot if self.is_free(slot) else None
 
     def _take(self, slot: PinnedSlot) -> PinnedSlot:
         """Hand out ``_free_next``'s slot as it is (its buffers hold the shapes asked for already)."""
@@ -260,10 +257,9 @@ class PinnedRing:
                 growth = self._growth(slot, need, reserve)
                 if growth and self.nbytes + growth > self.max_bytes:
                     self.refused += 1
-                    raise RingFull(
-                        f"pinned ring {self.name!r} holds {self.nbytes} bytes; {writer!r} needs {growth} more, "
-                        f"over its cap of {self.max_bytes} (FD_ASYNC_COPY_RING_MAX_BYTES)"
-                    )
+                    raise RingFull(f"pinned ring {self.name!r} holds {self.nbytes} bytes; {writer!r} needs "
+                                   f"{growth} more, over its cap of {self.max_bytes} "
+                                   "(FD_ASYNC_COPY_RING_MAX_BYTES)")
         if slot is None:
             self.grow_events += 1
             log.warning("fd_async_copy: every slot of pinned ring %s is still in use; adding slot %d (a pinned "
