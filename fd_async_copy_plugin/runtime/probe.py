@@ -109,42 +109,38 @@ def probe_accessors(device: int, glue=None, rt=None, ops=None, kernels=None) -> 
 
 
 class _Pinned:
-    """A probe-local pinned buffer from the layer, freed after the probe's waits."""
+    """Probe-local pinned memory from the layer (poisoned with the byte ``poison``) and an event,
+    both freed after the probe's waits."""
 
-    def __init__(self, rt, nbytes: int) -> None:
-        self.rt, self.nbytes = rt, nbytes
-        self.ptr = rt.host_alloc(nbytes)
+    def __init__(self, rt, nbytes: int, poison: int | None = None) -> None:
+        self.rt, self.nbytes, self.event = rt, nbytes, rt.event_create(True)
+        self.ptr = rt.host_alloc(nbytes)  # (a failed allocation leaves the event: the probe then fails)
+        if poison is not None:
+            ctypes.memset(self.ptr, poison, nbytes)
 
-    def values(self, dtype=np.int64, count=_N) -> np.ndarray:
-        raw = (ctypes.c_byte * self.nbytes).from_address(self.ptr)
+    def values(self, dtype=np.int64, count=_N, offset: int = 0) -> np.ndarray:
+        raw = (ctypes.c_byte * (self.nbytes - offset)).from_address(self.ptr + offset)
         return np.frombuffer(raw, dtype=dtype, count=count).copy()
 
-    def fill(self, byte: int) -> None:
-        ctypes.memset(self.ptr, byte, self.nbytes)
+    def copy(self, src: int, nbytes: int, stream: int, offset: int = 0) -> None:
+        """``nbytes`` at device address ``src`` copied to byte ``offset`` on ``stream``, waited for."""
+        self.rt.memcpy_d2h_async(self.ptr + offset, src, nbytes, stream)
+        self.rt.event_record(self.event, stream)
+        self.rt.event_synchronize(self.event)
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc) -> None:
+        self.rt.event_destroy(self.event)
         self.rt.host_free(self.ptr)
-
-
-def _copy_and_wait(rt, dst: int, src: int, nbytes: int, stream: int) -> None:
-    event = rt.event_create(True)
-    try:
-        rt.memcpy_d2h_async(dst, src, nbytes, stream)
-        rt.event_record(event, stream)
-        rt.event_synchronize(event)
-    finally:
-        rt.event_destroy(event)
 
 
 def _pattern_copied(rt, src: int, stream: int) -> np.ndarray:
     """``_PATTERN.nbytes`` bytes at device address ``src`` copied by the layer into poisoned pinned
     memory on ``stream`` and waited for, as int64 values."""
-    with _Pinned(rt, _PATTERN.nbytes) as pinned:
-        pinned.fill(0xAB)
-        _copy_and_wait(rt, pinned.ptr, src, _PATTERN.nbytes, stream)
+    with _Pinned(rt, _PATTERN.nbytes, poison=0xAB) as pinned:
+        pinned.copy(src, _PATTERN.nbytes, stream)
         return pinned.values()
 
 
@@ -227,10 +223,9 @@ def _check_kernel_order(device, glue, rt, ops, kernels):
     if status != 0:
         return False, f"kernel launch failed: {kernels.message(status)} (status {status})"
     with _Pinned(rt, 16) as pinned:
-        _copy_and_wait(rt, pinned.ptr, glue.address(input_ids), 8, stream)
-        _copy_and_wait(rt, pinned.ptr + 8, glue.address(not_need_stop), 1, stream)
-        token = int(pinned.values(np.int64, 1)[0])
-        flag = bool(np.frombuffer((ctypes.c_byte * 1).from_address(pinned.ptr + 8), dtype=np.bool_)[0])
+        pinned.copy(glue.address(input_ids), 8, stream)
+        pinned.copy(glue.address(not_need_stop), 1, stream, offset=8)
+        token, flag = int(pinned.values(np.int64, 1)[0]), bool(pinned.values(np.bool_, 1, offset=8)[0])
     ops.synchronize(device)
     ok = token == 4242 and flag is False
     return ok, f"kernel on the reported stream read the framework op's value: input_ids[0]={token} (expected 4242), not_need_stop={flag} (expected False)"
@@ -265,17 +260,12 @@ def _check_batch_api(device, glue, rt, ops, kernels):
         ops.synchronize(device)
         address, stream, sizes = glue.address(t), glue.stream(device), [8 * (b - a) for a, b in zip(parts, parts[1:])]
         batch.use_batch_api(True, "being checked")
-        event = rt.event_create(True)
-        try:  # (the event is destroyed whatever the copies did, as ``_copy_and_wait``'s)
-            with _Pinned(rt, _PATTERN.nbytes) as pinned:
-                pinned.fill(0xAB)
-                # the parts land in reverse order in the buffer: a batch that ignored a copy's address would show
-                dsts = [pinned.ptr + _PATTERN.nbytes - 8 * b for b in parts[1:]]
-                CopySet(batch, dsts, sizes).issue([address + 8 * a for a in parts[:-1]], sizes, stream, event)
-                rt.event_synchronize(event)
-                got = pinned.values()
-        finally:
-            rt.event_destroy(event)
+        with _Pinned(rt, _PATTERN.nbytes, poison=0xAB) as pinned:  # (its event recorded by the C call)
+            # the parts land in reverse order in the buffer: a batch that ignored a copy's address would show
+            dsts = [pinned.ptr + _PATTERN.nbytes - 8 * b for b in parts[1:]]
+            CopySet(batch, dsts, sizes).issue([address + 8 * a for a in parts[:-1]], sizes, stream, pinned.event)
+            rt.event_synchronize(pinned.event)
+            got = pinned.values()
         expected = np.concatenate([_PATTERN[a:b] for a, b in zip(parts[-2::-1], parts[:0:-1])])
         same = bool(np.array_equal(got, expected))
         why = "three copies in one call on the reported stream landed where a copy each puts them" if same else \
