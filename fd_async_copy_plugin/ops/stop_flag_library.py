@@ -27,8 +27,7 @@ class StopFlagLibrary:
     """One of the two C libraries (``cuda``: stream launchers; ``host``: the host loops)."""
 
     def __init__(self, path: str | Path, flavor: str = "cuda") -> None:
-        self.path = str(path)
-        self.flavor = flavor
+        self.path, self.flavor = str(path), flavor
         self._lib = ctypes.CDLL(self.path)
         stream = [_P] if flavor == "cuda" else []
         self._v1 = self._bind(f"fdac_update_inputs_v1_{flavor}", _V1_ARGS + stream, _I)

@@ -49,10 +49,8 @@ def _v1_scalars(block_size: int, prefill_one_step_stop: bool | None = None) -> t
 
 class StopFlagOps:
     def __init__(self, module, cuda_library: StopFlagLibrary | None, cuda_why: str) -> None:
-        self.module = module
-        self.path = getattr(module, "__file__", None)
-        self.cuda_library = cuda_library
-        self.cuda_why = cuda_why
+        self.module, self.path = module, getattr(module, "__file__", None)
+        self.cuda_library, self.cuda_why = cuda_library, cuda_why
         # FastDeploy's update semantics on CPU tensors, its arguments as given (a pybind function)
         self.update_inputs_host, self.get_stop = module.update_inputs_host, module.get_stop
         if cuda_library is not None:
@@ -229,10 +227,8 @@ def load_ops(build: bool = False) -> StopFlagOps:
                 build_ops()
             except (BuildError, ValueError, OSError) as exc:
                 raise OpsUnavailable(f"building the custom ops failed: {exc}") from exc
-        module = _import_pybind_module()
-        library, why = _load_cuda_library()
-        _loaded[directory] = StopFlagOps(module, library, why)
-        return _loaded[directory]
+        ops = _loaded[directory] = StopFlagOps(_import_pybind_module(), *_load_cuda_library())
+        return ops
 
 
 def _import_pybind_module():
@@ -278,20 +274,16 @@ def ops_status(load: bool = True) -> dict:
         artifact = directory / cache.PYBIND_FILE
         status.update(ops_dir=str(directory), path=str(artifact), built=artifact.is_file())
         status["stale"] = cache.staleness(artifact, cache.pybind_fingerprint()) if status["built"] else None
-        if not load:
-            ops = _loaded.get(directory)
-            status["loadable"] = True if ops is not None else None
-            if ops is None:
-                status["error"] = "not loaded in this process (`fd-async-copy doctor` checks them)"
-                return status
-        else:
+        ops = None if load else _loaded.get(directory)
+        if load:
             try:
                 ops = load_ops()
-                status["loadable"] = True
             except OpsUnavailable as exc:
-                ops = None
                 status["error"] = str(exc)
-        status["cuda_kernels"] = _cuda_status(directory, ops)
+        elif ops is None:
+            status.update(loadable=None, error="not loaded in this process (`fd-async-copy doctor` checks them)")
+            return status
+        status.update(loadable=ops is not None, cuda_kernels=_cuda_status(directory, ops))
     except Exception as exc:  # status must describe, never fail
         status["error"] = f"{type(exc).__name__}: {exc}"
     return status

@@ -163,8 +163,7 @@ class _Pinned:
         self.reshape(shape)
 
     def reshape(self, shape: tuple) -> None:
-        count = prod(shape) if shape else 1
-        self.shape, self.nbytes, self.view = shape, count * self.flat.itemsize, None  # (``view`` made by a read)
+        self.shape, self.nbytes, self.view = shape, prod(shape) * self.flat.itemsize, None  # (view: a read's)
 
     def shaped(self) -> np.ndarray:
         """The allocation's view in the last shape given (made once per shape, when first read)."""
@@ -414,8 +413,7 @@ class CopyBackend:
         returned, or the runtime says so)."""
         if event.done:
             return True
-        query = self.rt.event_query
-        if all(query(handle) for handle in event.native):
+        if all(map(self.rt.event_query, event.native)):
             with self._lock:
                 _mark_done(event)
             return True

@@ -71,8 +71,7 @@ class RuntimeBackend(CopyBackend):
 
     def __init__(self, rt, glue=None, probe: bool = True, probe_ops=None) -> None:
         super().__init__(glue=glue, rt=rt)
-        self._probe_enabled = probe
-        self._probe_ops = probe_ops  # the framework ops the probe uses (None: Paddle's)
+        self._probe_enabled, self._probe_ops = probe, probe_ops  # (``probe_ops``: the probe's framework ops)
         self.probes: dict[int, dict] = {}  # device -> probe_accessors() result
         self._probed_ok: set[int] = set()  # devices whose probe passed (the copies' one check)
         self._streams: dict[int, int] = {}  # stream -> device, every stream copied on so far
@@ -90,8 +89,7 @@ class RuntimeBackend(CopyBackend):
             if self._probe_enabled:
                 from .probe import probe_accessors
 
-                ops = ops or self._probe_ops
-                result = probe_accessors(device, glue=self.glue, rt=self.rt, ops=ops, kernels=kernels)
+                result = probe_accessors(device, self.glue, self.rt, ops or self._probe_ops, kernels)
             else:
                 result = {"ok": True, "device": device, "checks": [], "reason": "", "probe": "disabled"}
             result["with_kernels"] = kernels is not None

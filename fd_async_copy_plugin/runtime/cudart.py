@@ -187,8 +187,8 @@ class CudaRuntime:
         if missing:
             what = f"{CUDART_ENV}={lib._name!r}" if CUDART_ENV in origin else (origin or lib._name)
             lacks = ", ".join(missing[:3]) + (" and more" if len(missing) > 3 else "")
-            raise CudaUnavailable(f"{what} is not a CUDA runtime library: it lacks {lacks}; point {CUDART_ENV} at "
-                                  "libcudart.so, or unset it")
+            raise CudaUnavailable(f"{what} is not a CUDA runtime library: it lacks {lacks}; point "
+                                  f"{CUDART_ENV} at libcudart.so, or unset it")
         self._f = {}
         for name, argtypes in signatures.items():
             fn = getattr(lib, name)

@@ -45,8 +45,7 @@ class PaddleGlue(FactsInOneCall):
 
         from paddle.utils.dlpack import from_dlpack  # (Paddle 2.x and 3.x)
 
-        self.paddle, self._from_dlpack = paddle, from_dlpack
-        self._cpu = paddle.CPUPlace()
+        self.paddle, self._from_dlpack, self._cpu = paddle, from_dlpack, paddle.CPUPlace()
         # id(Paddle dtype) -> (the dtype, its name): ``str()`` of a dtype costs ~2 us and hashing one
         # ~1 us; Paddle's dtypes are singletons, so the identity check makes the id safe.
         self._dtypes: dict = {}

@@ -50,8 +50,7 @@ class PaddleProbeOps:
     def __init__(self, place=None) -> None:
         import paddle
 
-        self.paddle = paddle
-        self.place = place
+        self.paddle, self.place = paddle, place
 
     def _place(self, device: int):
         return self.place if self.place is not None else self.paddle.CUDAPlace(device)

@@ -69,10 +69,10 @@ class PinnedRing:
         self.base_slots, self.max_bytes = slots, max_bytes
         self.itemsize = {f: np.dtype(d).itemsize for f, d in self.dtypes.items()}
         self.slots: list[PinnedSlot] = []
-        self.grow_events = 0  # slots added after construction (stays 0 after warm-up when healthy)
-        self.released_slots = 0  # idle slots released after a lagging consumer caught up
-        self.refused = 0  # acquires refused with RingFull (the step was copied another way)
-        self._acquires = 0
+        # slots added after construction (stays 0 after warm-up when healthy); idle slots released
+        # after a lagging consumer caught up; acquires refused with RingFull (the step was copied
+        # another way); acquires
+        self.grow_events = self.released_slots = self.refused = self._acquires = 0
         initial = slots * sum(max(1, int(capacity[f])) * self.itemsize[f] for f in self.dtypes)
         if max_bytes is not None and initial > max_bytes:
             raise RingFull(f"pinned ring {name!r} needs {initial} bytes for its first {slots} slot(s), "
