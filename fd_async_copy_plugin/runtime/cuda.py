@@ -24,7 +24,7 @@ from operator import itemgetter
 
 from . import census
 from .backend import AsyncCopyError, CopyBackend, CopyEvent, CopySetState
-from .cudart import CopySet
+from .cudart import CopySet, runtime
 from .glue import composed_facts
 
 _EVENT_POOL = 8
@@ -54,8 +54,6 @@ def cuda_available() -> tuple[bool, str]:
     if count < 1:
         return False, "Paddle is compiled with CUDA but sees no GPU"
     try:  # pragma: no cover - GPU builds only
-        from .cudart import runtime
-
         origin = runtime().origin
     except Exception as exc:  # pragma: no cover - GPU builds only
         return False, f"the CUDA layer cannot reach the CUDA runtime: {exc}"
@@ -266,8 +264,7 @@ class RuntimeBackend(CopyBackend):
             self.rt.memcpy_h2d_async(dst_ptr, memory.ptr + offset, nbytes, stream)
         handle = self._event(stream, -1 if device is None else device)
         self.rt.event_record(handle, stream)
-        event = CopyEvent(label, (handle,), (self._last.get(stream),))
-        self._last[stream] = event
+        event = self._last[stream] = CopyEvent(label, (handle,), (self._last.get(stream),))
         facts.h2d_stream = stream  # (``copy_h2d`` keeps the event: ``facts.h2d_event``)
         return event
 
@@ -296,14 +293,12 @@ class RuntimeBackend(CopyBackend):
     def _record_native(self, label):
         # Backend lock held (``CopyBackend.record``): every copy issued so far is on one of these
         # streams, and no copy is issued between the records.
-        recorded, record, last = [], self.rt.event_record, self._last
+        recorded = []
         for stream, device in self._streams.items():  # (``_event`` adds no stream)
-            event = self._event(stream, device)
-            record(event, stream)
-            recorded.append(event)
-        event = CopyEvent(label, tuple(recorded), [last.get(stream) for stream in self._streams])
-        for stream in self._streams:
-            last[stream] = event
+            recorded.append(self._event(stream, device))
+            self.rt.event_record(recorded[-1], stream)
+        event = CopyEvent(label, tuple(recorded), [self._last.get(stream) for stream in self._streams])
+        self._last.update(dict.fromkeys(self._streams, event))
         return event
 
 
@@ -317,8 +312,6 @@ class CudaBackend(RuntimeBackend):
                 raise RuntimeError(f"backend 'cuda' needs CUDA: {why}. Use FD_ASYNC_COPY_BACKEND=host to run the "
                                    "patched code with synchronous copies")
         if rt is None:
-            from .cudart import runtime
-
             rt = runtime()
             self.batch_origin = attach_batch(rt)
         super().__init__(rt, glue=glue, probe=probe, probe_ops=probe_ops)
