@@ -14,16 +14,11 @@ from typing import Iterator
 
 #: The kinds of interaction the census counts, with a short description used in reports.
 KINDS: dict[str, str] = {
-    "blocking_d2h": "blocking D2H copies",
-    "async_d2h": "non-blocking D2H copies",
+    "blocking_d2h": "blocking D2H copies", "async_d2h": "non-blocking D2H copies",
     "async_h2d": "non-blocking H2D copies from pinned memory",
-    "device_sync": "device-wide synchronizes",
-    "stream_sync": "stream synchronizes",
-    "event_wait": "event waits",
-    "pinned_alloc": "pinned allocations",
-    "pinned_free": "pinned frees",
-    "op_on_pinned": "Paddle ops on pinned tensors",
-    "host_read": "host reads of copied data",
+    "device_sync": "device-wide synchronizes", "stream_sync": "stream synchronizes", "event_wait": "event waits",
+    "pinned_alloc": "pinned allocations", "pinned_free": "pinned frees",
+    "op_on_pinned": "Paddle ops on pinned tensors", "host_read": "host reads of copied data",
     # Recorded by device-value tracking (reference/device_tracking.py, tests and bench only):
     # every blocking point, whoever causes it; the site is ``device_tracking.encode_host_wait(...)``.
     "host_wait": "host waits (tracked)",

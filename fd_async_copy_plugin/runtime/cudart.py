@@ -31,8 +31,7 @@ SONAMES = ("libcudart.so.13", "libcudart.so.12", "libcudart.so")
 # driver_types.h
 _MEMCPY_HOST_TO_DEVICE, _MEMCPY_DEVICE_TO_HOST = 1, 2
 HOST_ALLOC_PORTABLE = 0x01
-EVENT_BLOCKING_SYNC = 0x01
-EVENT_DISABLE_TIMING = 0x02
+EVENT_BLOCKING_SYNC, EVENT_DISABLE_TIMING = 0x01, 0x02
 _NOT_READY = 600
 MEMORY_TYPES = {0: "unregistered", 1: "host", 2: "device", 3: "managed"}
 

@@ -114,17 +114,16 @@ class PaddleGlue(FactsInOneCall):
         shape = list(shape)
         if list(t.shape) == shape:
             return
-        dense = t.get_tensor()
-        set_dims = getattr(dense, "_set_dims", None)
+        set_dims = getattr(t.get_tensor(), "_set_dims", None)
         if set_dims is not None:
             set_dims(shape)
-            return
-        if 0 in t.shape:  # pragma: no cover - Paddle 3.0-3.3 have ``_set_dims``
+        elif 0 in t.shape:  # pragma: no cover - Paddle 3.0-3.3 have ``_set_dims``
             from .backend import AsyncCopyError
 
             raise AsyncCopyError("this Paddle cannot give an empty host wrap a shape again without "
                                  "losing its memory (no DenseTensor._set_dims)")
-        t.set_(t, shape)  # pragma: no cover
+        else:
+            t.set_(t, shape)  # pragma: no cover
 
     def from_numpy(self, array: np.ndarray):
         """An owned CPU tensor holding a copy of ``array``: what ``paddle.to_tensor(array,

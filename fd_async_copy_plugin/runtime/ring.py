@@ -89,8 +89,7 @@ class PinnedRing:
     def _new_buffer(self, slot: PinnedSlot, name: str, elements: int) -> None:
         buffers = slot.buffers
         buffers[name] = self.backend.new_pinned([elements], self.dtypes[name], f"{self.name}[{slot.index}].{name}")
-        slot.capacity[name] = elements
-        slot.baseline[name] = getrefcount(buffers[name])
+        slot.capacity[name], slot.baseline[name] = elements, getrefcount(buffers[name])
 
     def _add_slot(self, capacity: dict[str, int]) -> PinnedSlot:
         slot = PinnedSlot(len(self.slots), {}, {})
