@@ -153,8 +153,7 @@ def check_device_tensors(tensors) -> int:
 
     if not paddle.is_compiled_with_cuda():
         raise OpsUnavailable("the CUDA stop-flag kernels need a CUDA build of Paddle (this one is CPU-only)")
-    glue = paddle_glue()
-    devices = set()
+    glue, devices = paddle_glue(), set()
     for name, t, dtype, min_numel in tensors:
         device = glue.gpu_device(t)
         if device is None:

@@ -277,7 +277,7 @@ class CopyBackend:
 
     def _alloc(self, shape: list[int], dtype: str):
         np_dtype = np_dtype_of(dtype)
-        count = prod(shape) if shape else 1
+        count = prod(shape)
         nbytes = count * np_dtype.itemsize
         memory = PinnedMemory(self.rt, self.rt.host_alloc(nbytes), nbytes)
         kind = getattr(self.rt, "set_kind", None)
@@ -324,7 +324,7 @@ class CopyBackend:
         if dtype != facts.dtype:
             raise ValueError(f"copy_d2h: source dtype {dtype} differs from the pinned buffer's {facts.dtype}")
         if shape != facts.shape:
-            nbytes = (prod(shape) if shape else 1) * facts.flat.itemsize
+            nbytes = prod(shape) * facts.flat.itemsize
             if nbytes > facts.memory().nbytes:
                 if not grow:
                     return None
@@ -521,9 +521,8 @@ def np_dtype_of(name: str) -> np.dtype:
 def host_view(t, glue=None) -> np.ndarray:
     """A zero-copy numpy view of a host (CPU or pinned) tensor's memory, through its pointer."""
     glue = glue or paddle_glue()
-    dtype = np_dtype_of(glue.dtype(t))
-    shape = list(glue.shape(t))
-    count = prod(shape) if shape else 1
+    dtype, shape = np_dtype_of(glue.dtype(t)), list(glue.shape(t))
+    count = prod(shape)
     if count == 0:
         return np.empty(shape, dtype=dtype)
     raw = (ctypes.c_byte * (count * dtype.itemsize)).from_address(glue.address(t))

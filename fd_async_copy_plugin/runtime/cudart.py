@@ -149,8 +149,7 @@ def find_cudart() -> tuple[ctypes.CDLL, str]:
             raise CudaUnavailable(f"{CUDART_ENV}={explicit!r} cannot be loaded: {exc}; point it at the "
                                   "libcudart.so that Paddle loads, or unset it") from None
     candidates = [(p, "already loaded (/proc/self/maps)", 0) for p in loaded_cudart_paths()]
-    noload = getattr(os, "RTLD_NOLOAD", 0)
-    candidates += [(name, "already loaded (RTLD_NOLOAD)", noload) for name in SONAMES]
+    candidates += [(name, "already loaded (RTLD_NOLOAD)", getattr(os, "RTLD_NOLOAD", 0)) for name in SONAMES]
     candidates += [(name, "loaded by soname", 0) for name in SONAMES]
     for name, origin, mode in candidates:
         try:

@@ -162,8 +162,7 @@ def _check_data_ptr(device, glue, rt, ops, kernels):
     ops.synchronize(device)
     if glue.gpu_device(t) != device:
         return False, f"a tensor made on gpu:{device} reports device {glue.gpu_device(t)}"
-    disagree = _facts_disagree(glue, t)
-    if disagree:
+    if disagree := _facts_disagree(glue, t):
         return False, disagree
     address = glue.address(t)
     kind, where = rt.pointer_info(address)
@@ -182,8 +181,7 @@ def _check_contiguous(device, glue, rt, ops, kernels):
     ops.synchronize(device)
     if not glue.is_contiguous(base):
         return False, "a fresh tensor reports is_contiguous() False"
-    disagree = _facts_disagree(glue, view)
-    if disagree:
+    if disagree := _facts_disagree(glue, view):
         return False, disagree
     if not glue.is_contiguous(view):
         return True, "a fresh tensor reports contiguous, its transposed view not (never copied by address)"

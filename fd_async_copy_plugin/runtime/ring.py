@@ -227,7 +227,7 @@ class PinnedRing:
             return self._hand_out(slot)
         fits = slot is not None
         for name, shape in shapes.items() if fits else ():  # (a loop: a generator costs ~0.5 us here)
-            if (prod(shape) if shape else 1) > slot.capacity[name]:
+            if prod(shape) > slot.capacity[name]:
                 fits = False
                 break
         if not fits:
@@ -236,17 +236,15 @@ class PinnedRing:
         return self._hand_out(slot)
 
     def _hand_out(self, slot: PinnedSlot) -> PinnedSlot:
-        slots = len(self.slots)
-        self._next = (slot.index + 1) % (self.base_slots if slots >= self.base_slots else max(1, slots))
+        self._next = (slot.index + 1) % max(1, min(self.base_slots, len(self.slots)))
         slot.generation += 1
-        slot.last_acquired = self._acquires
-        slot.idle_since = None
+        slot.last_acquired, slot.idle_since = self._acquires, None
         return slot
 
     def _grown(self, writer: str, slot: PinnedSlot | None, shapes: dict[str, list[int]], reserve) -> PinnedSlot:
         """``slot`` (None: none was free) grown to hold ``shapes``, or a new slot; ``RingFull`` if
         that would take the ring past its cap."""
-        need = {f: (prod(shape) if shape else 1) for f, shape in shapes.items()}
+        need = {f: prod(shape) for f, shape in shapes.items()}
         reserve = (reserve() if callable(reserve) else reserve) or {}
         if self.max_bytes is not None:
             growth = self._growth(slot, need, reserve)
