@@ -31,10 +31,8 @@ def sources_dir() -> Path | None:
     """The C++/CUDA sources: packaged as ``fd_async_copy_plugin/_custom_ops`` in a wheel, or the
     repository's ``custom_ops/`` in a checkout / editable install."""
     package_root = Path(__file__).resolve().parents[1]
-    for candidate in (package_root / "_custom_ops", package_root.parent / "custom_ops"):
-        if (candidate / HEADERS[0]).is_file():
-            return candidate
-    return None
+    candidates = (package_root / "_custom_ops", package_root.parent / "custom_ops")
+    return next((candidate for candidate in candidates if (candidate / HEADERS[0]).is_file()), None)
 
 
 def paddle_version() -> str:
@@ -48,8 +46,7 @@ def python_tag() -> str:
 
 
 def ops_dir() -> Path:
-    override = os.environ.get(OPS_DIR_ENV)
-    if override:
+    if override := os.environ.get(OPS_DIR_ENV):
         return Path(override).expanduser().resolve()
     cache_home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     build = hashlib.sha256(paddle_build().encode()).hexdigest()[:8]

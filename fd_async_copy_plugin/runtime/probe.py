@@ -93,8 +93,7 @@ def probe_accessors(device: int, glue=None, rt=None, ops=None, kernels=None) -> 
         checks.append(_check_kernel_order)
     if getattr(getattr(rt, "batch", None), "batch_api", None) is not None:
         checks.append(_check_batch_api)
-    start = time.perf_counter()
-    results = []
+    start, results = time.perf_counter(), []
     for check in checks:  # (each named for its function: ``_check_<name>``)
         try:
             ok, detail = check(device, glue, rt, ops, kernels)

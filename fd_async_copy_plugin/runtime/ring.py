@@ -78,7 +78,6 @@ class PinnedRing:
             raise RingFull(f"pinned ring {name!r} needs {initial} bytes for its first {slots} slot(s), "
                            f"over its cap of {max_bytes}")
         self._next = 0
-        self._vetted: PinnedSlot | None = None  # the last slot ``is_free`` found free
         #: Held by ``acquire``; a producer handing buffers to other threads holds it from ``acquire``
         #: until its result references them (else another thread could pick the same free slot).
         self.lock = threading.RLock()
@@ -103,7 +102,6 @@ class PinnedRing:
         for name, base in slot.baseline.items():
             if getrefcount(buffers[name]) > base:
                 return False
-        self._vetted = slot  # found free under the lock: ``_acquire`` need not check it again
         return True
 
     def _select(self) -> PinnedSlot | None:
@@ -114,13 +112,10 @@ class PinnedRing:
         return next((slot for slot in order if self.is_free(slot)), None)
 
     def _choose(self, writer: str) -> PinnedSlot | None:
-        """``_select``'s slot after one check: ``is_free``'s if it found that slot free, else (a policy
-        returning a slot it did not check) ``_verify_unreferenced``, which reports a referenced one."""
-        self._vetted = None
+        """``_select``'s slot, verified (``_verify_unreferenced`` reports a referenced one: a policy
+        bug; the slow path only, so the slot ``is_free`` found free is counted again)."""
         slot = self._select()
-        if slot is None or slot is self._vetted or self._verify_unreferenced(slot, writer):
-            return slot
-        return None
+        return slot if slot is None or self._verify_unreferenced(slot, writer) else None
 
     def _verify_unreferenced(self, slot: PinnedSlot, writer: str) -> bool:
         buffers = slot.buffers  # references to the slot's buffers held outside the ring:
