@@ -50,16 +50,12 @@ def _v1_scalars(block_size: int, prefill_one_step_stop: bool | None = None) -> t
 class StopFlagOps:
     def __init__(self, module, cuda_library: StopFlagLibrary | None, cuda_why: str) -> None:
         self.module, self.path = module, getattr(module, "__file__", None)
-        self.cuda_library, self.cuda_why = cuda_library, cuda_why
+        self.cuda_library, self.cuda_why, self.has_cuda_kernels = cuda_library, cuda_why, cuda_library is not None
         # FastDeploy's update semantics on CPU tensors, its arguments as given (a pybind function)
         self.update_inputs_host, self.get_stop = module.update_inputs_host, module.get_stop
         if cuda_library is not None:
             self.update_inputs_v1_cuda = self._update_inputs_v1_cuda
             self.update_inputs_cuda = self._update_inputs_cuda
-
-    @property
-    def has_cuda_kernels(self) -> bool:
-        return self.cuda_library is not None
 
     # --- host-pointer flag access --------------------------------------------------------------
 
@@ -191,8 +187,7 @@ def _elements(t) -> int:
 
 
 def _rows(t) -> int:
-    shape = t.shape
-    return int(shape[0]) if len(shape) else 1
+    return int(t.shape[0]) if len(t.shape) else 1  # (a 0-d tensor: one row)
 
 
 def _row_stride(t) -> int:

@@ -75,8 +75,7 @@ class RuntimeBackend(CopyBackend):
         self._streams: dict[int, int] = {}  # stream -> device, every stream copied on so far
         self._events: dict[int, list[int]] = {}  # stream -> pool of event handles
         self._next_event = 0
-        facts = getattr(self.glue, "facts", None)
-        self._facts_of = facts if facts is not None else partial(composed_facts, self.glue)
+        self._facts_of = getattr(self.glue, "facts", None) or partial(composed_facts, self.glue)
 
     # -- first use of a device -----------------------------------------------------------------
     def ensure_probed(self, device: int, kernels=None, ops=None) -> dict:

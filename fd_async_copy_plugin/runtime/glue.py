@@ -91,8 +91,8 @@ class PaddleGlue(FactsInOneCall):
         build ``current_stream`` segfaults. The probe's ``stream_order`` check tests the answer."""
         if self._current_stream is not None:  # what ``current_stream`` answers, minus its wrappers
             return int(self._current_stream(int(device)).cuda_stream)
-        paddle = self.paddle
-        return int(paddle.device.current_stream(paddle.CUDAPlace(int(device))).stream_base.cuda_stream)
+        place = self.paddle.CUDAPlace(int(device))
+        return int(self.paddle.device.current_stream(place).stream_base.cuda_stream)
 
     # -- host tensors --------------------------------------------------------------------------------
     def wrap(self, array: np.ndarray):

@@ -144,8 +144,7 @@ def _pattern_copied(rt, src: int, stream: int) -> np.ndarray:
 
 def _check_current_device(device, glue, rt, ops, kernels):
     paddle_device, cuda_device = glue.current_device(), rt.get_device()
-    ok = paddle_device == cuda_device == device
-    return ok, f"framework current device {paddle_device}, CUDA current device {cuda_device}, probed gpu:{device}"
+    return paddle_device == cuda_device == device, f"framework current device {paddle_device}, CUDA current device {cuda_device}, probed gpu:{device}"
 
 
 def _facts_disagree(glue, t) -> str:
