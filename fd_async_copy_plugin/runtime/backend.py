@@ -469,7 +469,7 @@ class CopyBackend:
         facts, glue = self._pinned.get(id(buf)), self.glue  # (``_facts``, inline)
         if (facts is not None and facts.buf() is buf and glue.address(buf) == facts.ptr
                 and glue.shape(buf) == facts.shape):
-            view = facts.shaped()  # the allocation's own view, in the tensor's shape
+            view = facts.view if facts.view is not None else facts.shaped()  # the allocation's, in its shape
         else:
             view = host_view(buf, glue)
         rows = view if start is None and end is None else view[start:end]

@@ -48,8 +48,7 @@ class SyncCensus:
     def __init__(self) -> None:
         self.steps: list[StepRecord] = []
         #: interactions recorded before the first ``begin_step()`` (set-up, warm-up)
-        self.setup = StepRecord(index=-1)
-        self._current = self.setup
+        self.setup = self._current = StepRecord(index=-1)
 
     def begin_step(self) -> StepRecord:
         self._current = StepRecord(index=len(self.steps))

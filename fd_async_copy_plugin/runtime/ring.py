@@ -231,7 +231,8 @@ class PinnedRing:
         return self._hand_out(slot)
 
     def _hand_out(self, slot: PinnedSlot) -> PinnedSlot:
-        self._next = (slot.index + 1) % max(1, min(self.base_slots, len(self.slots)))
+        slots = len(self.slots)  # (a conditional: ``min``/``max`` cost ~0.1 us here, every step)
+        self._next = (slot.index + 1) % (self.base_slots if slots >= self.base_slots else max(1, slots))
         slot.generation += 1
         slot.last_acquired, slot.idle_since = self._acquires, None
         return slot
