@@ -42,7 +42,7 @@ def main_build_ops(argv: list[str] | None = None) -> int:
     if not args.no_cuda:
         # before anything compiles (the pybind module takes about a minute): a bad value fails now
         from ..ops.build import CUDA_ARCHS_ENV, cuda_archs_problem
-        from ..ops.toolchain import find_nvcc
+        from ..ops.cache import find_nvcc
 
         raw = os.environ.get(CUDA_ARCHS_ENV)
         problem = cuda_archs_problem(raw, find_nvcc()[0] if raw is not None else None)
@@ -50,7 +50,7 @@ def main_build_ops(argv: list[str] | None = None) -> int:
             print(f"fd-async-copy build-ops: error: {problem}", file=sys.stderr)
             return 2
 
-    from ..ops.toolchain import ignored_cuda_roots
+    from ..ops.cache import ignored_cuda_roots
 
     warnings = [f"{problem}: ignored for the CUDA kernels; fix or unset it" for problem in ignored_cuda_roots()]
     for warning in warnings:

@@ -5,7 +5,7 @@
   ``update_inputs_cuda``. Raises ``OpsUnavailable`` saying what to do.
 - ``ops_status() -> dict``: built / loadable / path / error / cuda_kernels; never raises.
 - ``build_ops(verbose=False, force=False, cuda=True)`` (the CLI ``fd-async-copy build-ops`` is
-  ``cli/build_ops.py``); ``find_nvcc()`` (``toolchain.py``).
+  ``cli/build_ops.py``); ``find_nvcc()`` (``cache.py``).
 
 Importing this package imports neither Paddle nor a compiler, nor the builder (``build.py``,
 loaded on first use of ``build_ops``/``BuildError``).
@@ -13,10 +13,8 @@ loaded on first use of ``build_ops``/``BuildError``).
 
 from __future__ import annotations
 
-from .cache import OPS_DIR_ENV, ops_dir
+from .cache import OPS_DIR_ENV, find_nvcc, ops_dir
 from .stop_flag_ops import OpsUnavailable, StopFlagOps, load_ops, ops_status
-from .toolchain import find_nvcc
-
 
 
 def __getattr__(name: str):
@@ -28,14 +26,5 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = [
-    "BuildError",
-    "OPS_DIR_ENV",
-    "OpsUnavailable",
-    "StopFlagOps",
-    "build_ops",
-    "find_nvcc",
-    "load_ops",
-    "ops_dir",
-    "ops_status",
-]
+__all__ = ["BuildError", "OPS_DIR_ENV", "OpsUnavailable", "StopFlagOps", "build_ops", "find_nvcc", "load_ops",
+           "ops_dir", "ops_status"]

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import shutil
 import subprocess
@@ -32,7 +33,7 @@ import time
 from pathlib import Path
 
 from . import cache
-from .toolchain import find_nvcc
+from .cache import find_nvcc
 
 CUDA_ARCHS_ENV = "FD_ASYNC_COPY_CUDA_ARCHS"
 # Ampere and Hopper SASS plus Hopper PTX, which newer GPUs JIT-compile. CUDA 13 dropped < sm_75.
@@ -201,9 +202,17 @@ def _build_pybind(src: Path, directory: Path, verbose: bool, force: bool, say=pr
             raise BuildError(f"the Paddle extension build produced no {cache.PYBIND_FILE} in {out}")
         identity = cache.file_identity(built)
         os.replace(built, artifact)
-    cache.write_manifest(artifact, {"fingerprint": fingerprint, "built_at": time.time(), "artifact": identity})
+    write_manifest(artifact, {"fingerprint": fingerprint, "built_at": time.time(), "artifact": identity})
     say(f"built {cache.PYBIND_FILE} in {time.monotonic() - started:.0f} s")
     return {"status": "built", "path": str(artifact), "seconds": round(time.monotonic() - started, 1)}
+
+
+def write_manifest(artifact: Path, manifest: dict) -> None:
+    """``<artifact>.build.json`` (``cache.manifest_path``), written atomically."""
+    path = cache.manifest_path(artifact)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True))
+    os.replace(tmp, path)
 
 
 # Generated per build; mirrors what paddle.utils.cpp_extension.load() writes, without importing
@@ -248,7 +257,7 @@ def _build_cuda(src: Path, directory: Path, verbose: bool, force: bool, say=prin
         _run(command, staging, verbose, "nvcc (CUDA kernels)")
         identity = cache.file_identity(built)
         os.replace(built, artifact)
-    cache.write_manifest(
+    write_manifest(
         artifact,
         {
             "fingerprint": fingerprint,

@@ -1,4 +1,4 @@
-"""Where the custom ops are built, from which sources, and whether a build is current.
+"""Where the custom ops are built, from which sources, whether a build is current, and where nvcc is.
 
 The ops are compiled per user and per Paddle/Python version (a pybind module is tied to both), not
 shipped in the wheel: ``~/.cache/fd_async_copy/paddle-<version>-<python tag>/`` unless
@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -30,10 +31,8 @@ def sources_dir() -> Path | None:
     """The C++/CUDA sources: packaged as ``fd_async_copy_plugin/_custom_ops`` in a wheel, or the
     repository's ``custom_ops/`` in a checkout / editable install."""
     package_root = Path(__file__).resolve().parents[1]
-    for candidate in (package_root / "_custom_ops", package_root.parent / "custom_ops"):
-        if (candidate / HEADERS[0]).is_file():
-            return candidate
-    return None
+    candidates = (package_root / "_custom_ops", package_root.parent / "custom_ops")
+    return next((candidate for candidate in candidates if (candidate / HEADERS[0]).is_file()), None)
 
 
 def paddle_version() -> str:
@@ -47,8 +46,7 @@ def python_tag() -> str:
 
 
 def ops_dir() -> Path:
-    override = os.environ.get(OPS_DIR_ENV)
-    if override:
+    if override := os.environ.get(OPS_DIR_ENV):
         return Path(override).expanduser().resolve()
     cache_home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     build = hashlib.sha256(paddle_build().encode()).hexdigest()[:8]
@@ -59,10 +57,8 @@ def _hash_sources(names: tuple[str, ...]) -> str | None:
     src = sources_dir()
     if src is None:
         return None
-    digest = hashlib.sha256()
-    for name in sorted(names):
-        digest.update(name.encode() + b"\0" + (src / name).read_bytes() + b"\0")
-    return digest.hexdigest()
+    return hashlib.sha256(b"".join(name.encode() + b"\0" + (src / name).read_bytes() + b"\0"
+                                   for name in sorted(names))).hexdigest()
 
 
 def paddle_build() -> str:
@@ -75,12 +71,8 @@ def paddle_build() -> str:
 
 
 def pybind_fingerprint() -> dict:
-    return {
-        "sources_sha256": _hash_sources(PYBIND_SOURCES + HEADERS),
-        "paddle": paddle_version(),
-        "paddle_build": paddle_build(),
-        "python": python_tag(),
-    }
+    return {"sources_sha256": _hash_sources(PYBIND_SOURCES + HEADERS), "paddle": paddle_version(),
+            "paddle_build": paddle_build(), "python": python_tag()}
 
 
 def cuda_fingerprint() -> dict:
@@ -100,22 +92,10 @@ def read_manifest(artifact: Path) -> dict | None:
         return None
 
 
-def write_manifest(artifact: Path, manifest: dict) -> None:
-    path = manifest_path(artifact)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True))
-    os.replace(tmp, path)
-
-
 def file_identity(path: Path) -> dict:
     """Size and SHA-256 of a built artifact, as recorded in its manifest (``artifact`` key)."""
-    digest = hashlib.sha256()
-    size = 0
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-            size += len(chunk)
-    return {"size": size, "sha256": digest.hexdigest()}
+    data = Path(path).read_bytes()  # (a library of a few MB)
+    return {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
 
 REBUILD = "rebuild with `fd-async-copy build-ops`"
@@ -131,13 +111,12 @@ def integrity(artifact: Path, manifest: dict) -> str | None:
     if not isinstance(recorded, dict) or "size" not in recorded or "sha256" not in recorded:
         return f"{artifact.name}'s build manifest records no size/sha256 (built by an older version); {REBUILD}"
     try:
-        size = artifact.stat().st_size
-        if size != recorded["size"]:
-            return (f"{artifact.name} is {size} bytes but was built as {recorded['size']} (truncated or "
-                    f"replaced); {REBUILD}")
         found = file_identity(artifact)
     except OSError as exc:
         return f"{artifact.name} cannot be read ({exc}); {REBUILD}"
+    if found["size"] != recorded["size"]:
+        return (f"{artifact.name} is {found['size']} bytes but was built as {recorded['size']} (truncated or "
+                f"replaced); {REBUILD}")
     if found["sha256"] != recorded["sha256"]:
         return f"{artifact.name} does not match the sha256 recorded when it was built (corrupted); {REBUILD}"
     return None
@@ -151,10 +130,31 @@ def staleness(artifact: Path, fingerprint: dict) -> str | None:
     if manifest is None:
         return f"{artifact.name} has no readable build manifest"
     built_from = manifest.get("fingerprint", {})
-    for key, want in fingerprint.items():
-        if want is None:  # sources not shipped: cannot tell, trust the build
-            continue
-        if built_from.get(key) != want:
-            return f"{artifact.name} is stale ({key} changed since it was built)"
+    # (a value None: sources not shipped, cannot tell: the build is trusted)
+    changed = [key for key, want in fingerprint.items() if want is not None and built_from.get(key) != want]
+    if changed:
+        return f"{artifact.name} is stale ({changed[0]} changed since it was built)"
     return integrity(artifact, manifest)
 
+
+def find_nvcc() -> tuple[str | None, str]:
+    """The nvcc to use and where it came from, or ``None`` and why none was found (asked by the
+    builder, and by the loader explaining a missing CUDA library). A ``CUDA_HOME`` or
+    ``CUDA_PATH`` without ``bin/nvcc`` is named in the answer, never silently skipped."""
+    for env in ("CUDA_HOME", "CUDA_PATH"):
+        root = os.environ.get(env)
+        if root and os.access(Path(root) / "bin" / "nvcc", os.X_OK):
+            return str(Path(root) / "bin" / "nvcc"), f"${env}"
+    ignored = ignored_cuda_roots()
+    note = f"; {', '.join(ignored)}: ignored, fix or unset it" if ignored else ""
+    for nvcc, origin in ((shutil.which("nvcc"), "PATH"), ("/usr/local/cuda/bin/nvcc", "/usr/local/cuda")):
+        if nvcc and os.access(nvcc, os.X_OK):
+            return nvcc, origin + note
+    why = f"{', '.join(ignored)}; set CUDA_HOME to a CUDA toolkit" if ignored else "set CUDA_HOME"
+    return None, f"nvcc not found: {why} (e.g. CUDA_HOME=/usr/local/cuda) or put nvcc on PATH"
+
+
+def ignored_cuda_roots() -> list[str]:
+    """``CUDA_HOME``/``CUDA_PATH`` values set but without an executable ``bin/nvcc`` (one line each)."""
+    return [f"{env}={os.environ[env]!r} has no executable bin/nvcc" for env in ("CUDA_HOME", "CUDA_PATH")
+            if os.environ.get(env) and not os.access(Path(os.environ[env]) / "bin" / "nvcc", os.X_OK)]

@@ -27,47 +27,31 @@ class StopFlagLibrary:
     """One of the two C libraries (``cuda``: stream launchers; ``host``: the host loops)."""
 
     def __init__(self, path: str | Path, flavor: str = "cuda") -> None:
-        if flavor not in ("cuda", "host"):
-            raise ValueError(f"flavor must be 'cuda' or 'host', not {flavor!r}")
-        self.path = str(path)
-        self.flavor = flavor
+        self.path, self.flavor = str(path), flavor
         self._lib = ctypes.CDLL(self.path)
         stream = [_P] if flavor == "cuda" else []
-        self._v1 = getattr(self._lib, f"fdac_update_inputs_v1_{flavor}")
-        self._v1.argtypes = _V1_ARGS + stream
-        self._v1.restype = _I
-        self._v0 = getattr(self._lib, f"fdac_update_inputs_{flavor}")
-        self._v0.argtypes = _V0_ARGS + stream
-        self._v0.restype = _I
-        self._message = getattr(self._lib, f"fdac_{flavor}_status_message")
-        self._message.argtypes = [_I]
-        self._message.restype = ctypes.c_char_p
+        self._v1 = self._bind(f"fdac_update_inputs_v1_{flavor}", _V1_ARGS + stream, _I)
+        self._v0 = self._bind(f"fdac_update_inputs_{flavor}", _V0_ARGS + stream, _I)
+        self._message = self._bind(f"fdac_{flavor}_status_message", [_I], ctypes.c_char_p)
 
-    def update_inputs_v1(
-        self, stop_flags, not_need_stop, seq_lens_this_time, seq_lens_encoder, seq_lens_decoder,
-        step_seq_lens_decoder, prompt_lens, topk_ids, input_ids, block_tables, stop_nums,
-        next_tokens, is_block_step, *, bsz, max_bsz, input_ids_stride, block_tables_stride,
-        block_tables_numel, block_size, prefill_one_step_stop, stream=None,
-    ) -> int:
-        """Addresses are ints (``stop_nums`` may be ``None``). Returns the C status (0 = ok)."""
-        args = [
-            stop_flags, not_need_stop, seq_lens_this_time, seq_lens_encoder, seq_lens_decoder,
-            step_seq_lens_decoder, prompt_lens, topk_ids, input_ids, block_tables, stop_nums,
-            next_tokens, is_block_step, bsz, max_bsz, input_ids_stride, block_tables_stride,
-            block_tables_numel, block_size, 1 if prefill_one_step_stop else 0,
-        ]
-        return self._v1(*args, *self._stream_arg(stream))
+    def _bind(self, name: str, argtypes: list, restype):
+        fn = getattr(self._lib, name)
+        fn.argtypes, fn.restype = argtypes, restype
+        return fn
 
-    def update_inputs(
-        self, stop_flags, not_need_stop, seq_lens_this_time, seq_lens_encoder, seq_lens_decoder,
-        input_ids, stop_nums, next_tokens, is_block_step, *, bsz, max_bsz, input_ids_stride,
-        stream=None,
-    ) -> int:
-        args = [
-            stop_flags, not_need_stop, seq_lens_this_time, seq_lens_encoder, seq_lens_decoder,
-            input_ids, stop_nums, next_tokens, is_block_step, bsz, max_bsz, input_ids_stride,
-        ]
-        return self._v0(*args, *self._stream_arg(stream))
+    def update_inputs_v1(self, *addresses, bsz, max_bsz, input_ids_stride, block_tables_stride,
+                         block_tables_numel, block_size, prefill_one_step_stop, stream=None) -> int:
+        """The addresses (ints) of FastDeploy's 13 tensor arguments in its order (stop_flags,
+        not_need_stop, seq_lens_this_time, seq_lens_encoder, seq_lens_decoder, step_seq_lens_decoder,
+        prompt_lens, topk_ids, input_ids, block_tables, stop_nums - may be ``None`` -, next_tokens,
+        is_block_step), then the scalars. Returns the C status (0 = ok)."""
+        return self._v1(*addresses, bsz, max_bsz, input_ids_stride, block_tables_stride, block_tables_numel,
+                        block_size, 1 if prefill_one_step_stop else 0, *self._stream_arg(stream))
+
+    def update_inputs(self, *addresses, bsz, max_bsz, input_ids_stride, stream=None) -> int:
+        """The addresses of the 9 tensor arguments (stop_flags, not_need_stop, seq_lens_this_time,
+        seq_lens_encoder, seq_lens_decoder, input_ids, stop_nums, next_tokens, is_block_step)."""
+        return self._v0(*addresses, bsz, max_bsz, input_ids_stride, *self._stream_arg(stream))
 
     def message(self, status: int) -> str:
         return self._message(status).decode(errors="replace")

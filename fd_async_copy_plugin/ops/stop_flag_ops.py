@@ -20,9 +20,8 @@ from __future__ import annotations
 import importlib.util
 import os
 import threading
-from pathlib import Path
-
 from math import prod
+from pathlib import Path
 
 from ..runtime.glue import paddle_glue
 from . import cache
@@ -40,21 +39,23 @@ def prefill_one_step_stop_from_env() -> bool:
     return os.environ.get(ONE_STEP_STOP_ENV, "").startswith("1")
 
 
+def _v1_scalars(block_size: int, prefill_one_step_stop: bool | None = None) -> tuple[int, bool]:
+    """``update_inputs_v1``'s scalars as the ops take them; ``prefill_one_step_stop`` None: read
+    from the environment, as FastDeploy's op does on every call."""
+    if prefill_one_step_stop is None:
+        prefill_one_step_stop = prefill_one_step_stop_from_env()
+    return int(block_size), bool(prefill_one_step_stop)
+
+
 class StopFlagOps:
     def __init__(self, module, cuda_library: StopFlagLibrary | None, cuda_why: str) -> None:
-        self.module = module
-        self.path = getattr(module, "__file__", None)
-        self.cuda_library = cuda_library
-        self.cuda_why = cuda_why
+        self.module, self.path = module, getattr(module, "__file__", None)
+        self.cuda_library, self.cuda_why, self.has_cuda_kernels = cuda_library, cuda_why, cuda_library is not None
         # FastDeploy's update semantics on CPU tensors, its arguments as given (a pybind function)
         self.update_inputs_host, self.get_stop = module.update_inputs_host, module.get_stop
         if cuda_library is not None:
             self.update_inputs_v1_cuda = self._update_inputs_v1_cuda
             self.update_inputs_cuda = self._update_inputs_cuda
-
-    @property
-    def has_cuda_kernels(self) -> bool:
-        return self.cuda_library is not None
 
     # --- host-pointer flag access --------------------------------------------------------------
 
@@ -63,18 +64,10 @@ class StopFlagOps:
 
     # --- host implementation (CPU tensors) -----------------------------------------------------
 
-    def update_inputs_v1_host(
-        self, stop_flags, not_need_stop, seq_lens_this_time, seq_lens_encoder, seq_lens_decoder,
-        step_seq_lens_decoder, prompt_lens, topk_ids, input_ids, block_tables, stop_nums,
-        next_tokens, is_block_step, block_size: int, prefill_one_step_stop: bool | None = None,
-    ) -> None:
-        if prefill_one_step_stop is None:
-            prefill_one_step_stop = prefill_one_step_stop_from_env()
-        self.module.update_inputs_v1_host(
-            stop_flags, not_need_stop, seq_lens_this_time, seq_lens_encoder, seq_lens_decoder,
-            step_seq_lens_decoder, prompt_lens, topk_ids, input_ids, block_tables, stop_nums,
-            next_tokens, is_block_step, int(block_size), bool(prefill_one_step_stop),
-        )
+    def update_inputs_v1_host(self, *args, **one_step_stop) -> None:
+        """FastDeploy 2.4's ``update_inputs_v1`` arguments (``V1_TENSORS``, ``block_size``), then
+        ``prefill_one_step_stop`` (by position or name; absent or None: from the environment)."""
+        self.module.update_inputs_v1_host(*args[:13], *_v1_scalars(*args[13:], **one_step_stop))
 
     # --- CUDA kernels (GPU tensors) ------------------------------------------------------------
     # The launch is framework-neutral (StopFlagLibrary: addresses, shapes, a cudaStream_t), checked
@@ -82,61 +75,48 @@ class StopFlagOps:
     # accessors (data_ptr, shape, dtype, place, the current stream's handle), which
     # runtime.probe.probe_accessors checks on the GPU at first use; nothing here reads a device value.
 
-    def _update_inputs_v1_cuda(
-        self, stop_flags, not_need_stop, seq_lens_this_time, seq_lens_encoder, seq_lens_decoder,
-        step_seq_lens_decoder, prompt_lens, topk_ids, input_ids, block_tables, stop_nums,
-        next_tokens, is_block_step, block_size: int, prefill_one_step_stop: bool | None = None,
-    ) -> None:
-        if prefill_one_step_stop is None:
-            prefill_one_step_stop = prefill_one_step_stop_from_env()
-        bsz, max_bsz = check_batch(seq_lens_this_time, stop_flags)
-        ids_stride = _row_stride(input_ids)
-        rows = _state_rows(
-            stop_flags, not_need_stop, seq_lens_this_time, seq_lens_encoder, seq_lens_decoder, bsz, max_bsz
-        ) + [
-            ("step_seq_lens_decoder", step_seq_lens_decoder, "int32", bsz),
-            ("prompt_lens", prompt_lens, "int64", bsz),
-            ("topk_ids", topk_ids, "int64", bsz),
-            _input_ids_row(input_ids, bsz, ids_stride),
-            ("block_tables", block_tables, "int32", 0),
-        ]
-        device, pointers = _checked_pointers(rows, stop_nums, next_tokens, is_block_step, bsz)
-        self._launch(
-            "update_inputs_v1", pointers, device, bsz, max_bsz, ids_stride,
-            block_tables_stride=_row_stride(block_tables),
-            block_tables_numel=_elements(block_tables),
-            block_size=int(block_size),
-            prefill_one_step_stop=bool(prefill_one_step_stop),
-        )
+    def _update_inputs_v1_cuda(self, *args, **one_step_stop) -> None:
+        """``update_inputs_v1_host``'s arguments, on GPU tensors."""
+        tensors = dict(zip(V1_TENSORS, args[:13], strict=True))
+        block_size, one_step_stop = _v1_scalars(*args[13:], **one_step_stop)
+        tables = tensors["block_tables"]
+        self._launch("update_inputs_v1", tensors, block_tables_stride=_row_stride(tables),
+                     block_tables_numel=_elements(tables), block_size=block_size,
+                     prefill_one_step_stop=one_step_stop)
 
-    def _update_inputs_cuda(
-        self, stop_flags, not_need_stop, seq_lens_this_time, seq_lens_encoder, seq_lens_decoder,
-        input_ids, stop_nums, next_tokens, is_block_step,
-    ) -> None:
-        bsz, max_bsz = check_batch(seq_lens_this_time, stop_flags)
-        ids_stride = _row_stride(input_ids)
-        rows = _state_rows(
-            stop_flags, not_need_stop, seq_lens_this_time, seq_lens_encoder, seq_lens_decoder, bsz, max_bsz
-        ) + [_input_ids_row(input_ids, bsz, ids_stride)]
-        device, pointers = _checked_pointers(rows, stop_nums, next_tokens, is_block_step, bsz)
-        self._launch("update_inputs", pointers, device, bsz, max_bsz, ids_stride)
+    def _update_inputs_cuda(self, *tensors) -> None:
+        """FastDeploy's ``update_inputs`` arguments (``V0_TENSORS``), on GPU tensors."""
+        self._launch("update_inputs", dict(zip(V0_TENSORS, tensors, strict=True)))
 
-    def _launch(self, kernel: str, pointers, device: int, bsz: int, max_bsz: int, ids_stride: int, **scalars) -> None:
-        """Calls ``kernel`` of the CUDA library on Paddle's current stream of ``device``."""
+    def _launch(self, kernel: str, tensors: dict, **scalars) -> None:
+        """Checks ``tensors`` (the kernel's tensor arguments by name, in its order; ``stop_nums`` may
+        be None) and calls ``kernel`` of the CUDA library on Paddle's current stream of their device."""
+        bsz, max_bsz = check_batch(tensors["seq_lens_this_time"], tensors["stop_flags"])
+        ids_stride = _row_stride(tensors["input_ids"])
+        # The elements the kernels index (any other tensor: one per running slot). They read
+        # input_ids[i * stride] for i < bsz: the last row needs only its first element.
+        need = {"stop_flags": max_bsz, "not_need_stop": 1, "stop_nums": 1, "block_tables": 0,
+                "input_ids": (bsz - 1) * ids_stride + 1 if bsz else 0}
+        device = check_device_tensors([(name, t, _DTYPES.get(name, "int32"), need.get(name, bsz))
+                                       for name, t in tensors.items() if t is not None or name != "stop_nums"])
         check_current_device(device)
         lib = self.cuda_library
-        status = getattr(lib, kernel)(
-            *pointers,
-            bsz=bsz,
-            max_bsz=max_bsz,
-            input_ids_stride=ids_stride,
-            **scalars,
-            stream=current_stream_handle(device),
-        )
-        _raise_on_status(lib, status)
+        status = getattr(lib, kernel)(*map(_address, tensors.values()), bsz=bsz, max_bsz=max_bsz, **scalars,
+                                      input_ids_stride=ids_stride, stream=current_stream_handle(device))
+        if status != 0:
+            raise RuntimeError(f"fd_async_copy stop-flag kernel: {lib.message(status)} (status {status})")
 
 
 # --- argument checks for the raw-pointer path (the C++ host path checks in C++) -----------------
+
+#: The tensor arguments of the kernels, in their order (stop_flag_api.h), and their dtypes (int32
+#: where not listed).
+V0_TENSORS = ("stop_flags", "not_need_stop", "seq_lens_this_time", "seq_lens_encoder", "seq_lens_decoder",
+              "input_ids", "stop_nums", "next_tokens", "is_block_step")
+V1_TENSORS = (*V0_TENSORS[:5], "step_seq_lens_decoder", "prompt_lens", "topk_ids", "input_ids", "block_tables",
+              *V0_TENSORS[6:])
+_DTYPES = {**dict.fromkeys(("stop_flags", "not_need_stop", "is_block_step"), "bool"),
+           **dict.fromkeys(("prompt_lens", "topk_ids", "input_ids", "stop_nums", "next_tokens"), "int64")}
 
 
 def check_current_device(device: int) -> None:
@@ -146,49 +126,18 @@ def check_current_device(device: int) -> None:
 
     current = paddle.device.current_device()
     if current != device:
-        raise ValueError(
-            f"the stop-flag tensors are on gpu:{device} but the current device is gpu:{current}; "
-            "the kernel would launch on the wrong GPU"
-        )
+        raise ValueError(f"the stop-flag tensors are on gpu:{device} but the current device is gpu:{current}; "
+                         "the kernel would launch on the wrong GPU")
 
 
 def check_batch(seq_lens_this_time, stop_flags) -> tuple[int, int]:
     bsz, max_bsz = _rows(seq_lens_this_time), _rows(stop_flags)
     if max_bsz > MAX_BATCH:
-        raise ValueError(
-            f"max_bsz={max_bsz} (stop_flags.shape[0]) exceeds {MAX_BATCH}, the one-block limit of "
-            "the stop-flag kernel (and of FastDeploy's update_inputs kernels); lower max_num_seqs"
-        )
+        raise ValueError(f"max_bsz={max_bsz} (stop_flags.shape[0]) exceeds {MAX_BATCH}, the one-block limit of "
+                         "the stop-flag kernel (and of FastDeploy's update_inputs kernels); lower max_num_seqs")
     if bsz > max_bsz:
         raise ValueError(f"bsz={bsz} (seq_lens_this_time) exceeds max_bsz={max_bsz} (stop_flags)")
     return bsz, max_bsz
-
-
-def _state_rows(stop_flags, not_need_stop, seq_lens_this_time, seq_lens_encoder, seq_lens_decoder, bsz, max_bsz):
-    """The leading (name, tensor, dtype, min_numel) rows both kernels take, in argument order."""
-    return [
-        ("stop_flags", stop_flags, "bool", max_bsz),
-        ("not_need_stop", not_need_stop, "bool", 1),
-        ("seq_lens_this_time", seq_lens_this_time, "int32", bsz),
-        ("seq_lens_encoder", seq_lens_encoder, "int32", bsz),
-        ("seq_lens_decoder", seq_lens_decoder, "int32", bsz),
-    ]
-
-
-def _input_ids_row(input_ids, bsz: int, ids_stride: int):
-    # The kernels read input_ids[i * stride] for i < bsz: the last row needs only its first element.
-    return ("input_ids", input_ids, "int64", (bsz - 1) * ids_stride + 1 if bsz else 0)
-
-
-def _checked_pointers(rows, stop_nums, next_tokens, is_block_step, bsz: int) -> tuple[int, list]:
-    """Checks ``rows`` plus the trailing tensors both kernels take (``stop_nums`` may be None) and
-    returns the device id and every address in the kernels' argument order."""
-    tensors = rows + [("next_tokens", next_tokens, "int64", bsz), ("is_block_step", is_block_step, "bool", bsz)]
-    if stop_nums is not None:
-        tensors.append(("stop_nums", stop_nums, "int64", 1))
-    device = check_device_tensors(tensors)
-    pointers = [_address(t) for _, t, _, _ in rows] + [_address(stop_nums), _address(next_tokens), _address(is_block_step)]
-    return device, pointers
 
 
 def check_device_tensors(tensors) -> int:
@@ -200,8 +149,7 @@ def check_device_tensors(tensors) -> int:
 
     if not paddle.is_compiled_with_cuda():
         raise OpsUnavailable("the CUDA stop-flag kernels need a CUDA build of Paddle (this one is CPU-only)")
-    glue = paddle_glue()
-    devices = set()
+    glue, devices = paddle_glue(), set()
     for name, t, dtype, min_numel in tensors:
         device = glue.gpu_device(t)
         if device is None:
@@ -211,9 +159,8 @@ def check_device_tensors(tensors) -> int:
             raise ValueError(f"{name} has dtype {t.dtype}, expected {dtype}")
         if not glue.is_contiguous(t):
             raise ValueError(f"{name} must be contiguous")
-        count = _elements(t)
-        if count < min_numel:
-            raise ValueError(f"{name} has {count} elements, needs at least {min_numel}")
+        if _elements(t) < min_numel:
+            raise ValueError(f"{name} has {_elements(t)} elements, needs at least {min_numel}")
     if len(devices) != 1:
         raise ValueError(f"stop-flag tensors are spread over GPUs {sorted(devices)}")
     return devices.pop()
@@ -231,9 +178,7 @@ def current_stream_handle(device_id: int) -> int:
 
 def _address(t) -> int | None:
     """Device address, or None (NULL) for an absent or empty tensor, which no slot touches."""
-    if t is None or _elements(t) == 0:
-        return None
-    return paddle_glue().address(t)
+    return None if t is None or _elements(t) == 0 else paddle_glue().address(t)
 
 
 def _elements(t) -> int:
@@ -242,17 +187,11 @@ def _elements(t) -> int:
 
 
 def _rows(t) -> int:
-    shape = list(t.shape)
-    return int(shape[0]) if shape else 1
+    return int(t.shape[0]) if len(t.shape) else 1  # (a 0-d tensor: one row)
 
 
 def _row_stride(t) -> int:
     return prod(list(t.shape)[1:])  # (1 for a tensor of fewer than two dimensions)
-
-
-def _raise_on_status(lib: StopFlagLibrary, status: int) -> None:
-    if status != 0:
-        raise RuntimeError(f"fd_async_copy stop-flag kernel: {lib.message(status)} (status {status})")
 
 
 # --- loading and status --------------------------------------------------------------------------
@@ -270,6 +209,7 @@ def load_ops(build: bool = False) -> StopFlagOps:
     with _load_lock:
         try:
             directory = cache.ops_dir()
+            import paddle  # noqa: F401  - the module's tensor caster needs Paddle initialised
         except ImportError as exc:
             raise OpsUnavailable(f"Paddle is not importable: {exc}") from exc
         if directory in _loaded:
@@ -281,17 +221,11 @@ def load_ops(build: bool = False) -> StopFlagOps:
                 build_ops()
             except (BuildError, ValueError, OSError) as exc:
                 raise OpsUnavailable(f"building the custom ops failed: {exc}") from exc
-        module = _import_pybind_module()
-        library, why = _load_cuda_library()
-        _loaded[directory] = StopFlagOps(module, library, why)
-        return _loaded[directory]
+        ops = _loaded[directory] = StopFlagOps(_import_pybind_module(), *_load_cuda_library())
+        return ops
 
 
 def _import_pybind_module():
-    try:
-        import paddle  # noqa: F401  - the module's tensor caster needs Paddle initialised
-    except ImportError as exc:
-        raise OpsUnavailable(f"Paddle is not importable: {exc}") from exc
     artifact = cache.ops_dir() / cache.PYBIND_FILE
     why = cache.staleness(artifact, cache.pybind_fingerprint())
     if why is not None:
@@ -302,9 +236,7 @@ def _import_pybind_module():
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
     except Exception as exc:  # an ImportError or a symbol error from a mismatched Paddle
-        raise OpsUnavailable(
-            f"cannot import {artifact}: {exc}; run `fd-async-copy build-ops --force`"
-        ) from exc
+        raise OpsUnavailable(f"cannot import {artifact}: {exc}; run `fd-async-copy build-ops --force`") from exc
     return module
 
 
@@ -314,56 +246,38 @@ def _load_cuda_library() -> tuple[StopFlagLibrary | None, str]:
     if why is not None:
         if cache.REBUILD in why:  # built, but not what was built: never loaded
             return None, why
-        return None, _no_nvcc_reason() or f"{why}; run `fd-async-copy build-ops` with nvcc available"
+        nvcc, origin = cache.find_nvcc()
+        return None, f"{why}; run `fd-async-copy build-ops` with nvcc available" if nvcc else \
+            f"not built: {origin}, then run `fd-async-copy build-ops`"
     try:
         return StopFlagLibrary(artifact, "cuda"), f"loaded {artifact}"
     except OSError as exc:
         return None, f"cannot load {artifact}: {exc}"
 
 
-def _no_nvcc_reason() -> str | None:
-    from .toolchain import find_nvcc
-
-    nvcc, origin = find_nvcc()
-    return None if nvcc else f"not built: {origin}, then run `fd-async-copy build-ops`"
-
-
 def ops_status(load: bool = True) -> dict:
     """JSON-serialisable state of the custom ops; never raises. ``load=False``: describe only what
     this process has loaded already (``loadable`` is ``None`` when nothing was loaded)."""
-    status: dict = {
-        "ops_dir": None,
-        "sources": None,
-        "built": False,
-        "stale": None,
-        "loadable": False,
-        "path": None,
-        "error": None,
-        "cuda_kernels": {"built": False, "loadable": False, "available": False, "path": None, "why": ""},
-    }
+    kernels = {"built": False, "loadable": False, "available": False, "path": None, "why": ""}
+    status: dict = {"ops_dir": None, "sources": None, "built": False, "stale": None, "loadable": False,
+                    "path": None, "error": None, "cuda_kernels": kernels}
     try:
         src = cache.sources_dir()
         status["sources"] = str(src) if src else None
         directory = cache.ops_dir()
-        status["ops_dir"] = str(directory)
         artifact = directory / cache.PYBIND_FILE
-        status["path"] = str(artifact)
-        status["built"] = artifact.is_file()
+        status.update(ops_dir=str(directory), path=str(artifact), built=artifact.is_file())
         status["stale"] = cache.staleness(artifact, cache.pybind_fingerprint()) if status["built"] else None
-        if not load:
-            ops = _loaded.get(directory)
-            status["loadable"] = True if ops is not None else None
-            if ops is None:
-                status["error"] = "not loaded in this process (`fd-async-copy doctor` checks them)"
-                return status
-        else:
+        ops = None if load else _loaded.get(directory)
+        if load:
             try:
                 ops = load_ops()
-                status["loadable"] = True
             except OpsUnavailable as exc:
-                ops = None
                 status["error"] = str(exc)
-        status["cuda_kernels"] = _cuda_status(directory, ops)
+        elif ops is None:
+            status.update(loadable=None, error="not loaded in this process (`fd-async-copy doctor` checks them)")
+            return status
+        status.update(loadable=ops is not None, cuda_kernels=_cuda_status(directory, ops))
     except Exception as exc:  # status must describe, never fail
         status["error"] = f"{type(exc).__name__}: {exc}"
     return status
@@ -371,19 +285,15 @@ def ops_status(load: bool = True) -> dict:
 
 def _cuda_status(directory: Path, ops: StopFlagOps | None) -> dict:
     artifact = directory / cache.CUDA_LIB_FILE
-    entry = {"built": artifact.is_file(), "loadable": False, "available": False, "path": str(artifact)}
     library, why = (ops.cuda_library, ops.cuda_why) if ops is not None else _load_cuda_library()
-    entry["loadable"] = library is not None
-    if library is None:
-        entry["why"] = why
-        return entry
+    entry = {"built": artifact.is_file(), "loadable": library is not None, "available": False,
+             "path": str(artifact)}
     import paddle
 
-    if not paddle.is_compiled_with_cuda():
-        entry["why"] = "library loaded, but this Paddle is CPU-only"
-    elif ops is None:
-        entry["why"] = "library loaded, but the pybind module is not (see error)"
+    if library is not None and not paddle.is_compiled_with_cuda():
+        why = "library loaded, but this Paddle is CPU-only"
+    elif library is not None and ops is None:
+        why = "library loaded, but the pybind module is not (see error)"
     else:
-        entry["available"] = True
-        entry["why"] = why
-    return entry
+        entry["available"] = library is not None
+    return {**entry, "why": why}

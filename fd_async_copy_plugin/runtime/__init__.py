@@ -7,14 +7,7 @@ it is imported only when asked for, never by ``enable()`` with a real backend.
 from __future__ import annotations
 
 from ..config import BACKENDS  # the one list of backend names
-from .backend import (
-    AsyncCopyError,
-    BufferInUseError,
-    CopyBackend,
-    CopyEvent,
-    PendingCopyError,
-    WaitTimeout,
-)
+from .backend import AsyncCopyError, BufferInUseError, CopyBackend, CopyEvent, PendingCopyError, WaitTimeout
 from .census import SyncCensus, collecting
 from .host import HostBackend
 from .ring import PinnedRing, PinnedSlot, RingFull

@@ -31,6 +31,7 @@ from typing import Iterable
 import numpy as np
 
 from . import census
+from .glue import paddle_glue
 
 log = logging.getLogger("fd_async_copy")
 
@@ -127,7 +128,7 @@ class PinnedMemory:
 
     def __init__(self, rt, ptr: int, nbytes: int) -> None:
         self.rt, self.ptr, self.nbytes = rt, ptr, nbytes
-        self.facts: _Pinned | None = None
+        self.facts: _Pinned | None = None  # (set by the allocation)
         self.released = False
 
     def release(self) -> None:
@@ -162,8 +163,7 @@ class _Pinned:
         self.reshape(shape)
 
     def reshape(self, shape: tuple) -> None:
-        count = prod(shape) if shape else 1
-        self.shape, self.nbytes, self.view = shape, count * self.flat.itemsize, None  # (``view`` made by a read)
+        self.shape, self.nbytes, self.view = shape, prod(shape) * self.flat.itemsize, None  # (view: a read's)
 
     def shaped(self) -> np.ndarray:
         """The allocation's view in the last shape given (made once per shape, when first read)."""
@@ -243,11 +243,7 @@ class CopyBackend:
     wait_timeout: float | None = None
 
     def __init__(self, glue, rt) -> None:
-        if glue is None:
-            from .glue import paddle_glue
-
-            glue = paddle_glue()
-        self.glue = glue  # tensor accessors (runtime/glue.py): the only framework-specific part
+        self.glue = glue or paddle_glue()  # tensor accessors (runtime/glue.py): the framework-specific part
         self.rt = rt  # the CUDA layer (runtime/cudart.py), or its host-memory stand-in
         self._lock = threading.RLock()
         # Keyed by id() but checked by identity through weak references: an id can be reused by an
@@ -281,7 +277,7 @@ class CopyBackend:
 
     def _alloc(self, shape: list[int], dtype: str):
         np_dtype = np_dtype_of(dtype)
-        count = prod(shape) if shape else 1
+        count = prod(shape)
         nbytes = count * np_dtype.itemsize
         memory = PinnedMemory(self.rt, self.rt.host_alloc(nbytes), nbytes)
         kind = getattr(self.rt, "set_kind", None)
@@ -293,10 +289,8 @@ class CopyBackend:
         t = self.glue.wrap(array)
         del raw, array
         if self.glue.address(t) != memory.ptr:
-            raise AsyncCopyError(
-                f"wrapping pinned memory {memory.ptr:#x} gave a tensor at {self.glue.address(t):#x}: "
-                "the host wrap is not zero-copy"
-            )
+            raise AsyncCopyError(f"wrapping pinned memory {memory.ptr:#x} gave a tensor at "
+                                 f"{self.glue.address(t):#x}: the host wrap is not zero-copy")
         flat = np.frombuffer((ctypes.c_byte * max(1, nbytes)).from_address(memory.ptr), dtype=np_dtype, count=count)
         facts = memory.facts = _Pinned(weakref.ref(t), weakref.ref(memory), memory.ptr, self.glue.dtype(t), flat,
                                        tuple(shape))
@@ -311,28 +305,32 @@ class CopyBackend:
         facts = self._facts(buf)
         return facts.memory() if facts is not None else None
 
-    def _fit(self, dst, shape: tuple, dtype: str) -> _Pinned:
+    def _fit(self, dst, shape: tuple, dtype: str, grow: bool = True) -> _Pinned | None:
         """Give ``dst`` the source's ``shape`` (Paddle ``copy_`` semantics) inside its allocation,
         after checking the ``dtype`` and - when the shape is not the one last given - the capacity;
-        returns the buffer's facts (``memory``: its allocation, ``nbytes``: the bytes to copy)."""
+        returns the buffer's facts (``memory``: its allocation, ``nbytes``: the bytes to copy).
+        ``grow=False``: None, nothing changed, where ``dst`` is not a pinned buffer of this backend
+        or too small (the ring then chooses and grows a slot)."""
         facts = self._pinned.get(id(dst))
         if facts is None or facts.buf() is not dst:
+            if not grow:
+                return None
             raise ValueError("copy_d2h: the destination is not a pinned buffer of this backend (new_pinned)")
         glue = self.glue
         if facts.memory() is None or glue.address(dst) != facts.ptr:
-            raise AsyncCopyError(
-                "copy_d2h: the pinned buffer no longer points at its memory (a framework op such as a "
-                "copy_ of a larger tensor reallocated it); write pinned buffers only through the backend"
-            )
+            raise AsyncCopyError("copy_d2h: the pinned buffer no longer points at its memory (a framework op "
+                                 "such as a copy_ of a larger tensor reallocated it); write pinned buffers only "
+                                 "through the backend")
         if dtype != facts.dtype:
             raise ValueError(f"copy_d2h: source dtype {dtype} differs from the pinned buffer's {facts.dtype}")
         if shape != facts.shape:
-            nbytes = (prod(shape) if shape else 1) * facts.flat.itemsize
+            nbytes = prod(shape) * facts.flat.itemsize
             if nbytes > facts.memory().nbytes:
-                raise ValueError(
-                    f"copy_d2h: {nbytes} bytes ({list(shape)} {dtype}) do not fit the pinned buffer's "
-                    f"{facts.memory().nbytes}; allocate it larger (a pinned buffer never grows in place)"
-                )
+                if not grow:
+                    return None
+                raise ValueError(f"copy_d2h: {nbytes} bytes ({list(shape)} {dtype}) do not fit the pinned "
+                                 f"buffer's {facts.memory().nbytes}; allocate it larger (a pinned buffer never "
+                                 "grows in place)")
             facts.reshape(shape)
             self._reshapes = next(_reshape_count)  # (after the reshape: the copy sets' sizes are stale)
         glue.set_shape(dst, shape)  # (a no-op when the tensor has it: also after a foreign reshape)
@@ -415,8 +413,7 @@ class CopyBackend:
         returned, or the runtime says so)."""
         if event.done:
             return True
-        query = self.rt.event_query
-        if all(query(handle) for handle in event.native):
+        if all(map(self.rt.event_query, event.native)):
             with self._lock:
                 _mark_done(event)
             return True
@@ -472,9 +469,7 @@ class CopyBackend:
         facts, glue = self._pinned.get(id(buf)), self.glue  # (``_facts``, inline)
         if (facts is not None and facts.buf() is buf and glue.address(buf) == facts.ptr
                 and glue.shape(buf) == facts.shape):
-            view = facts.view  # the allocation's own view, in the tensor's shape
-            if view is None:
-                view = facts.shaped()
+            view = facts.view if facts.view is not None else facts.shaped()  # the allocation's, in its shape
         else:
             view = host_view(buf, glue)
         rows = view if start is None and end is None else view[start:end]
@@ -513,35 +508,21 @@ class CopyBackend:
         return self.read(t, reader, start, end)
 
 
-_NP_DTYPES = {
-    "bool": np.bool_,
-    "int8": np.int8,
-    "uint8": np.uint8,
-    "int16": np.int16,
-    "int32": np.int32,
-    "int64": np.int64,
-    "float16": np.float16,
-    "float32": np.float32,
-    "float64": np.float64,
-}
+_NP_DTYPES = ("bool", "int8", "uint8", "int16", "int32", "int64", "float16", "float32", "float64")
 
 
 def np_dtype_of(name: str) -> np.dtype:
-    try:
-        return np.dtype(_NP_DTYPES[name])
-    except KeyError:
-        raise ValueError(f"dtype {name!r} is not supported for pinned buffers; expected one of {sorted(_NP_DTYPES)}") from None
+    if name not in _NP_DTYPES:
+        raise ValueError(f"dtype {name!r} is not supported for pinned buffers; expected one of "
+                         f"{sorted(_NP_DTYPES)}")
+    return np.dtype(name)
 
 
 def host_view(t, glue=None) -> np.ndarray:
     """A zero-copy numpy view of a host (CPU or pinned) tensor's memory, through its pointer."""
-    if glue is None:
-        from .glue import paddle_glue
-
-        glue = paddle_glue()
-    dtype = np_dtype_of(glue.dtype(t))
-    shape = list(glue.shape(t))
-    count = prod(shape) if shape else 1
+    glue = glue or paddle_glue()
+    dtype, shape = np_dtype_of(glue.dtype(t)), list(glue.shape(t))
+    count = prod(shape)
     if count == 0:
         return np.empty(shape, dtype=dtype)
     raw = (ctypes.c_byte * (count * dtype.itemsize)).from_address(glue.address(t))

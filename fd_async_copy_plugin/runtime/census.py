@@ -10,37 +10,19 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import Iterator
 
 #: The kinds of interaction the census counts, with a short description used in reports.
 KINDS: dict[str, str] = {
-    "blocking_d2h": "blocking D2H copies",
-    "async_d2h": "non-blocking D2H copies",
+    "blocking_d2h": "blocking D2H copies", "async_d2h": "non-blocking D2H copies",
     "async_h2d": "non-blocking H2D copies from pinned memory",
-    "device_sync": "device-wide synchronizes",
-    "stream_sync": "stream synchronizes",
-    "event_wait": "event waits",
-    "pinned_alloc": "pinned allocations",
-    "pinned_free": "pinned frees",
-    "op_on_pinned": "Paddle ops on pinned tensors",
-    "host_read": "host reads of copied data",
+    "device_sync": "device-wide synchronizes", "stream_sync": "stream synchronizes", "event_wait": "event waits",
+    "pinned_alloc": "pinned allocations", "pinned_free": "pinned frees",
+    "op_on_pinned": "Paddle ops on pinned tensors", "host_read": "host reads of copied data",
     # Recorded by device-value tracking (reference/device_tracking.py, tests and bench only):
-    # every blocking point, whoever causes it; the site is ``encode_host_wait(...)``.
+    # every blocking point, whoever causes it; the site is ``device_tracking.encode_host_wait(...)``.
     "host_wait": "host waits (tracked)",
 }
-
-#: Kinds after which host data of the step is known to be complete.
-_WAIT_KINDS = frozenset({"blocking_d2h", "device_sync", "stream_sync", "event_wait"})
-
-
-def encode_host_wait(mechanism: str, long: bool, where: str, what: str) -> str:
-    """The census site of a ``host_wait``: ``long|short``, mechanism, ``file:line function``, what."""
-    return f"{'long' if long else 'short'}|{mechanism}|{where}|{what}"
-
-
-def decode_host_wait(site: str) -> dict:
-    length, mechanism, where, what = site.split("|", 3)
-    return {"long": length == "long", "mechanism": mechanism, "where": where, "what": what}
 
 
 @dataclass
@@ -59,21 +41,6 @@ class StepRecord:
     def sites(self, kind: str) -> list[str]:
         return [site for k, site in self.events if k == kind]
 
-    def first_read_after_wait(self, sites: Callable[[str], bool] | None = None) -> bool | None:
-        """True when the first host read of the step comes after at least one wait.
-
-        ``sites`` restricts both to the sites it accepts. None when the step had no such host read.
-        """
-        waited = False
-        for kind, site in self.events:
-            if sites is not None and not sites(site):
-                continue
-            if kind in _WAIT_KINDS:
-                waited = True
-            elif kind == "host_read":
-                return waited
-        return None
-
 
 class SyncCensus:
     """Per-step record of host<->device interactions."""
@@ -81,8 +48,7 @@ class SyncCensus:
     def __init__(self) -> None:
         self.steps: list[StepRecord] = []
         #: interactions recorded before the first ``begin_step()`` (set-up, warm-up)
-        self.setup = StepRecord(index=-1)
-        self._current = self.setup
+        self.setup = self._current = StepRecord(index=-1)
 
     def begin_step(self) -> StepRecord:
         self._current = StepRecord(index=len(self.steps))
@@ -96,19 +62,13 @@ class SyncCensus:
 
     def totals(self, steps: list[StepRecord] | None = None) -> dict[str, int]:
         steps = self.steps if steps is None else steps
-        out = {kind: 0 for kind in KINDS}
-        for step in steps:
-            for kind, value in step.counts().items():
-                out[kind] += value
-        return out
+        return {kind: sum(step.count(kind) for step in steps) for kind in KINDS}
 
     def per_step(self, skip: int = 0) -> dict[str, float]:
         """Mean count per step over the steps after the first ``skip`` (warm-up) steps."""
         steps = self.steps[skip:]
-        if not steps:
-            return {kind: 0.0 for kind in KINDS}
         totals = self.totals(steps)
-        return {kind: totals[kind] / len(steps) for kind in KINDS}
+        return {kind: totals[kind] / max(1, len(steps)) for kind in KINDS}  # (0.0 each without steps)
 
 
 # Process-wide on purpose: FastDeploy's output thread (the ZMQ path) must report into the same

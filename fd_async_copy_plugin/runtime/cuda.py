@@ -17,14 +17,14 @@ checks that those accessors agree with the layer; a disagreement raises ``Access
 
 from __future__ import annotations
 
+import ctypes
 import logging
 from functools import partial
-from math import prod
 from operator import itemgetter
 
 from . import census
 from .backend import AsyncCopyError, CopyBackend, CopyEvent, CopySetState
-from .cudart import CopySet
+from .cudart import CopySet, runtime
 from .glue import composed_facts
 
 _EVENT_POOL = 8
@@ -54,8 +54,6 @@ def cuda_available() -> tuple[bool, str]:
     if count < 1:
         return False, "Paddle is compiled with CUDA but sees no GPU"
     try:  # pragma: no cover - GPU builds only
-        from .cudart import runtime
-
         origin = runtime().origin
     except Exception as exc:  # pragma: no cover - GPU builds only
         return False, f"the CUDA layer cannot reach the CUDA runtime: {exc}"
@@ -71,15 +69,13 @@ class RuntimeBackend(CopyBackend):
 
     def __init__(self, rt, glue=None, probe: bool = True, probe_ops=None) -> None:
         super().__init__(glue=glue, rt=rt)
-        self._probe_enabled = probe
-        self._probe_ops = probe_ops  # the framework ops the probe uses (None: Paddle's)
+        self._probe_enabled, self._probe_ops = probe, probe_ops  # (``probe_ops``: the probe's framework ops)
         self.probes: dict[int, dict] = {}  # device -> probe_accessors() result
         self._probed_ok: set[int] = set()  # devices whose probe passed (the copies' one check)
         self._streams: dict[int, int] = {}  # stream -> device, every stream copied on so far
         self._events: dict[int, list[int]] = {}  # stream -> pool of event handles
         self._next_event = 0
-        facts = getattr(self.glue, "facts", None)
-        self._facts_of = facts if facts is not None else partial(composed_facts, self.glue)
+        self._facts_of = getattr(self.glue, "facts", None) or partial(composed_facts, self.glue)
 
     # -- first use of a device -----------------------------------------------------------------
     def ensure_probed(self, device: int, kernels=None, ops=None) -> dict:
@@ -90,8 +86,7 @@ class RuntimeBackend(CopyBackend):
             if self._probe_enabled:
                 from .probe import probe_accessors
 
-                ops = ops or self._probe_ops
-                result = probe_accessors(device, glue=self.glue, rt=self.rt, ops=ops, kernels=kernels)
+                result = probe_accessors(device, self.glue, self.rt, ops or self._probe_ops, kernels)
             else:
                 result = {"ok": True, "device": device, "checks": [], "reason": "", "probe": "disabled"}
             result["with_kernels"] = kernels is not None
@@ -106,10 +101,9 @@ class RuntimeBackend(CopyBackend):
         """Why copies of ``src`` must not use this backend ("" when they may): the accessor probe
         of its device failed."""
         device = self.glue.gpu_device(src)
-        if device is None:
-            return ""
         try:
-            self.ensure_probed(device)
+            if device is not None:
+                self.ensure_probed(device)
         except AccessorProbeError as exc:
             return str(exc)
         return ""
@@ -184,10 +178,9 @@ class RuntimeBackend(CopyBackend):
             shape = source[2]
             if (facts is None or facts.buf() is not dst or shape != facts.shape or source[3] != facts.dtype
                     or address(dst) != facts.ptr or shape_of(dst) != shape):
-                if not grow and (facts is None or facts.buf() is not dst or (prod(shape) if shape else 1)
-                                 * facts.flat.itemsize > facts.memory().nbytes):
+                facts = self._fit(dst, shape, source[3], grow)  # (as the backend left it: nothing to fit)
+                if facts is None:
                     return None
-                facts = self._fit(dst, shape, source[3])  # (the buffer as the backend left it: nothing to fit)
             fitted.append(facts)
             srcs.append(source[1])
             if source[0] != device:
@@ -199,12 +192,12 @@ class RuntimeBackend(CopyBackend):
             events = [self._issue([dsts[i] for i in group], [names[i] for i in group], [sources[i] for i in group],
                                   label) for group in groups.values()]
             return CopyEvent(label, sum((e.native for e in events), ()), events)
-        batch = self.rt.batch
-        if batch is not None and len(fitted) > batch.MAX:
-            batch = None
-        described = fitted[0].copyset
+        described = fitted[0].copyset  # (the copy set these destinations make, described once)
         if described is None or described.facts != fitted:
-            described = self._describe(fitted, batch)
+            batch = self.rt.batch
+            c = None if batch is None or len(fitted) > batch.MAX else CopySet(
+                batch, [f.ptr for f in fitted], [f.memory().nbytes for f in fitted])
+            described = fitted[0].copyset = CopySetState(fitted, c)
         with self._lock:
             if census._ACTIVE is not None:
                 for name in names:
@@ -215,21 +208,17 @@ class RuntimeBackend(CopyBackend):
             handle = self._event(stream, -1 if device is None else device)
             c = described.c
             if c is not None:
-                reshapes = self._reshapes
-                if described.sizes_at != reshapes:  # (a buffer was reshaped since: new sizes)
-                    c.issue(srcs, [f.nbytes for f in fitted], stream, handle)
-                    described.sizes_at = reshapes
-                else:
-                    c.issue(srcs, None, stream, handle)
+                reshapes = self._reshapes  # (read once: a reshape since makes it write the new sizes)
+                sizes = None if described.sizes_at == reshapes else [f.nbytes for f in fitted]
+                c.issue(srcs, sizes, stream, handle)
+                described.sizes_at = reshapes
             else:
                 memcpy = self.rt.memcpy_d2h_async
                 for facts, src in zip(fitted, srcs):
                     if facts.nbytes:
                         memcpy(facts.ptr, src, facts.nbytes, stream)
                 self.rt.event_record(handle, stream)
-            last = self._last
-            before = last.get(stream)
-            event = last[stream] = CopyEvent(label, (handle,), () if before is None else (before,))
+            event = self._last[stream] = CopyEvent(label, (handle,), (self._last.get(stream),))
             described.event, described.names, described.stream, described.whole = event, names, stream, True
             for i in claim:
                 facts = fitted[i]
@@ -237,13 +226,6 @@ class RuntimeBackend(CopyBackend):
                     facts.set.whole = False  # (that set no longer wrote this buffer last)
                 facts.set, facts.index = described, i
             return event
-
-    def _describe(self, fitted: list, batch) -> CopySetState:
-        """The copy set of these destinations, described once and kept by the first of them."""
-        memories = [facts.memory() for facts in fitted]  # (alive: the buffers are)
-        c = None if batch is None else CopySet(batch, [f.ptr for f in fitted], [m.nbytes for m in memories])
-        described = fitted[0].copyset = CopySetState(fitted, c)
-        return described
 
     def _ordered(self, described, fitted, stream: int, names) -> list:
         """Wait for a copy into one of ``fitted`` still running on another stream (``_order_after``);
@@ -281,8 +263,7 @@ class RuntimeBackend(CopyBackend):
             self.rt.memcpy_h2d_async(dst_ptr, memory.ptr + offset, nbytes, stream)
         handle = self._event(stream, -1 if device is None else device)
         self.rt.event_record(handle, stream)
-        event = CopyEvent(label, (handle,), (self._last.get(stream),))
-        self._last[stream] = event
+        event = self._last[stream] = CopyEvent(label, (handle,), (self._last.get(stream),))
         facts.h2d_stream = stream  # (``copy_h2d`` keeps the event: ``facts.h2d_event``)
         return event
 
@@ -311,14 +292,12 @@ class RuntimeBackend(CopyBackend):
     def _record_native(self, label):
         # Backend lock held (``CopyBackend.record``): every copy issued so far is on one of these
         # streams, and no copy is issued between the records.
-        recorded, record, last = [], self.rt.event_record, self._last
+        recorded = []
         for stream, device in self._streams.items():  # (``_event`` adds no stream)
-            event = self._event(stream, device)
-            record(event, stream)
-            recorded.append(event)
-        event = CopyEvent(label, tuple(recorded), [last.get(stream) for stream in self._streams])
-        for stream in self._streams:
-            last[stream] = event
+            recorded.append(self._event(stream, device))
+            self.rt.event_record(recorded[-1], stream)
+        event = CopyEvent(label, tuple(recorded), [self._last.get(stream) for stream in self._streams])
+        self._last.update(dict.fromkeys(self._streams, event))
         return event
 
 
@@ -332,8 +311,6 @@ class CudaBackend(RuntimeBackend):
                 raise RuntimeError(f"backend 'cuda' needs CUDA: {why}. Use FD_ASYNC_COPY_BACKEND=host to run the "
                                    "patched code with synchronous copies")
         if rt is None:
-            from .cudart import runtime
-
             rt = runtime()
             self.batch_origin = attach_batch(rt)
         super().__init__(rt, glue=glue, probe=probe, probe_ops=probe_ops)
@@ -345,8 +322,6 @@ def attach_batch(rt) -> str:
     if rt.batch is not None:
         return "fdac_d2h_batch: loaded"
     try:
-        import ctypes
-
         from ..ops import cache
 
         artifact = cache.ops_dir() / cache.PYBIND_FILE

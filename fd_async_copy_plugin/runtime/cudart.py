@@ -20,8 +20,10 @@ always complete): the ``host`` backend and the CPU tests run the cuda backend's 
 from __future__ import annotations
 
 import ctypes
+import itertools
 import os
 import threading
+from functools import partialmethod
 
 CUDART_ENV = "FD_ASYNC_COPY_CUDART"
 SONAMES = ("libcudart.so.13", "libcudart.so.12", "libcudart.so")
@@ -29,8 +31,7 @@ SONAMES = ("libcudart.so.13", "libcudart.so.12", "libcudart.so")
 # driver_types.h
 _MEMCPY_HOST_TO_DEVICE, _MEMCPY_DEVICE_TO_HOST = 1, 2
 HOST_ALLOC_PORTABLE = 0x01
-EVENT_BLOCKING_SYNC = 0x01
-EVENT_DISABLE_TIMING = 0x02
+EVENT_BLOCKING_SYNC, EVENT_DISABLE_TIMING = 0x01, 0x02
 _NOT_READY = 600
 MEMORY_TYPES = {0: "unregistered", 1: "host", 2: "device", 3: "managed"}
 
@@ -49,13 +50,8 @@ class CudaError(RuntimeError):
 
 class _PointerAttributes(ctypes.Structure):
     # CUDA 11-13 layout; ``reserved`` covers the padding CUDA 13 added.
-    _fields_ = [
-        ("type", ctypes.c_int),
-        ("device", ctypes.c_int),
-        ("devicePointer", ctypes.c_void_p),
-        ("hostPointer", ctypes.c_void_p),
-        ("reserved", ctypes.c_long * 8),
-    ]
+    _fields_ = [("type", ctypes.c_int), ("device", ctypes.c_int), ("devicePointer", ctypes.c_void_p),
+                ("hostPointer", ctypes.c_void_p), ("reserved", ctypes.c_long * 8)]
 
 
 class _Api(ctypes.Structure):
@@ -82,11 +78,6 @@ class D2HBatch:
         self.batch_api: tuple[int, int] | None = None
         self.batch_api_state = "not offered (a runtime without cudaMemcpyBatchAsync: CUDA < 12.8)"
 
-    def offer_batch_api(self, address: int, abi: int) -> None:
-        """The runtime has ``cudaMemcpyBatchAsync`` (``abi``: 13, or 12 for CUDA 12.8-12.9's signature):
-        unused until a check of it on a GPU passes (``use_batch_api``; the accessor probe checks)."""
-        self.batch_api, self.batch_api_state = (address, abi), f"offered (CUDA {abi}), not checked yet"
-
     def use_batch_api(self, ok: bool, why: str) -> None:
         """Turn the offered ``cudaMemcpyBatchAsync`` on (``ok``) or off for good, saying ``why``."""
         on = ok and self.batch_api is not None
@@ -94,13 +85,6 @@ class D2HBatch:
         self.batch_api_state = f"{'on' if on else 'off'}: {why}"
         if not ok:
             self.batch_api = None
-
-    def _raise(self, code: int, failed: int, count: int, nbytes, capacity) -> None:
-        if code == -2:
-            raise ValueError(f"fdac_d2h_batch: copy {failed} of {nbytes[failed]} bytes does not fit its destination's "
-                             f"{capacity[failed]}; nothing was issued")
-        if code:
-            self._fail({count: "cudaEventRecord", count + 1: "cudaMemcpyBatchAsync"}.get(failed, "cudaMemcpyAsync"), code)
 
 
 class _SetArgs(ctypes.Structure):
@@ -133,24 +117,24 @@ class CopySet:
         self._src[:] = src
         if nbytes is not None:
             self._nbytes[:] = nbytes
-        batch = self._batch
-        code = batch._set_issue(self._at, stream, event)
-        if code:
-            batch._raise(code, self._args.failed, self.count, list(self._nbytes), list(self._capacity))
+        code = self._batch._set_issue(self._at, stream, event)
+        if code == -2:
+            failed = self._args.failed
+            raise ValueError(f"fdac_d2h_batch: copy {failed} of {self._nbytes[failed]} bytes does not fit its "
+                             f"destination's {self._capacity[failed]}; nothing was issued")
+        if code:  # the call that failed: copy ``failed``'s, or after them the record, or the batch call
+            call = {self.count: "cudaEventRecord", self.count + 1: "cudaMemcpyBatchAsync"}.get(self._args.failed)
+            self._batch._fail(call or "cudaMemcpyAsync", code)
 
 
 def loaded_cudart_paths() -> list[str]:
     """Paths of every ``libcudart`` shared object mapped into this process (Linux)."""
-    paths: list[str] = []
-    try:
+    try:  # (a line: address, perms, offset, dev, inode, path)
         with open("/proc/self/maps") as maps:
-            for line in maps:
-                path = line.rsplit(None, 1)[-1] if "/" in line else ""
-                if "libcudart.so" in os.path.basename(path) and path not in paths:
-                    paths.append(path)
+            paths = [line.split()[-1] for line in maps if "libcudart.so" in os.path.basename(line.rstrip())]
     except OSError:
-        pass
-    return paths
+        return []
+    return list(dict.fromkeys(paths))  # (each once, in map order)
 
 
 def find_cudart() -> tuple[ctypes.CDLL, str]:
@@ -165,8 +149,7 @@ def find_cudart() -> tuple[ctypes.CDLL, str]:
             raise CudaUnavailable(f"{CUDART_ENV}={explicit!r} cannot be loaded: {exc}; point it at the "
                                   "libcudart.so that Paddle loads, or unset it") from None
     candidates = [(p, "already loaded (/proc/self/maps)", 0) for p in loaded_cudart_paths()]
-    noload = getattr(os, "RTLD_NOLOAD", 0)
-    candidates += [(name, "already loaded (RTLD_NOLOAD)", noload) for name in SONAMES]
+    candidates += [(name, "already loaded (RTLD_NOLOAD)", getattr(os, "RTLD_NOLOAD", 0)) for name in SONAMES]
     candidates += [(name, "loaded by soname", 0) for name in SONAMES]
     for name, origin, mode in candidates:
         try:
@@ -187,30 +170,23 @@ class CudaRuntime:
         P, I, S = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t
         signatures = {
             "cudaHostAlloc": [ctypes.POINTER(P), S, ctypes.c_uint],
-            "cudaFreeHost": [P],
+            **dict.fromkeys(("cudaFreeHost", "cudaEventQuery", "cudaEventSynchronize", "cudaEventDestroy",
+                             "cudaStreamSynchronize"), [P]),  # one pointer or handle
+            **dict.fromkeys(("cudaGetDevice", "cudaGetDeviceCount", "cudaRuntimeGetVersion",
+                             "cudaDriverGetVersion"), [ctypes.POINTER(I)]),  # an int written
+            **dict.fromkeys(("cudaDeviceSynchronize", "cudaGetLastError"), []),
             "cudaMemcpyAsync": [P, P, S, I, P],
             "cudaEventCreateWithFlags": [ctypes.POINTER(P), ctypes.c_uint],
             "cudaEventRecord": [P, P],
-            "cudaEventQuery": [P],
-            "cudaEventSynchronize": [P],
-            "cudaEventDestroy": [P],
-            "cudaStreamSynchronize": [P],
-            "cudaDeviceSynchronize": [],
-            "cudaGetDevice": [ctypes.POINTER(I)],
             "cudaSetDevice": [I],
-            "cudaGetDeviceCount": [ctypes.POINTER(I)],
             "cudaPointerGetAttributes": [ctypes.POINTER(_PointerAttributes), P],
-            "cudaRuntimeGetVersion": [ctypes.POINTER(I)],
-            "cudaDriverGetVersion": [ctypes.POINTER(I)],
-            "cudaGetLastError": [],
         }
         missing = [name for name in (*signatures, "cudaGetErrorString") if not hasattr(lib, name)]
         if missing:
             what = f"{CUDART_ENV}={lib._name!r}" if CUDART_ENV in origin else (origin or lib._name)
-            raise CudaUnavailable(
-                f"{what} is not a CUDA runtime library: it lacks {', '.join(missing[:3])}"
-                f"{' and more' if len(missing) > 3 else ''}; point {CUDART_ENV} at libcudart.so, or unset it"
-            )
+            lacks = ", ".join(missing[:3]) + (" and more" if len(missing) > 3 else "")
+            raise CudaUnavailable(f"{what} is not a CUDA runtime library: it lacks {lacks}; point "
+                                  f"{CUDART_ENV} at libcudart.so, or unset it")
         self._f = {}
         for name, argtypes in signatures.items():
             fn = getattr(lib, name)
@@ -229,12 +205,15 @@ class CudaRuntime:
         self.batch = D2HBatch(lib, *address, self._fail)
         version = self.versions()["runtime"]
         if version >= 12080 and hasattr(self.lib, "cudaMemcpyBatchAsync"):
-            self.batch.offer_batch_api(ctypes.cast(self.lib.cudaMemcpyBatchAsync, ctypes.c_void_p).value,
-                                       13 if version >= 13000 else 12)
+            # Offered (``abi``: 13, or 12 for CUDA 12.8-12.9's signature), unused until a check of it
+            # on a GPU passes (``D2HBatch.use_batch_api``; the accessor probe checks).
+            abi = 13 if version >= 13000 else 12
+            self.batch.batch_api = (ctypes.cast(self.lib.cudaMemcpyBatchAsync, ctypes.c_void_p).value, abi)
+            self.batch.batch_api_state = f"offered (CUDA {abi}), not checked yet"
 
     def _call(self, name: str, *args) -> int:
         code = self._f[name](*args)
-        if code != 0 and not (name in ("cudaEventQuery",) and code == _NOT_READY):
+        if code != 0 and not (code == _NOT_READY and name == "cudaEventQuery"):
             self._fail(name, code)
         return code
 
@@ -243,25 +222,25 @@ class CudaRuntime:
         self._f["cudaGetLastError"]()
         raise CudaError(name, code, self._error_string(code).decode(errors="replace"))
 
+    def _out(self, name: str, ctype, *args):
+        """Call ``name`` with a pointer to a fresh ``ctype`` first and return the value it wrote."""
+        value = ctype()
+        self._call(name, ctypes.byref(value), *args)
+        return value.value
+
     # -- device -----------------------------------------------------------------------------------
     def device_count(self) -> int:
-        n = ctypes.c_int()
-        self._call("cudaGetDeviceCount", ctypes.byref(n))
-        return n.value
+        return self._out("cudaGetDeviceCount", ctypes.c_int)
 
     def get_device(self) -> int:
-        d = ctypes.c_int()
-        self._call("cudaGetDevice", ctypes.byref(d))
-        return d.value
+        return self._out("cudaGetDevice", ctypes.c_int)
 
     def set_device(self, device: int) -> None:
         self._call("cudaSetDevice", int(device))
 
     def versions(self) -> dict:
-        rt, drv = ctypes.c_int(), ctypes.c_int()
-        self._call("cudaRuntimeGetVersion", ctypes.byref(rt))
-        self._call("cudaDriverGetVersion", ctypes.byref(drv))
-        return {"runtime": rt.value, "driver": drv.value, "library": self.origin}
+        return {"runtime": self._out("cudaRuntimeGetVersion", ctypes.c_int),
+                "driver": self._out("cudaDriverGetVersion", ctypes.c_int), "library": self.origin}
 
     def pointer_info(self, ptr: int) -> tuple[str, int]:
         """(memory type, device) of an address: ``("device", 0)`` for a GPU allocation on gpu:0."""
@@ -271,12 +250,9 @@ class CudaRuntime:
 
     # -- pinned host memory -----------------------------------------------------------------------
     def host_alloc(self, nbytes: int) -> int:
-        ptr = ctypes.c_void_p()
-        self._call("cudaHostAlloc", ctypes.byref(ptr), max(1, int(nbytes)), HOST_ALLOC_PORTABLE)
-        return ptr.value
+        return self._out("cudaHostAlloc", ctypes.c_void_p, max(1, int(nbytes)), HOST_ALLOC_PORTABLE)
 
-    def host_free(self, ptr: int) -> None:
-        self._call("cudaFreeHost", ptr)
+    host_free = partialmethod(_call, "cudaFreeHost")
 
     # -- copies -----------------------------------------------------------------------------------
     # The calls of every decode step (copies, records, waits) skip ``_call``: one Python frame each.
@@ -291,10 +267,8 @@ class CudaRuntime:
     # -- events and streams -----------------------------------------------------------------------
     def event_create(self, blocking: bool = True) -> int:
         """A timing-free event; ``blocking`` waits sleep instead of spinning on the driver lock."""
-        ev = ctypes.c_void_p()
         flags = EVENT_DISABLE_TIMING | (EVENT_BLOCKING_SYNC if blocking else 0)
-        self._call("cudaEventCreateWithFlags", ctypes.byref(ev), flags)
-        return ev.value
+        return self._out("cudaEventCreateWithFlags", ctypes.c_void_p, flags)
 
     def event_record(self, event: int, stream: int) -> None:
         code = self._f["cudaEventRecord"](event, stream)
@@ -310,14 +284,9 @@ class CudaRuntime:
         if code:
             self._fail("cudaEventSynchronize", code)
 
-    def event_destroy(self, event: int) -> None:
-        self._call("cudaEventDestroy", event)
-
-    def stream_synchronize(self, stream: int) -> None:
-        self._call("cudaStreamSynchronize", stream)
-
-    def device_synchronize(self) -> None:
-        self._call("cudaDeviceSynchronize")
+    event_destroy = partialmethod(_call, "cudaEventDestroy")
+    stream_synchronize = partialmethod(_call, "cudaStreamSynchronize")
+    device_synchronize = partialmethod(_call, "cudaDeviceSynchronize")
 
 
 class HostRuntime:
@@ -336,9 +305,8 @@ class HostRuntime:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._blocks: dict[int, ctypes.Array] = {}
-        self._next_event = 0
-        self.allocations = 0
-        self.frees = 0
+        self._event_ids = itertools.count(1)
+        self.allocations = self.frees = 0
 
     def get_device(self) -> int:
         return 0
@@ -366,27 +334,15 @@ class HostRuntime:
     memcpy_h2d_async = memcpy_d2h_async
 
     def event_create(self, blocking: bool = True) -> int:
-        with self._lock:
-            self._next_event += 1
-            return self._next_event
+        return next(self._event_ids)  # (atomic under the GIL)
 
-    def event_record(self, event: int, stream: int) -> None:
-        return None
+    def _nothing(self, *args) -> None:
+        """A record, wait, destroy or synchronize: host copies have landed when they return."""
+
+    event_record = event_synchronize = event_destroy = stream_synchronize = device_synchronize = _nothing
 
     def event_query(self, event: int) -> bool:
         return True
-
-    def event_synchronize(self, event: int) -> None:
-        return None
-
-    def event_destroy(self, event: int) -> None:
-        return None
-
-    def stream_synchronize(self, stream: int) -> None:
-        return None
-
-    def device_synchronize(self) -> None:
-        return None
 
 
 _runtime_lock = threading.Lock()

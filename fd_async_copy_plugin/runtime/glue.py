@@ -13,6 +13,8 @@ answer on a GPU build is checked at first use by ``runtime.probe.probe_accessors
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 #: The accessors ``facts`` answers in one call, in its order.
@@ -41,13 +43,9 @@ class PaddleGlue(FactsInOneCall):
     def __init__(self) -> None:
         import paddle
 
-        self.paddle = paddle
-        try:
-            from paddle.utils.dlpack import from_dlpack
-        except ImportError:  # pragma: no cover - Paddle 3.3 has it
-            from_dlpack = paddle.from_dlpack
-        self._from_dlpack = from_dlpack
-        self._cpu = paddle.CPUPlace()
+        from paddle.utils.dlpack import from_dlpack  # (Paddle 2.x and 3.x)
+
+        self.paddle, self._from_dlpack, self._cpu = paddle, from_dlpack, paddle.CPUPlace()
         # id(Paddle dtype) -> (the dtype, its name): ``str()`` of a dtype costs ~2 us and hashing one
         # ~1 us; Paddle's dtypes are singletons, so the identity check makes the id safe.
         self._dtypes: dict = {}
@@ -93,8 +91,8 @@ class PaddleGlue(FactsInOneCall):
         build ``current_stream`` segfaults. The probe's ``stream_order`` check tests the answer."""
         if self._current_stream is not None:  # what ``current_stream`` answers, minus its wrappers
             return int(self._current_stream(int(device)).cuda_stream)
-        paddle = self.paddle
-        return int(paddle.device.current_stream(paddle.CUDAPlace(int(device))).stream_base.cuda_stream)
+        place = self.paddle.CUDAPlace(int(device))
+        return int(self.paddle.device.current_stream(place).stream_base.cuda_stream)
 
     # -- host tensors --------------------------------------------------------------------------------
     def wrap(self, array: np.ndarray):
@@ -116,17 +114,16 @@ class PaddleGlue(FactsInOneCall):
         shape = list(shape)
         if list(t.shape) == shape:
             return
-        dense = t.get_tensor()
-        set_dims = getattr(dense, "_set_dims", None)
+        set_dims = getattr(t.get_tensor(), "_set_dims", None)
         if set_dims is not None:
             set_dims(shape)
-            return
-        if 0 in t.shape:  # pragma: no cover - Paddle 3.0-3.3 have ``_set_dims``
+        elif 0 in t.shape:  # pragma: no cover - Paddle 3.0-3.3 have ``_set_dims``
             from .backend import AsyncCopyError
 
             raise AsyncCopyError("this Paddle cannot give an empty host wrap a shape again without "
                                  "losing its memory (no DenseTensor._set_dims)")
-        t.set_(t, shape)  # pragma: no cover
+        else:
+            t.set_(t, shape)  # pragma: no cover
 
     def from_numpy(self, array: np.ndarray):
         """An owned CPU tensor holding a copy of ``array``: what ``paddle.to_tensor(array,
@@ -144,11 +141,7 @@ class PaddleGlue(FactsInOneCall):
         return np.array(t.numpy(), copy=True)
 
 
-_paddle_glue: PaddleGlue | None = None
-
-
+@functools.cache
 def paddle_glue() -> PaddleGlue:
-    global _paddle_glue
-    if _paddle_glue is None:
-        _paddle_glue = PaddleGlue()
-    return _paddle_glue
+    """The process's ``PaddleGlue`` (made once)."""
+    return PaddleGlue()

@@ -9,7 +9,6 @@ a GPU) are copied through the framework instead.
 
 from __future__ import annotations
 
-from .census import record as census_record
 from .cuda import RuntimeBackend
 from .cudart import HostRuntime
 
@@ -23,8 +22,7 @@ class HostBackend(RuntimeBackend):
 
     def blocking_d2h(self, src, label):
         # On CPU Paddle ``.cpu()`` returns the tensor itself; FastDeploy's result is a copy.
-        census_record("blocking_d2h", label)
-        out = self.glue.blocking_d2h(src)
+        out = super().blocking_d2h(src, label)
         return self.glue.from_numpy(self.glue.snapshot(out)) if out is src else out
 
     def _plan_other(self, src, device):

@@ -37,8 +37,8 @@ import time
 
 import numpy as np
 
-from .cudart import CopySet
-from .glue import composed_facts
+from .cudart import CopySet, runtime
+from .glue import composed_facts, paddle_glue
 
 _N = 256  # elements per probe tensor
 _PATTERN = np.arange(_N, dtype=np.int64) * 7919 + 13
@@ -50,8 +50,7 @@ class PaddleProbeOps:
     def __init__(self, place=None) -> None:
         import paddle
 
-        self.paddle = paddle
-        self.place = place
+        self.paddle, self.place = paddle, place
 
     def _place(self, device: int):
         return self.place if self.place is not None else self.paddle.CUDAPlace(device)
@@ -88,90 +87,64 @@ def probe_accessors(device: int, glue=None, rt=None, ops=None, kernels=None) -> 
     """Run every check on ``device``; returns ``{"ok", "device", "reason", "checks": [...],
     "seconds"}`` where each check is ``{"check", "ok", "detail"}``. Never raises: an exception in a
     check is that check's failure."""
-    if glue is None:
-        from .glue import paddle_glue
-
-        glue = paddle_glue()
-    if rt is None:
-        from .cudart import runtime
-
-        rt = runtime()
-    ops = ops or PaddleProbeOps()
-    checks = [
-        ("current_device", _check_current_device),
-        ("data_ptr", _check_data_ptr),
-        ("contiguous", _check_contiguous),
-        ("stream_order", _check_stream_order),
-        ("pinned_wrap", _check_pinned_wrap),
-    ]
+    glue, rt, ops = glue or paddle_glue(), rt or runtime(), ops or PaddleProbeOps()
+    checks = [_check_current_device, _check_data_ptr, _check_contiguous, _check_stream_order, _check_pinned_wrap]
     if kernels is not None:
-        checks.append(("kernel_order", _check_kernel_order))
+        checks.append(_check_kernel_order)
     if getattr(getattr(rt, "batch", None), "batch_api", None) is not None:
-        checks.append(("batch_api", _check_batch_api))
-    start = time.perf_counter()
-    results = []
-    for name, check in checks:
+        checks.append(_check_batch_api)
+    start, results = time.perf_counter(), []
+    for check in checks:  # (each named for its function: ``_check_<name>``)
         try:
             ok, detail = check(device, glue, rt, ops, kernels)
         except Exception as exc:
             ok, detail = False, f"{type(exc).__name__}: {exc}"
-        results.append({"check": name, "ok": bool(ok), "detail": detail})
-    failed = [r for r in results if not r["ok"]]
-    reason = "; ".join(f"{r['check']}: {r['detail']}" for r in failed)
-    return {
-        "ok": not failed,
-        "device": device,
-        "runtime": getattr(rt, "origin", ""),
-        "reason": f"Paddle's accessors disagree with the CUDA layer ({reason})" if failed else "",
-        "checks": results,
-        "seconds": round(time.perf_counter() - start, 6),
-    }
+        results.append({"check": check.__name__.removeprefix("_check_"), "ok": bool(ok), "detail": detail})
+    reason = "; ".join(f"{r['check']}: {r['detail']}" for r in results if not r["ok"])
+    return {"ok": not reason, "device": device, "runtime": getattr(rt, "origin", ""),
+            "reason": f"Paddle's accessors disagree with the CUDA layer ({reason})" if reason else "",
+            "checks": results, "seconds": round(time.perf_counter() - start, 6)}
 
 
 class _Pinned:
-    """A probe-local pinned buffer from the layer, freed after the probe's waits."""
+    """Probe-local pinned memory from the layer (poisoned with the byte ``poison``) and an event,
+    both freed after the probe's waits."""
 
-    def __init__(self, rt, nbytes: int) -> None:
-        self.rt, self.nbytes = rt, nbytes
-        self.ptr = rt.host_alloc(nbytes)
+    def __init__(self, rt, nbytes: int, poison: int | None = None) -> None:
+        self.rt, self.nbytes, self.event = rt, nbytes, rt.event_create(True)
+        self.ptr = rt.host_alloc(nbytes)  # (a failed allocation leaves the event: the probe then fails)
+        if poison is not None:
+            ctypes.memset(self.ptr, poison, nbytes)
 
-    def values(self, dtype=np.int64, count=_N) -> np.ndarray:
-        raw = (ctypes.c_byte * self.nbytes).from_address(self.ptr)
+    def values(self, dtype=np.int64, count=_N, offset: int = 0) -> np.ndarray:
+        raw = (ctypes.c_byte * (self.nbytes - offset)).from_address(self.ptr + offset)
         return np.frombuffer(raw, dtype=dtype, count=count).copy()
 
-    def fill(self, byte: int) -> None:
-        ctypes.memset(self.ptr, byte, self.nbytes)
+    def copy(self, src: int, nbytes: int, stream: int, offset: int = 0) -> None:
+        """``nbytes`` at device address ``src`` copied to byte ``offset`` on ``stream``, waited for."""
+        self.rt.memcpy_d2h_async(self.ptr + offset, src, nbytes, stream)
+        self.rt.event_record(self.event, stream)
+        self.rt.event_synchronize(self.event)
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc) -> None:
+        self.rt.event_destroy(self.event)
         self.rt.host_free(self.ptr)
-
-
-def _copy_and_wait(rt, dst: int, src: int, nbytes: int, stream: int) -> None:
-    event = rt.event_create(True)
-    try:
-        rt.memcpy_d2h_async(dst, src, nbytes, stream)
-        rt.event_record(event, stream)
-        rt.event_synchronize(event)
-    finally:
-        rt.event_destroy(event)
 
 
 def _pattern_copied(rt, src: int, stream: int) -> np.ndarray:
     """``_PATTERN.nbytes`` bytes at device address ``src`` copied by the layer into poisoned pinned
     memory on ``stream`` and waited for, as int64 values."""
-    with _Pinned(rt, _PATTERN.nbytes) as pinned:
-        pinned.fill(0xAB)
-        _copy_and_wait(rt, pinned.ptr, src, _PATTERN.nbytes, stream)
+    with _Pinned(rt, _PATTERN.nbytes, poison=0xAB) as pinned:
+        pinned.copy(src, _PATTERN.nbytes, stream)
         return pinned.values()
 
 
 def _check_current_device(device, glue, rt, ops, kernels):
     paddle_device, cuda_device = glue.current_device(), rt.get_device()
-    ok = paddle_device == cuda_device == device
-    return ok, f"framework current device {paddle_device}, CUDA current device {cuda_device}, probed gpu:{device}"
+    return paddle_device == cuda_device == device, f"framework current device {paddle_device}, CUDA current device {cuda_device}, probed gpu:{device}"
 
 
 def _facts_disagree(glue, t) -> str:
@@ -187,8 +160,7 @@ def _check_data_ptr(device, glue, rt, ops, kernels):
     ops.synchronize(device)
     if glue.gpu_device(t) != device:
         return False, f"a tensor made on gpu:{device} reports device {glue.gpu_device(t)}"
-    disagree = _facts_disagree(glue, t)
-    if disagree:
+    if disagree := _facts_disagree(glue, t):
         return False, disagree
     address = glue.address(t)
     kind, where = rt.pointer_info(address)
@@ -207,8 +179,7 @@ def _check_contiguous(device, glue, rt, ops, kernels):
     ops.synchronize(device)
     if not glue.is_contiguous(base):
         return False, "a fresh tensor reports is_contiguous() False"
-    disagree = _facts_disagree(glue, view)
-    if disagree:
+    if disagree := _facts_disagree(glue, view):
         return False, disagree
     if not glue.is_contiguous(view):
         return True, "a fresh tensor reports contiguous, its transposed view not (never copied by address)"
@@ -241,18 +212,15 @@ def _check_kernel_order(device, glue, rt, ops, kernels):
     ops.fill(next_tokens, 4242)  # the framework op our kernel must be ordered after
     stream = glue.stream(device)
     on_stream = {"stream": stream} if kernels.flavor == "cuda" else {}  # the host library: no stream
-    status = kernels.update_inputs(
-        glue.address(stop_flags), glue.address(not_need_stop), *(glue.address(s) for s in seq),
-        glue.address(input_ids), None, glue.address(next_tokens), glue.address(is_block_step),
-        bsz=1, max_bsz=1, input_ids_stride=1, **on_stream,
-    )
+    addresses = [glue.address(t) for t in (stop_flags, not_need_stop, *seq, input_ids)]
+    addresses += [None, glue.address(next_tokens), glue.address(is_block_step)]  # (stop_nums: none)
+    status = kernels.update_inputs(*addresses, bsz=1, max_bsz=1, input_ids_stride=1, **on_stream)
     if status != 0:
         return False, f"kernel launch failed: {kernels.message(status)} (status {status})"
     with _Pinned(rt, 16) as pinned:
-        _copy_and_wait(rt, pinned.ptr, glue.address(input_ids), 8, stream)
-        _copy_and_wait(rt, pinned.ptr + 8, glue.address(not_need_stop), 1, stream)
-        token = int(pinned.values(np.int64, 1)[0])
-        flag = bool(np.frombuffer((ctypes.c_byte * 1).from_address(pinned.ptr + 8), dtype=np.bool_)[0])
+        pinned.copy(glue.address(input_ids), 8, stream)
+        pinned.copy(glue.address(not_need_stop), 1, stream, offset=8)
+        token, flag = int(pinned.values(np.int64, 1)[0]), bool(pinned.values(np.bool_, 1, offset=8)[0])
     ops.synchronize(device)
     ok = token == 4242 and flag is False
     return ok, f"kernel on the reported stream read the framework op's value: input_ids[0]={token} (expected 4242), not_need_stop={flag} (expected False)"
@@ -260,8 +228,7 @@ def _check_kernel_order(device, glue, rt, ops, kernels):
 
 def _check_pinned_wrap(device, glue, rt, ops, kernels):
     count = 64
-    pinned = _Pinned(rt, count * 8)
-    try:
+    with _Pinned(rt, count * 8) as pinned:
         raw = (ctypes.c_byte * pinned.nbytes).from_address(pinned.ptr)
         array = np.frombuffer(raw, dtype=np.int64, count=count)
         array[:] = _PATTERN[:count]
@@ -279,8 +246,6 @@ def _check_pinned_wrap(device, glue, rt, ops, kernels):
         kept = glue.address(t) == pinned.ptr and glue.shape(t) == (count // 2, 1)
         del t, array
         return kept, f"wrap at the pinned address, reads back through the framework; reshaped in place: {kept}"
-    finally:
-        pinned.__exit__()
 
 
 def _check_batch_api(device, glue, rt, ops, kernels):
@@ -290,17 +255,12 @@ def _check_batch_api(device, glue, rt, ops, kernels):
         ops.synchronize(device)
         address, stream, sizes = glue.address(t), glue.stream(device), [8 * (b - a) for a, b in zip(parts, parts[1:])]
         batch.use_batch_api(True, "being checked")
-        event = rt.event_create(True)
-        try:  # (the event is destroyed whatever the copies did, as ``_copy_and_wait``'s)
-            with _Pinned(rt, _PATTERN.nbytes) as pinned:
-                pinned.fill(0xAB)
-                # the parts land in reverse order in the buffer: a batch that ignored a copy's address would show
-                dsts = [pinned.ptr + _PATTERN.nbytes - 8 * b for b in parts[1:]]
-                CopySet(batch, dsts, sizes).issue([address + 8 * a for a in parts[:-1]], sizes, stream, event)
-                rt.event_synchronize(event)
-                got = pinned.values()
-        finally:
-            rt.event_destroy(event)
+        with _Pinned(rt, _PATTERN.nbytes, poison=0xAB) as pinned:  # (its event recorded by the C call)
+            # the parts land in reverse order in the buffer: a batch that ignored a copy's address would show
+            dsts = [pinned.ptr + _PATTERN.nbytes - 8 * b for b in parts[1:]]
+            CopySet(batch, dsts, sizes).issue([address + 8 * a for a in parts[:-1]], sizes, stream, pinned.event)
+            rt.event_synchronize(pinned.event)
+            got = pinned.values()
         expected = np.concatenate([_PATTERN[a:b] for a, b in zip(parts[-2::-1], parts[:0:-1])])
         same = bool(np.array_equal(got, expected))
         why = "three copies in one call on the reported stream landed where a copy each puts them" if same else \

@@ -61,34 +61,23 @@ class PinnedSlot:
 class PinnedRing:
     """N slots of pinned buffers, each buffer a flat allocation of ``capacity`` elements."""
 
-    def __init__(
-        self,
-        backend: CopyBackend,
-        name: str,
-        dtypes: dict[str, str],
-        capacity: dict[str, int],
-        slots: int = 2,
-        max_bytes: int | None = None,
-    ) -> None:
+    def __init__(self, backend: CopyBackend, name: str, dtypes: dict[str, str], capacity: dict[str, int],
+                 slots: int = 2, max_bytes: int | None = None) -> None:
         if slots < 1:
             raise ValueError("a PinnedRing needs at least one slot")
-        self.backend = backend
-        self.name = name
-        self.dtypes = dict(dtypes)
+        self.backend, self.name, self.dtypes = backend, name, dict(dtypes)
+        self.base_slots, self.max_bytes = slots, max_bytes
         self.itemsize = {f: np.dtype(d).itemsize for f, d in self.dtypes.items()}
         self.slots: list[PinnedSlot] = []
-        self.base_slots = slots
-        self.max_bytes = max_bytes
-        self.grow_events = 0  # slots added after construction (stays 0 after warm-up when healthy)
-        self.released_slots = 0  # idle slots released after a lagging consumer caught up
-        self.refused = 0  # acquires refused with RingFull (the step was copied another way)
-        self._acquires = 0
+        # slots added after construction (stays 0 after warm-up when healthy); idle slots released
+        # after a lagging consumer caught up; acquires refused with RingFull (the step was copied
+        # another way); acquires
+        self.grow_events = self.released_slots = self.refused = self._acquires = 0
         initial = slots * sum(max(1, int(capacity[f])) * self.itemsize[f] for f in self.dtypes)
         if max_bytes is not None and initial > max_bytes:
             raise RingFull(f"pinned ring {name!r} needs {initial} bytes for its first {slots} slot(s), "
                            f"over its cap of {max_bytes}")
         self._next = 0
-        self._vetted: PinnedSlot | None = None  # the last slot ``is_free`` found free
         #: Held by ``acquire``; a producer handing buffers to other threads holds it from ``acquire``
         #: until its result references them (else another thread could pick the same free slot).
         self.lock = threading.RLock()
@@ -99,8 +88,7 @@ class PinnedRing:
     def _new_buffer(self, slot: PinnedSlot, name: str, elements: int) -> None:
         buffers = slot.buffers
         buffers[name] = self.backend.new_pinned([elements], self.dtypes[name], f"{self.name}[{slot.index}].{name}")
-        slot.capacity[name] = elements
-        slot.baseline[name] = getrefcount(buffers[name])
+        slot.capacity[name], slot.baseline[name] = elements, getrefcount(buffers[name])
 
     def _add_slot(self, capacity: dict[str, int]) -> PinnedSlot:
         slot = PinnedSlot(len(self.slots), {}, {})
@@ -109,43 +97,30 @@ class PinnedRing:
         self.slots.append(slot)
         return slot
 
-    def external_refs(self, slot: PinnedSlot) -> dict[str, int]:
-        """References to the slot's buffers held outside the ring."""
-        buffers = slot.buffers
-        return {name: extra for name, base in slot.baseline.items() if (extra := getrefcount(buffers[name]) - base) > 0}
-
     def is_free(self, slot: PinnedSlot) -> bool:
         buffers = slot.buffers
         for name, base in slot.baseline.items():
             if getrefcount(buffers[name]) > base:
                 return False
-        self._vetted = slot  # found free under the lock: ``_acquire`` need not check it again
         return True
 
     def _select(self) -> PinnedSlot | None:
         """The reuse policy: the next free slot of the initial ones in ring order, else the first
         free added slot (so added slots go idle once the consumer caught up), or None."""
         base = min(self.base_slots, len(self.slots))
-        for offset in range(base):
-            candidate = self.slots[(self._next + offset) % base]
-            if self.is_free(candidate):
-                return candidate
-        for candidate in self.slots[base:]:
-            if self.is_free(candidate):
-                return candidate
-        return None
+        order = [self.slots[(self._next + offset) % base] for offset in range(base)] + self.slots[base:]
+        return next((slot for slot in order if self.is_free(slot)), None)
 
     def _choose(self, writer: str) -> PinnedSlot | None:
-        """``_select``'s slot after one check: ``is_free``'s if it found that slot free, else (a policy
-        returning a slot it did not check) ``_verify_unreferenced``, which reports a referenced one."""
-        self._vetted = None
+        """``_select``'s slot, verified (``_verify_unreferenced`` reports a referenced one: a policy
+        bug; the slow path only, so the slot ``is_free`` found free is counted again)."""
         slot = self._select()
-        if slot is None or slot is self._vetted or self._verify_unreferenced(slot, writer):
-            return slot
-        return None
+        return slot if slot is None or self._verify_unreferenced(slot, writer) else None
 
     def _verify_unreferenced(self, slot: PinnedSlot, writer: str) -> bool:
-        refs = self.external_refs(slot)
+        buffers = slot.buffers  # references to the slot's buffers held outside the ring:
+        refs = {name: extra for name, base in slot.baseline.items()
+                if (extra := getrefcount(buffers[name]) - base) > 0}
         if not refs:
             return True
         self.backend.reused_while_referenced(  # the simulator raises here
@@ -220,11 +195,8 @@ class PinnedRing:
         """Bytes serving ``need`` from ``slot`` (None: a new slot) would add to the ring."""
         if slot is None:
             return sum(max(1, n) * self.itemsize[f] for f, n in need.items())
-        return sum(
-            (max(n, int(reserve.get(f, 0))) - slot.capacity[f]) * self.itemsize[f]
-            for f, n in need.items()
-            if n > slot.capacity[f]
-        )
+        return sum((max(n, int(reserve.get(f, 0))) - slot.capacity[f]) * self.itemsize[f]
+                   for f, n in need.items() if n > slot.capacity[f])
 
     def _free_next(self) -> PinnedSlot | None:
         """The slot of the common step: the next one in ring order, when the ring holds its initial
@@ -234,11 +206,7 @@ class PinnedRing:
         if len(slots) != self.base_slots:
             return None
         slot = slots[self._next]
-        buffers = slot.buffers
-        for name, base in slot.baseline.items():
-            if getrefcount(buffers[name]) > base:
-                return None
-        return slot
+        return slot if self.is_free(slot) else None
 
     def _take(self, slot: PinnedSlot) -> PinnedSlot:
         """Hand out ``_free_next``'s slot as it is (its buffers hold the shapes asked for already)."""
@@ -254,7 +222,7 @@ class PinnedRing:
             return self._hand_out(slot)
         fits = slot is not None
         for name, shape in shapes.items() if fits else ():  # (a loop: a generator costs ~0.5 us here)
-            if (prod(shape) if shape else 1) > slot.capacity[name]:
+            if prod(shape) > slot.capacity[name]:
                 fits = False
                 break
         if not fits:
@@ -263,17 +231,16 @@ class PinnedRing:
         return self._hand_out(slot)
 
     def _hand_out(self, slot: PinnedSlot) -> PinnedSlot:
-        slots = len(self.slots)
+        slots = len(self.slots)  # (a conditional: ``min``/``max`` cost ~0.1 us here, every step)
         self._next = (slot.index + 1) % (self.base_slots if slots >= self.base_slots else max(1, slots))
         slot.generation += 1
-        slot.last_acquired = self._acquires
-        slot.idle_since = None
+        slot.last_acquired, slot.idle_since = self._acquires, None
         return slot
 
     def _grown(self, writer: str, slot: PinnedSlot | None, shapes: dict[str, list[int]], reserve) -> PinnedSlot:
         """``slot`` (None: none was free) grown to hold ``shapes``, or a new slot; ``RingFull`` if
         that would take the ring past its cap."""
-        need = {f: (prod(shape) if shape else 1) for f, shape in shapes.items()}
+        need = {f: prod(shape) for f, shape in shapes.items()}
         reserve = (reserve() if callable(reserve) else reserve) or {}
         if self.max_bytes is not None:
             growth = self._growth(slot, need, reserve)
@@ -283,18 +250,13 @@ class PinnedRing:
                 growth = self._growth(slot, need, reserve)
                 if growth and self.nbytes + growth > self.max_bytes:
                     self.refused += 1
-                    raise RingFull(
-                        f"pinned ring {self.name!r} holds {self.nbytes} bytes; {writer!r} needs {growth} more, "
-                        f"over its cap of {self.max_bytes} (FD_ASYNC_COPY_RING_MAX_BYTES)"
-                    )
+                    raise RingFull(f"pinned ring {self.name!r} holds {self.nbytes} bytes; {writer!r} needs "
+                                   f"{growth} more, over its cap of {self.max_bytes} "
+                                   "(FD_ASYNC_COPY_RING_MAX_BYTES)")
         if slot is None:
             self.grow_events += 1
-            log.warning(
-                "fd_async_copy: every slot of pinned ring %s is still in use; adding slot %d (a pinned "
-                "allocation; expected only during warm-up)",
-                self.name,
-                len(self.slots),
-            )
+            log.warning("fd_async_copy: every slot of pinned ring %s is still in use; adding slot %d (a pinned "
+                        "allocation; expected only during warm-up)", self.name, len(self.slots))
             slot = self._add_slot(need)
         for name, elements in need.items():
             if elements > slot.capacity[name]:

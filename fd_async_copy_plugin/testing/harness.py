@@ -20,6 +20,7 @@ from .reference.driver import DecodeResult, DriverConfig, Request, run_decode
 from .. import runtime
 from fd_async_copy_plugin.testing.reference import copy_backend as replica_backend
 from ..runtime import SyncCensus, census as census_module, collecting
+from .reference.device_tracking import decode_host_wait
 
 #: Census sites on the paths the plugin patches (gather_logprobs, update op, save ops, ZMQ
 #: payload, prompt logprobs). Other host syncs of FastDeploy 2.4 (get_padding_offset, bad_tokens_len,
@@ -262,6 +263,26 @@ def count_waits(status: dict | None) -> dict | None:
             "waited_fraction": counts["waited for the count"] / prepared if prepared else None}
 
 
+#: Census kinds after which host data of the step is known to be complete.
+WAIT_KINDS = frozenset({"blocking_d2h", "device_sync", "stream_sync", "event_wait"})
+
+
+def first_read_after_wait(step, sites=None) -> bool | None:
+    """True when the first host read of the census ``step`` comes after at least one wait.
+
+    ``sites`` restricts both to the sites it accepts. None when the step had no such host read.
+    """
+    waited = False
+    for kind, site in step.events:
+        if sites is not None and not sites(site):
+            continue
+        if kind in WAIT_KINDS:
+            waited = True
+        elif kind == "host_read":
+            return waited
+    return None
+
+
 def census_row(run: VariantRun, skip: int = 2) -> dict:
     """Per-step means over steps after ``skip`` warm-up steps, split by patched path or not."""
     steps = run.census.steps[skip:] or run.census.steps
@@ -272,9 +293,7 @@ def census_row(run: VariantRun, skip: int = 2) -> dict:
         off = sum(1 for s in steps for k, site in s.events if k == kind and not on_patched_path(site))
         row[kind] = on / n
         row[f"{kind}_elsewhere"] = off / n
-    row["first_read_after_wait"] = all(
-        s.first_read_after_wait(on_patched_path) in (True, None) for s in steps
-    )
+    row["first_read_after_wait"] = all(first_read_after_wait(s, on_patched_path) in (True, None) for s in steps)
     row["fallbacks"] = fallbacks_by_cause(getattr(run, "final_status", None))
     waits = count_waits(getattr(run, "final_status", None))
     if waits is not None:
@@ -294,7 +313,7 @@ def step_labels(run, skip: int = 1) -> list[list[str]]:
     (``site_label``: fd24-step-syncs.md's names), ``*`` when long."""
     out = []
     for step in run.census.steps[skip:]:
-        waits = [census_module.decode_host_wait(site) for kind, site in step.events if kind == "host_wait"]
+        waits = [decode_host_wait(site) for kind, site in step.events if kind == "host_wait"]
         if waits:
             out.append([site_label(w) + ("*" if w["long"] else "") for w in waits])
     return out
@@ -309,7 +328,7 @@ def host_waits(steps, skip: int = 2) -> dict:
     with its mean count per step.
     """
     steps = steps[skip:] or steps
-    per_step = [[census_module.decode_host_wait(site) for k, site in s.events if k == "host_wait"] for s in steps]
+    per_step = [[decode_host_wait(site) for k, site in s.events if k == "host_wait"] for s in steps]
     if not per_step:
         return {"total": 0, "long": 0, "short": 0, "mean": 0.0, "steps": 0, "sites": []}
     signature = collections.Counter(
@@ -354,7 +373,7 @@ def plugin_host_reads(census: SyncCensus) -> list[dict]:
         for kind, site in step.events:
             if kind != "host_wait":
                 continue
-            wait = census_module.decode_host_wait(site)
+            wait = decode_host_wait(site)
             if wait["mechanism"] in ("d2h", "h2d") and not wait["where"].startswith("reference/"):
                 out.append({**wait, "step": step.index})
     return out

@@ -216,7 +216,7 @@ def test_build_ops_rejects_no_cuda_with_require_cuda():
 def test_build_ops_names_a_cuda_home_without_nvcc():
     done = cli("build-ops", env={"CUDA_HOME": "/nonexistent"})
     assert "CUDA_HOME='/nonexistent' has no executable bin/nvcc" in done.stderr, done.stderr
-    from fd_async_copy_plugin.ops.toolchain import find_nvcc
+    from fd_async_copy_plugin.ops.cache import find_nvcc
 
     saved = {k: os.environ.get(k) for k in ("CUDA_HOME", "PATH")}
     try:

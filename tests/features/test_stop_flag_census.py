@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from fd_async_copy_plugin.testing.harness import on_patched_path
+from fd_async_copy_plugin.testing.harness import first_read_after_wait, on_patched_path
 
 pytestmark = pytest.mark.usefixtures("plugin_off")
 
@@ -38,7 +38,7 @@ def _patched(step, kind) -> list:
 
 def _first_read_waits(step) -> bool:
     """The step's first host read on a patched path comes after a wait on that path."""
-    result = step.first_read_after_wait(on_patched_path)
+    result = first_read_after_wait(step, on_patched_path)
     if result is None:
         raise AssertionError(f"step {step.index} has no host read on a patched path")
     return result

@@ -13,7 +13,7 @@ import pytest
 
 from fd_async_copy_plugin.testing.harness import VARIANTS, CENSUS_VARIANTS, run_variant, site_label, step_labels
 from fd_async_copy_plugin.testing.reference.driver import DriverConfig, Request
-from fd_async_copy_plugin.runtime import census
+from fd_async_copy_plugin.testing.reference.device_tracking import decode_host_wait
 
 pytestmark = pytest.mark.usefixtures("plugin_off")
 
@@ -30,7 +30,7 @@ def test_fd24_plain_decode_step_has_the_documented_seven_waits_in_order():
     run = tracked("fd24-unpatched")
     steps = step_labels(run)
     assert len(steps) == 5 and all(s == FD24_STEP for s in steps), steps
-    waits = [census.decode_host_wait(site) for k, site in run.census.steps[2].events if k == "host_wait"]
+    waits = [decode_host_wait(site) for k, site in run.census.steps[2].events if k == "host_wait"]
     assert [w["mechanism"] for w in waits] == ["d2h", "d2h", "d2h", "h2d", "d2h", "d2h", "d2h"]
     assert waits[3]["what"] == "top_p_sampling(topp_seed=pageable host tensor)"
     assert waits[3]["where"].endswith("top_k_top_p_sampling")
@@ -113,6 +113,6 @@ def test_every_host_wait_of_every_selftest_scenario_is_a_documented_blocking_poi
                               arrivals=sc.arrivals, max_steps=200, track=True)
             for step in run.census.steps:
                 for kind, site in step.events:
-                    if kind == "host_wait" and not site_label(census.decode_host_wait(site)):
+                    if kind == "host_wait" and not site_label(decode_host_wait(site)):
                         unnamed.add((sc.name, plugin, site))
     assert not unnamed, sorted(unnamed)

@@ -42,7 +42,7 @@ else **short** (the GPU is already idle; the cost is a copy round trip). An even
 when the event covers such work launched in the current step: waiting on the previous step's event
 after this step's forward was launched (the overlap schedule) leaves the GPU busy.
 
-Records go to the active sync census as kind ``host_wait`` (``census.encode_host_wait``) and to
+Records go to the active sync census as kind ``host_wait`` (``encode_host_wait``) and to
 ``Tracker.waits``. Wrapping costs Python overhead on every Paddle call while a tracker is
 active; nothing is wrapped outside ``tracking()``, and everything is restored on exit.
 """
@@ -69,6 +69,17 @@ from ...runtime.glue import PaddleGlue
 from fd_async_copy_plugin.registry.patch import Junction
 
 MARK = "_fd_reference_on_device"
+
+
+def encode_host_wait(mechanism: str, long: bool, where: str, what: str) -> str:
+    """The census site of a ``host_wait``: ``long|short``, mechanism, ``file:line function``, what."""
+    return f"{'long' if long else 'short'}|{mechanism}|{where}|{what}"
+
+
+def decode_host_wait(site: str) -> dict:
+    length, mechanism, where, what = site.split("|", 3)
+    return {"long": length == "long", "mechanism": mechanism, "where": where, "what": what}
+
 
 #: Tensor methods that read the tensor's values on the host (shared with the shipped sync check).
 HOST_READS = sync_check.HOST_READS
@@ -224,7 +235,7 @@ class Tracker:
         wait = HostWait(step, mechanism, long, file, line, function, what)
         with self._lock:
             self.waits.append(wait)
-        census.record("host_wait", census.encode_host_wait(mechanism, long, wait.where, what))
+        census.record("host_wait", encode_host_wait(mechanism, long, wait.where, what))
         sync_check.observe(mechanism, wait.where, what)  # the runtime sync check, when armed
         return wait
 
