@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 import textwrap
+import uuid
 from pathlib import Path
 
 import pytest
@@ -92,7 +93,7 @@ def _tree(tmp_path, name, early="pass", flag="model_output.not_need_stop", loop=
      "(c) get_tasks, then insert, gate, execute"),
 ])
 def test_each_shape_check_fails_where_the_shape_does_not_hold(tmp_path, monkeypatch, planted, item):
-    name = _tree(tmp_path, f"fakefd_{len(planted)}_{abs(hash(item)) % 1000}", **planted)
+    name = _tree(tmp_path, f"fakefd_{uuid.uuid4().hex}", **planted)  # a name no earlier case imported
     monkeypatch.syspath_prepend(str(tmp_path))
     report = Report(fd_src=None)
     check_overlap(Side(name, "fake"), report, "fastdeploy-2.4")
