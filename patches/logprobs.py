@@ -92,18 +92,15 @@ def check_gather_logprobs(original, ctx) -> None:
         maths = fd_identity.gather_logprobs_maths(node)
     except (OSError, TypeError, SyntaxError, ValueError) as exc:
         raise IncompatibleError(f"cannot read Sampler.gather_logprobs source: {exc}") from exc
-    problem = fd_identity.check(
-        "Sampler.gather_logprobs.maths", getattr(ctx, "profile", None), fd_identity.digest(maths, node.args)
-    )
+    problem = fd_identity.check("Sampler.gather_logprobs.maths", getattr(ctx, "profile", None),
+                                fd_identity.digest(maths, node.args))
     if problem:
         raise IncompatibleError(problem)
     tail = node.body[len(maths):]
     others = sorted({_call_name(n) or "?" for s in tail for n in ast.walk(s) if isinstance(n, ast.Call)} - _COPY_CALLS)
     if others:
-        raise IncompatibleError(
-            f"Sampler.gather_logprobs does more than copy its results after the maths (calls {others}): "
-            "the plugin replaces those statements, so FastDeploy runs unpatched"
-        )
+        raise IncompatibleError(f"Sampler.gather_logprobs does more than copy its results after the maths (calls "
+                                f"{others}): the plugin replaces those statements, so FastDeploy runs unpatched")
     last = tail[-1] if tail else None
     if not (isinstance(last, ast.Return) and isinstance(last.value, ast.Call)
             and _call_name(last.value) == "LogprobsTensors" and len(last.value.args) == 3):
@@ -119,14 +116,10 @@ class LogprobsCopier:
     ring. Buffers are capped at ``MAX_PINNED_BYTES``.
     """
 
-    def __init__(
-        self, backend, logprobs_tensors_cls, ring_max_bytes: int | None = None, stand_down=None, strict: bool = False
-    ) -> None:
-        self.backend = backend
-        self.stand_down = stand_down
-        self.strict = strict
+    def __init__(self, backend, logprobs_tensors_cls, ring_max_bytes: int | None = None,
+                 stand_down=lambda reason: None, strict: bool = False) -> None:
+        self.backend, self.base, self.stand_down, self.strict = backend, logprobs_tensors_cls, stand_down, strict
         self.unusable = ""  # set when the backend cannot be trusted here (accessor probe failed)
-        self.base = logprobs_tensors_cls
         self.AsyncLogprobsTensors = make_async_class(logprobs_tensors_cls, backend)
         self.rings: dict[str, runtime.PinnedRing] = {}
         self.max_rows = 0
@@ -170,24 +163,14 @@ class LogprobsCopier:
         wanted = self._elements(rows if prompt else max(rows, self.max_rows), columns)
         return {f: n if n * items[f] <= MAX_PINNED_BYTES else 0 for f, n in wanted.items()}
 
-    def _ring_for(self, sampler, kind: str, rows: int, columns: int, dtypes=DTYPES) -> runtime.PinnedRing:
-        if dtypes != DTYPES:  # FastDeploy's gather on float64 (or fp16 without the fp32 upcast)
-            kind = f"{kind}.{'.'.join(dtypes[f] for f in FIELDS)}"
-        ring = self.rings.get(kind)
-        if ring is None:
-            # FastDeploy's GuidedDecoding keeps max_num_seqs (2.4, 2.5, develop).
-            self.max_rows = self.max_rows or int(
-                getattr(getattr(sampler, "guided_decoding", None), "max_num_seqs", 0) or 0
-            )
-            prompt = kind.startswith("prompt")
-            capacity = self._reserve(rows, max(columns, DEFAULT_MAX_LOGPROBS + 1), prompt, _item_bytes(dtypes))
-            capacity = {f: max(1, n) for f, n in capacity.items()}
-            ring = runtime.PinnedRing(
-                self.backend, f"logprobs.{kind}", dict(dtypes), capacity, slots=1 if prompt else RING_SLOTS,
-                max_bytes=self.ring_max_bytes,
-            )
-            self.rings[kind] = ring
-        return ring
+    def _new_ring(self, sampler, kind: str, prompt: bool, rows: int, columns: int, dtypes, items):
+        # FastDeploy's GuidedDecoding keeps max_num_seqs (2.4, 2.5, develop).
+        self.max_rows = self.max_rows or int(getattr(getattr(sampler, "guided_decoding", None), "max_num_seqs", 0) or 0)
+        capacity = self._reserve(rows, max(columns, DEFAULT_MAX_LOGPROBS + 1), prompt, items)
+        self.rings[kind] = runtime.PinnedRing(self.backend, f"logprobs.{kind}", dict(dtypes),
+                                              {f: max(1, n) for f, n in capacity.items()},
+                                              slots=1 if prompt else RING_SLOTS, max_bytes=self.ring_max_bytes)
+        return self.rings[kind]
 
     def _blocking(self, sources: dict):
         """FastDeploy 2.4's three blocking copies, as FastDeploy's own ``LogprobsTensors``."""
@@ -197,14 +180,12 @@ class LogprobsCopier:
         """Issue the three non-blocking copies and record one event; return the result."""
         sources = {"logprob_token_ids": indices, "logprobs": top_logprobs, "selected_token_ranks": token_ranks}
         if not self.unusable:
-            problem = self.backend.unusable_for(indices)  # the accessor probe, once per device
+            self.unusable = problem = self.backend.unusable_for(indices)  # the accessor probe, once per device
             if problem:
-                self.unusable = problem
                 if self.strict:
                     raise RuntimeError(f"fd_async_copy logprobs: {problem}")
                 log.error("fd_async_copy: %s; logprobs are copied FastDeploy's blocking way", problem)
-                if self.stand_down is not None:
-                    self.stand_down(problem)
+                self.stand_down(problem)
         if self.unusable:
             return self._blocking(sources)
         dtypes = {f: str(sources[f].dtype).rsplit(".", 1)[-1] for f in FIELDS}
@@ -227,8 +208,11 @@ class LogprobsCopier:
         with self._lock:
             if self.closed:  # disable() is restoring FastDeploy: a late call gets host-owned data
                 return self._blocking(sources)
+            kind = "prompt" if prompt else "decode"
+            if dtypes != DTYPES:  # FastDeploy's gather on float64 (or fp16 without the fp32 upcast)
+                kind = f"{kind}.{'.'.join(dtypes[f] for f in FIELDS)}"
             try:
-                ring = self._ring_for(sampler, "prompt" if prompt else "decode", rows, columns, dtypes)
+                ring = self.rings.get(kind) or self._new_ring(sampler, kind, prompt, rows, columns, dtypes, items)
                 # A free slot, the three copies, then their event (each source's facts read once). A
                 # wider request (more top logprobs, or -1 = the vocabulary) grows a slot for every row.
                 slot, _ = ring.fill("gather_logprobs", sources, LABELS, "gather_logprobs",
@@ -243,11 +227,9 @@ class LogprobsCopier:
             result = self.AsyncLogprobsTensors(*(slot.buffers[name] for name in FIELDS))
             self.async_steps += 1
             del slot
-        if prompt:
-            # FastDeploy copies prompt logprobs into its own CPU buffers right away: hand it host-owned
-            # tensors (one event-scoped wait per chunk; 2.5 does a device-wide sync here).
-            return result.materialize("prompt_logprobs")
-        return result
+        # Prompt logprobs: FastDeploy copies them into its own CPU buffers right away: hand it
+        # host-owned tensors (one event-scoped wait per chunk; 2.5 does a device-wide sync here).
+        return result.materialize("prompt_logprobs") if prompt else result
 
 
 def make_async_class(base, backend):
@@ -263,11 +245,9 @@ def make_async_class(base, backend):
 
         def materialize(self, reader: str = "logprobs"):
             """Host-owned ``LogprobsTensors`` (pageable CPU tensors), after the copy event."""
-            cached = self.__dict__.get("_host_copies")
-            if cached is None:
-                cached = base(*(backend.to_host(field, reader) for field in self))
-                self.__dict__["_host_copies"] = cached
-            return cached
+            if "_host_copies" not in self.__dict__:
+                self.__dict__["_host_copies"] = base(*(backend.to_host(field, reader) for field in self))
+            return self.__dict__["_host_copies"]
 
         def slice_rows(self, start: int, end: int):
             # FD's rows (its body is checked: fd_identity), O(rows sliced): only those rows are read.
@@ -278,11 +258,18 @@ def make_async_class(base, backend):
 
         def __reduce__(self):
             # Pickled (e.g. onto a queue) as FastDeploy's own class with host-owned data.
-            materialized = self.materialize("pickle")
-            return (base, tuple(materialized))
+            return (base, tuple(self.materialize("pickle")))
 
     AsyncLogprobsTensors.__qualname__ = f"{base.__qualname__}[fd_async_copy]"
     return AsyncLogprobsTensors
+
+
+def check_slice_rows(original, ctx) -> None:
+    """The plugin's ``slice_rows`` (here for pinned results, ``sync_scope`` for every result) is
+    FastDeploy's rows: only where FastDeploy's body is exactly the known one (``fd_identity``)."""
+    problem = fd_identity.slice_rows_problem(original, getattr(ctx, "profile", None))
+    if problem:
+        raise IncompatibleError(problem)
 
 
 def keeps_fastdeploy_code(platform, backend) -> bool:
@@ -300,38 +287,27 @@ def keeps_fastdeploy_code(platform, backend) -> bool:
 
 
 def build_gather_logprobs(original, ctx):
-    sampler_module = ctx.module(SAMPLER)
-    copier: LogprobsCopier = ctx.state
+    sampler_module, copier, postproc = ctx.module(SAMPLER), ctx.state, ctx.module(POSTPROC)
     batched_count_greater_than = sampler_module.batched_count_greater_than
     platform = getattr(sampler_module, "current_platform", None)
-    backend = ctx.backend
-    postproc = ctx.module(POSTPROC)
 
     def reloaded() -> bool:
         """FastDeploy's own save op is bound again (what ``importlib.reload`` does): the plugin's
-        junction is no longer installed on it (an op that resolved to None - not compiled - has none)."""
-        return vars(postproc).get("save_output_topk") is not None and Junction.at(postproc, "save_output_topk") is None
-
-    def fastdeploys_path() -> bool:
-        """Not CUDA (XPU/Iluvatar/...: untouched), or the consumer guards are gone."""
-        if keeps_fastdeploy_code(platform, backend):
-            return True
-        if copier.closed:
-            return True
-        if reloaded():
-            # The module was reloaded (importlib.reload re-binds FastDeploy's originals): results
-            # would reach an unguarded save. Finish what was issued and stand down, for good.
-            copier.close()
-            reason = (f"{postproc.__name__} was reloaded: save_output_topk is FastDeploy's own again, so "
-                      "logprobs run FastDeploy's own path (disable() and enable() to patch the new module)")
-            log.error("fd_async_copy: %s", reason)
-            ctx.stand_down(reason)
-            return True
-        return False
+        junction is no longer installed on it (an op that resolved to None - not compiled - has none).
+        Results would reach an unguarded save: finish what was issued and stand down, for good."""
+        if vars(postproc).get("save_output_topk") is None or Junction.at(postproc, "save_output_topk") is not None:
+            return False
+        copier.close()
+        reason = (f"{postproc.__name__} was reloaded: save_output_topk is FastDeploy's own again, so "
+                  "logprobs run FastDeploy's own path (disable() and enable() to patch the new module)")
+        log.error("fd_async_copy: %s", reason)
+        ctx.stand_down(reason)
+        return True
 
     @wraps(original)
     def gather_logprobs(self, logprobs, num_logprobs, token_ids):
-        if fastdeploys_path():
+        # Not CUDA (XPU/Iluvatar/...: untouched), or the consumer guards are gone.
+        if keeps_fastdeploy_code(platform, ctx.backend) or copier.closed or reloaded():
             return original(self, logprobs, num_logprobs, token_ids)
         # The maths of FastDeploy's gather_logprobs, unchanged (bit-identical results).
         assert token_ids.dtype == paddle.int64
@@ -375,9 +351,7 @@ class LogprobsFeature(Feature):
         if not isinstance(tensors, type):
             raise IncompatibleError(f"{SAMPLER} no longer imports LogprobsTensors")
         # ... and re-implements its slice_rows for pinned results: only where it is exactly FD's.
-        problem = fd_identity.slice_rows_problem(getattr(tensors, "slice_rows", None), getattr(ctx, "profile", None))
-        if problem:
-            raise IncompatibleError(problem)
+        check_slice_rows(getattr(tensors, "slice_rows", None), ctx)
 
     def prepare(self, ctx) -> LogprobsCopier:
         return LogprobsCopier(
@@ -391,20 +365,14 @@ class LogprobsFeature(Feature):
         speculative = len(copier.speculative_runners) if isinstance(copier, LogprobsCopier) else 0
         if not isinstance(copier, LogprobsCopier) or not (copier.capped_steps or copier.dtype_steps or speculative):
             return None
-        other = sum(copier.dtype_steps.values())
-        total = copier.capped_steps + other + copier.async_steps
-        reasons = []
-        if speculative:
-            reasons.append(f"{speculative} runner(s) decode speculatively: their speculative sampler gathers logprobs "
-                           "with FastDeploy's own code (left untouched)")
-            if not copier.plain_runners and not copier.async_steps:
-                return {"state": "passthrough", "runners": [], "reason": "; ".join(reasons)}
+        total = copier.capped_steps + sum(copier.dtype_steps.values()) + copier.async_steps
+        reasons = [f"{speculative} runner(s) decode speculatively: their speculative sampler gathers logprobs "
+                   "with FastDeploy's own code (left untouched)"] if speculative else []
         if copier.capped_steps:
             reasons.append(f"{copier.capped_steps} of {total} steps copied FastDeploy's blocking way: over the "
                            f"pinned cap (FD_ASYNC_COPY_RING_MAX_BYTES={copier.ring_max_bytes}, or 64 MiB a buffer)")
-        for dtype, n in sorted(copier.dtype_steps.items()):
-            reasons.append(f"{n} of {total} steps copied FastDeploy's blocking way: {dtype} logprobs have no "
-                           "pinned buffer")
+        reasons += [f"{n} of {total} steps copied FastDeploy's blocking way: {dtype} logprobs have no pinned buffer"
+                    for dtype, n in sorted(copier.dtype_steps.items())]
         partial = copier.async_steps or (speculative and len(copier.plain_runners))
         return {"state": "partial" if partial else "passthrough", "runners": [], "reason": "; ".join(reasons)}
 

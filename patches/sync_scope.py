@@ -30,11 +30,11 @@ import textwrap
 import numpy as np
 import paddle
 
-from fd_async_copy_plugin import fd_identity
 from fd_async_copy_plugin.registry.patch import JUNCTION_MARK, Feature, IncompatibleError, Patch, Target, wraps
 from fd_async_copy_plugin.runtime.backend import host_view, np_dtype_of
 from fd_async_copy_plugin.runtime.glue import paddle_glue
 
+from .logprobs import check_slice_rows
 from .runner import line
 from .step import prompt_runner
 
@@ -42,22 +42,15 @@ OUTPUT = "worker.output"
 RUNNER = "worker.gpu_model_runner"
 
 
-def _calls_device_synchronize(fn) -> bool:
-    tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "synchronize":
-            owner = node.func.value
-            if isinstance(owner, ast.Attribute) and owner.attr == "device":
-                return True
-    return False
-
-
 def check_prompt_logprobs(original, ctx) -> None:
+    """FastDeploy's method calls ``<...>.device.synchronize()`` (what this feature scopes)."""
     try:
-        found = _calls_device_synchronize(original)
+        tree = ast.parse(textwrap.dedent(inspect.getsource(original)))
     except (OSError, TypeError, SyntaxError) as exc:
         raise IncompatibleError(f"cannot read _get_prompt_logprobs_list source: {exc}") from exc
-    if not found:
+    if not any(isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "synchronize"
+               and isinstance(node.func.value, ast.Attribute) and node.func.value.attr == "device"
+               for node in ast.walk(tree)):
         raise IncompatibleError("_get_prompt_logprobs_list has no paddle.device.synchronize() to scope")
 
 
@@ -73,25 +66,15 @@ def build_device_synchronize(original, ctx):
     method on the calling thread, where it waits for the current stream only (the copies FastDeploy
     issued there are on it) - or for nothing, when the plugin's gather already waited."""
 
-    backend = ctx.backend
-
     @wraps(original)
     def synchronize(*args, **kwargs):
         runner = prompt_runner()
         if runner is None:
             return original(*args, **kwargs)
-        if _gathers_host_data(runner):
-            return None
-        backend.stream_synchronize("prompt_logprobs")
-        return None
+        if not _gathers_host_data(runner):
+            ctx.backend.stream_synchronize("prompt_logprobs")
 
     return synchronize
-
-
-def check_slice_rows(original, ctx) -> None:  # the replacement is FD's rows: only for FD's exact body
-    problem = fd_identity.slice_rows_problem(original, getattr(ctx, "profile", None))
-    if problem:
-        raise IncompatibleError(problem)
 
 
 def host_rows_view(field):
@@ -143,10 +126,8 @@ def build_slice_rows(original, ctx):
 
 class SyncScopeFeature(Feature):
     name = "sync_scope"
-    mirrors = (
-        "FastDeploy PR #6362's prompt logprobs and slice_rows, without its device-wide synchronize "
-        "and whole-tensor copies"
-    )
+    mirrors = ("FastDeploy PR #6362's prompt logprobs and slice_rows, without its device-wide synchronize "
+               "and whole-tensor copies")
     profiles = {
         "fastdeploy-2.4": "native: FastDeploy 2.4 has no device-wide synchronize here and slices before copying",
         "fastdeploy-2.5": "apply",
