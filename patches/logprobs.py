@@ -55,20 +55,10 @@ RING_SLOTS = 2  # FD 2.5's overlap schedule still references step N's output whe
 #: (e.g. whole-vocabulary logprobs for a long prompt chunk) is copied with FastDeploy 2.4's blocking
 #: copies instead: correct and bounded, never a multi-GB pinned allocation in the decode loop.
 MAX_PINNED_BYTES = 64 << 20
-#: Marks the plugin's gather_logprobs (sync_scope checks it to know prompt results are host-owned).
 _ITEM_BYTES = {field: np.dtype(dtype).itemsize for field, dtype in DTYPES.items()}
 
 #: dtypes a pinned buffer can hold (numpy's: no bfloat16)
 _PINNED_DTYPES = frozenset({"bool", "int8", "uint8", "int16", "int32", "int64", "float16", "float32", "float64"})
-
-
-def _item_bytes(dtypes: dict) -> dict | None:
-    """Bytes per element of each field's dtype; None when one has no pinned buffer."""
-    if dtypes is DTYPES or dtypes == DTYPES:
-        return _ITEM_BYTES
-    if not all(d in _PINNED_DTYPES for d in dtypes.values()):
-        return None
-    return {f: np.dtype(d).itemsize for f, d in dtypes.items()}
 
 
 #: What the statements after the maths may call: the copies the plugin replaces (FastDeploy's
@@ -122,7 +112,7 @@ class LogprobsCopier:
         self.unusable = ""  # set when the backend cannot be trusted here (accessor probe failed)
         self.AsyncLogprobsTensors = make_async_class(logprobs_tensors_cls, backend)
         self.rings: dict[str, runtime.PinnedRing] = {}
-        self.max_rows = 0
+        self.max_rows = 0  # FastDeploy's max_num_seqs (a decode buffer grows to every sequence's row)
         self._lock = threading.RLock()  # producers on several threads (see ``copy``)
         #: Cap of each ring's pinned bytes (FD_ASYNC_COPY_RING_MAX_BYTES); steps beyond it are
         #: copied blocking and counted in ``capped_steps``.
@@ -130,8 +120,7 @@ class LogprobsCopier:
         self.capped_steps = self.async_steps = 0  # copied blocking (a cap) / non-blocking
         #: runners built while the feature is applied, by whether they decode speculatively (their
         #: SpeculativeSampler/MTPSampler gather with FastDeploy's own code: this feature never runs)
-        self.speculative_runners: weakref.WeakSet = weakref.WeakSet()
-        self.plain_runners: weakref.WeakSet = weakref.WeakSet()
+        self.speculative_runners, self.plain_runners = weakref.WeakSet(), weakref.WeakSet()
         #: steps copied FastDeploy's blocking way because a result's dtype has no pinned buffer
         #: (bfloat16: numpy has none), by dtype; a float64 or float16 result gets a ring of its own
         self.dtype_steps: dict[str, int] = {}
@@ -164,8 +153,8 @@ class LogprobsCopier:
         return {f: n if n * items[f] <= MAX_PINNED_BYTES else 0 for f, n in wanted.items()}
 
     def _new_ring(self, sampler, kind: str, prompt: bool, rows: int, columns: int, dtypes, items):
-        # FastDeploy's GuidedDecoding keeps max_num_seqs (2.4, 2.5, develop).
-        self.max_rows = self.max_rows or int(getattr(getattr(sampler, "guided_decoding", None), "max_num_seqs", 0) or 0)
+        guided = getattr(sampler, "guided_decoding", None)  # keeps max_num_seqs (FD 2.4, 2.5, develop)
+        self.max_rows = self.max_rows or int(getattr(guided, "max_num_seqs", 0) or 0)
         capacity = self._reserve(rows, max(columns, DEFAULT_MAX_LOGPROBS + 1), prompt, items)
         self.rings[kind] = runtime.PinnedRing(self.backend, f"logprobs.{kind}", dict(dtypes),
                                               {f: max(1, n) for f, n in capacity.items()},
@@ -189,8 +178,11 @@ class LogprobsCopier:
         if self.unusable:
             return self._blocking(sources)
         dtypes = {f: str(sources[f].dtype).rsplit(".", 1)[-1] for f in FIELDS}
-        items = _item_bytes(dtypes)
-        if items is None:  # no pinned buffer of that dtype: FastDeploy's own copies, counted
+        if dtypes == DTYPES:  # bytes per element of each field
+            items = _ITEM_BYTES
+        elif all(d in _PINNED_DTYPES for d in dtypes.values()):
+            items = {f: np.dtype(d).itemsize for f, d in dtypes.items()}
+        else:  # no pinned buffer of that dtype: FastDeploy's own copies, counted
             other = ",".join(sorted({d for d in dtypes.values() if d not in _PINNED_DTYPES}))
             self.dtype_steps[other] = self.dtype_steps.get(other, 0) + 1
             if self.dtype_steps[other] == 1:
@@ -199,27 +191,26 @@ class LogprobsCopier:
             return self._blocking(sources)
         rows, columns = int(indices.shape[0]), int(indices.shape[-1])
         prompt = prompt_runner() is not None
-        if any(n * items[f] > MAX_PINNED_BYTES for f, n in self._elements(rows, columns).items()):
-            log.info("fd_async_copy: %d x %d logprobs exceed the pinned cap; copied blocking", rows, columns)
-            self.capped_steps += 1
-            return self._blocking(sources)
+        kind = "prompt" if prompt else "decode"
+        if dtypes != DTYPES:  # FastDeploy's gather on float64 (or fp16 without the fp32 upcast)
+            kind = f"{kind}.{'.'.join(dtypes[f] for f in FIELDS)}"
         # One producer at a time from acquire until the result references the slot: a slot is "free"
         # while nothing references it, so two threads must never pick the same one.
         with self._lock:
             if self.closed:  # disable() is restoring FastDeploy: a late call gets host-owned data
                 return self._blocking(sources)
-            kind = "prompt" if prompt else "decode"
-            if dtypes != DTYPES:  # FastDeploy's gather on float64 (or fp16 without the fp32 upcast)
-                kind = f"{kind}.{'.'.join(dtypes[f] for f in FIELDS)}"
             try:
+                if any(n * items[f] > MAX_PINNED_BYTES for f, n in self._elements(rows, columns).items()):
+                    raise runtime.RingFull(f"{rows} x {columns} logprobs exceed the pinned cap")
                 ring = self.rings.get(kind) or self._new_ring(sampler, kind, prompt, rows, columns, dtypes, items)
                 # A free slot, the three copies, then their event (each source's facts read once). A
                 # wider request (more top logprobs, or -1 = the vocabulary) grows a slot for every row.
                 slot, _ = ring.fill("gather_logprobs", sources, LABELS, "gather_logprobs",
                                     reserve=lambda: self._reserve(rows, columns, prompt, items))
             except runtime.RingFull as exc:
-                # A consumer lags far behind (or the rows are huge): no more page-locked memory; this
-                # step is copied FastDeploy 2.4's blocking way (counted), the ring stays as it is.
+                # A consumer lags far behind, or the rows are huge (one buffer over MAX_PINNED_BYTES):
+                # no more page-locked memory; this step is copied FastDeploy 2.4's blocking way
+                # (counted), the ring stays as it is.
                 self.capped_steps += 1
                 level = logging.WARNING if self.capped_steps == 1 else logging.DEBUG
                 log.log(level, "fd_async_copy: %s; step copied blocking (%d so far)", exc, self.capped_steps)
@@ -295,7 +286,7 @@ def build_gather_logprobs(original, ctx):
         """FastDeploy's own save op is bound again (what ``importlib.reload`` does): the plugin's
         junction is no longer installed on it (an op that resolved to None - not compiled - has none).
         Results would reach an unguarded save: finish what was issued and stand down, for good."""
-        if vars(postproc).get("save_output_topk") is None or Junction.at(postproc, "save_output_topk") is not None:
+        if vars(postproc).get("save_output_topk") is None or Junction.at(postproc, "save_output_topk"):
             return False
         copier.close()
         reason = (f"{postproc.__name__} was reloaded: save_output_topk is FastDeploy's own again, so "
@@ -371,8 +362,8 @@ class LogprobsFeature(Feature):
         if copier.capped_steps:
             reasons.append(f"{copier.capped_steps} of {total} steps copied FastDeploy's blocking way: over the "
                            f"pinned cap (FD_ASYNC_COPY_RING_MAX_BYTES={copier.ring_max_bytes}, or 64 MiB a buffer)")
-        reasons += [f"{n} of {total} steps copied FastDeploy's blocking way: {dtype} logprobs have no pinned buffer"
-                    for dtype, n in sorted(copier.dtype_steps.items())]
+        reasons += [f"{n} of {total} steps copied FastDeploy's blocking way: {dtype} logprobs have no pinned "
+                    "buffer" for dtype, n in sorted(copier.dtype_steps.items())]
         partial = copier.async_steps or (speculative and len(copier.plain_runners))
         return {"state": "partial" if partial else "passthrough", "runners": [], "reason": "; ".join(reasons)}
 

@@ -48,9 +48,9 @@ def check_prompt_logprobs(original, ctx) -> None:
         tree = ast.parse(textwrap.dedent(inspect.getsource(original)))
     except (OSError, TypeError, SyntaxError) as exc:
         raise IncompatibleError(f"cannot read _get_prompt_logprobs_list source: {exc}") from exc
-    if not any(isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "synchronize"
-               and isinstance(node.func.value, ast.Attribute) and node.func.value.attr == "device"
-               for node in ast.walk(tree)):
+    calls = [node.func for node in ast.walk(tree) if isinstance(node, ast.Call)]
+    if not any(isinstance(f, ast.Attribute) and f.attr == "synchronize" and isinstance(f.value, ast.Attribute)
+               and f.value.attr == "device" for f in calls):
         raise IncompatibleError("_get_prompt_logprobs_list has no paddle.device.synchronize() to scope")
 
 
@@ -128,12 +128,8 @@ class SyncScopeFeature(Feature):
     name = "sync_scope"
     mirrors = ("FastDeploy PR #6362's prompt logprobs and slice_rows, without its device-wide synchronize "
                "and whole-tensor copies")
-    profiles = {
-        "fastdeploy-2.4": "native: FastDeploy 2.4 has no device-wide synchronize here and slices before copying",
-        "fastdeploy-2.5": "apply",
-        "fastdeploy-2.6+": "apply",
-    }
-
+    profiles = {"fastdeploy-2.4": "native: FastDeploy 2.4 has no device-wide synchronize here and slices "
+                                  "before copying", "fastdeploy-2.5": "apply", "fastdeploy-2.6+": "apply"}
     patches = (
         Patch(Target("paddle.device", "synchronize", absolute=True), build_device_synchronize),
         Patch(Target(RUNNER, "GPUModelRunner._get_prompt_logprobs_list"), line("_get_prompt_logprobs_list"),

@@ -5,6 +5,7 @@ for it. docs/architecture.md shows this file (a test keeps them equal)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 from .._tensor_watch import watching
@@ -12,6 +13,8 @@ from ..common import _get_prompt_logprobs_list, consume  # noqa: F401 - the line
 from ..runner import parts_of
 from ..step import current, opened
 from . import overlap, step_syncs, stop_flag
+
+NO_PART = contextlib.nullcontext()  # what a part that does not run for the runner puts around FD's call
 
 
 def __init__(fd, on, self, *args, **kwargs):
@@ -55,11 +58,9 @@ def _insert(site, fd, on, self, *args, **kwargs):
         state.overlap.flush(site)  # overlap: the pending save first
     if state.stop is not None:
         state.stop.sync(site)  # stop_flag: the flag current, so the insert's write is the last
-    if state.syncs is None:
+    # step_syncs: shadow refreshed, FD's writes followed, block-table rows staged
+    with step_syncs.inserting(state.syncs.shadow, self, site) if state.syncs is not None else NO_PART:
         result = fd(self, *args, **kwargs)
-    else:  # step_syncs: shadow refreshed, FD's writes followed, block-table rows staged
-        with step_syncs.inserting(state.syncs.shadow, self, site):
-            result = fd(self, *args, **kwargs)
     if state.stop is not None:
         state.stop.after_insert()  # stop_flag: the pinned flag follows the legacy one
     return result
@@ -71,9 +72,7 @@ insert_prefill_inputs = functools.partial(_insert, "insert_prefill_inputs")
 
 def _dummy_prefill_inputs(fd, on, self, *args, **kwargs):
     syncs = parts_of(self).syncs
-    if syncs is None:
-        return fd(self, *args, **kwargs)
-    with step_syncs.inserting(syncs.shadow, self, "_dummy_prefill_inputs"):
+    with step_syncs.inserting(syncs.shadow, self, "_dummy_prefill_inputs") if syncs is not None else NO_PART:
         return fd(self, *args, **kwargs)
 
 
@@ -150,8 +149,7 @@ def get_padding_offset(fd, on, input_ids, token_num, *args, **kwargs):
 
 def _update(name, fd, on, *args, **kwargs):
     registry = on["stop_flag"].state  # (None once a disable() tore it down: no runner has a part)
-    usable = registry is not None and len(args) > 7 and not kwargs
-    state = registry.for_flag(args[1]) if usable else None
+    state = registry.for_flag(args[1]) if registry is not None and len(args) > 7 and not kwargs else None
     if state is None:
         return fd(*args, **kwargs)
     # stop_flag: the plugin's op writes the device flag (no host copy) ...

@@ -180,16 +180,17 @@ def set_up(ctx, runner, max_num_seqs: int) -> None:
     place = runner.share_inputs["stop_flags"].place
     on_gpu, reason = place.is_gpu_place(), ""
     if on_gpu != (ctx.backend.name == "cuda"):
-        reason = (f"backend {ctx.backend.name!r} cannot update FastDeploy's {'GPU' if on_gpu else 'CPU'} buffers; "
-                  f"use FD_ASYNC_COPY_BACKEND={'cuda' if on_gpu else 'host'}")
+        reason = (f"backend {ctx.backend.name!r} cannot update FastDeploy's {'GPU' if on_gpu else 'CPU'} "
+                  f"buffers; use FD_ASYNC_COPY_BACKEND={'cuda' if on_gpu else 'host'}")
     elif on_gpu:
         reason = probe_accessors(ctx.backend, registry.ops, place)
         if not reason and registry.cuda_probe is None:
             registry.cuda_probe = probe_cuda_kernels(registry.ops, place)
         reason = reason or registry.cuda_probe
     if not reason and int(max_num_seqs) > MAX_BATCH:
-        reason = (f"max_num_seqs={max_num_seqs} exceeds {MAX_BATCH}, the one-block limit of the stop-flag kernels "
-                  "(FastDeploy's own update kernels have the same limit but miscount silently); lower max_num_seqs")
+        reason = (f"max_num_seqs={max_num_seqs} exceeds {MAX_BATCH}, the one-block limit of the stop-flag "
+                  "kernels (FastDeploy's own update kernels have the same limit but miscount silently); "
+                  "lower max_num_seqs")
     if not reason:
         registry.add(runner, StopFlagState(runner.share_inputs, int(max_num_seqs), ctx.backend, registry.ops,
                                            registry.copy_tokens, runner_state(runner, create=True)))
@@ -252,13 +253,6 @@ def check_update_inputs_v1(original, ctx) -> None:
                                 f"{_UPDATE_V1_PARAMS}")
 
 
-def _device_op(ctx, ops, name: str):
-    op = getattr(ops, f"{name}_cuda", None) if ctx.backend.name == "cuda" else getattr(ops, f"{name}_host")
-    if op is None:
-        raise IncompatibleError(f"the CUDA {name} kernel library is not built: {ops.cuda_why}")
-    return op
-
-
 def load_stop_flag_ops():
     """The custom ops (``fd_async_copy_plugin.ops.load_ops``); raises ``OpsUnavailable``."""
     from fd_async_copy_plugin.ops import load_ops
@@ -293,15 +287,15 @@ class StopFlagFeature(RunnerFeature):
         try:
             ops = load_stop_flag_ops()
         except OpsUnavailable as exc:
-            why = str(exc)
-            return why if why.startswith("custom ops unavailable") else f"custom ops unavailable: {why}"
+            return str(exc) if str(exc).startswith("custom ops unavailable") else f"custom ops unavailable: {exc}"
         if backend == "cuda" and not ops.has_cuda_kernels:
             return f"the CUDA stop-flag kernel library is not usable: {ops.cuda_why}"
         return ""
 
     def prepare(self, ctx) -> StopFlagRunners:
         ops = load_stop_flag_ops()
-        device_ops = {name: _device_op(ctx, ops, name) for name in ("update_inputs_v1", "update_inputs")}
+        kind = "cuda" if ctx.backend.name == "cuda" else "host"  # (``unavailable``: cuda has its kernels)
+        device_ops = {name: getattr(ops, f"{name}_{kind}") for name in ("update_inputs_v1", "update_inputs")}
         registry = StopFlagRunners(ops, "sampled_tokens" in ctx.options, device_ops)
         add_substitute(registry.substitute)
         return registry
