@@ -139,15 +139,10 @@ class LogprobsCopier:
             self.closed = True
             self.backend.stream_synchronize("disable")
 
-    @property
-    def ring(self) -> runtime.PinnedRing | None:
-        """The decode ring (None before the first decode step with logprobs)."""
-        return self.rings.get("decode")
-
     def _elements(self, rows: int, columns: int) -> dict[str, int]:
         return {"logprob_token_ids": rows * columns, "logprobs": rows * columns, "selected_token_ranks": rows}
 
-    def _reserve(self, rows: int, columns: int, prompt: bool, items=_ITEM_BYTES) -> dict[str, int]:
+    def _reserve(self, rows: int, columns: int, prompt: bool, items: dict) -> dict[str, int]:
         """What a growing buffer grows to: every sequence's row (decode) if that fits the cap."""
         wanted = self._elements(rows if prompt else max(rows, self.max_rows), columns)
         return {f: n if n * items[f] <= MAX_PINNED_BYTES else 0 for f, n in wanted.items()}
@@ -163,7 +158,7 @@ class LogprobsCopier:
 
     def _blocking(self, sources: dict):
         """FastDeploy 2.4's three blocking copies, as FastDeploy's own ``LogprobsTensors``."""
-        return self.base(*(self.backend.blocking_d2h(sources[f], f"gather_logprobs.{f}") for f in FIELDS))
+        return self.base(*(self.backend.blocking_d2h(sources[f], LABELS[f]) for f in FIELDS))
 
     def copy(self, sampler, indices, top_logprobs, token_ranks):
         """Issue the three non-blocking copies and record one event; return the result."""
@@ -178,10 +173,14 @@ class LogprobsCopier:
         if self.unusable:
             return self._blocking(sources)
         dtypes = {f: str(sources[f].dtype).rsplit(".", 1)[-1] for f in FIELDS}
+        prompt = prompt_runner() is not None
+        kind = "prompt" if prompt else "decode"
         if dtypes == DTYPES:  # bytes per element of each field
             items = _ITEM_BYTES
         elif all(d in _PINNED_DTYPES for d in dtypes.values()):
+            # FastDeploy's gather on float64 (or fp16 without the fp32 upcast): a ring of its own
             items = {f: np.dtype(d).itemsize for f, d in dtypes.items()}
+            kind = f"{kind}.{'.'.join(dtypes[f] for f in FIELDS)}"
         else:  # no pinned buffer of that dtype: FastDeploy's own copies, counted
             other = ",".join(sorted({d for d in dtypes.values() if d not in _PINNED_DTYPES}))
             self.dtype_steps[other] = self.dtype_steps.get(other, 0) + 1
@@ -190,10 +189,6 @@ class LogprobsCopier:
                             "FastDeploy's blocking way (counted in status())", other)
             return self._blocking(sources)
         rows, columns = int(indices.shape[0]), int(indices.shape[-1])
-        prompt = prompt_runner() is not None
-        kind = "prompt" if prompt else "decode"
-        if dtypes != DTYPES:  # FastDeploy's gather on float64 (or fp16 without the fp32 upcast)
-            kind = f"{kind}.{'.'.join(dtypes[f] for f in FIELDS)}"
         # One producer at a time from acquire until the result references the slot: a slot is "free"
         # while nothing references it, so two threads must never pick the same one.
         with self._lock:

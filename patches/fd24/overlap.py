@@ -294,10 +294,10 @@ class OverlapFeature(RunnerFeature):
                 "fastdeploy-2.6+": "native: FastDeploy develop has the overlap schedule (on by default)"}
     requires = ("logprobs", "stop_flag", "step_syncs")
     patches = (
-        Patch(Target(RUNNER, "GPUModelRunner._init_share_inputs"), line("_init_share_inputs")),
+        # (``_init_share_inputs`` is a step section through stop_flag's part of it anyway)
         *(Patch(Target(RUNNER, f"GPUModelRunner.{name}"), line(name), step=True) for name in (
-            "execute_model", "not_need_stop", "insert_tasks_v1", "insert_prefill_inputs", "reset_share_inputs",
-            "_dummy_run")),
+            "_init_share_inputs", "execute_model", "not_need_stop", "insert_tasks_v1", "insert_prefill_inputs",
+            "reset_share_inputs", "_dummy_run")),
         *(Patch(Target(POSTPROC, name), line(name), producer=True) for name in SAVE_OPS),
         # ``launch``'s wait at the forward's launch (without it, ``launch`` waits as ``exact``)
         Patch(Target(RUNNER, "GPUModelRunner.padding_cudagraph_inputs", required=False),

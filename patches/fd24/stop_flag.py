@@ -33,6 +33,7 @@ import logging
 import numpy as np
 import paddle
 
+from fd_async_copy_plugin.ops import OpsUnavailable, load_ops as load_stop_flag_ops  # (tests replace it)
 from fd_async_copy_plugin.ops.stop_flag_library import MAX_BATCH
 from fd_async_copy_plugin.registry.patch import IncompatibleError, Patch, Target
 
@@ -135,9 +136,8 @@ class StopFlagRunners(FeatureRunners):
 
     def __init__(self, ops, copy_tokens: bool, device_ops: dict) -> None:
         super().__init__("stop_flag", "stop")
-        self.ops = ops
-        self.device_ops = device_ops  # FastDeploy's update op name -> the plugin's (host or CUDA)
-        self.copy_tokens = copy_tokens
+        # device_ops: FastDeploy's update op name -> the plugin's (host or CUDA)
+        self.ops, self.device_ops, self.copy_tokens = ops, device_ops, copy_tokens
         self.cuda_probe: str | None = None  # the CUDA kernel probe's result, once per process
 
     def for_flag(self, flag) -> StopFlagState | None:
@@ -253,13 +253,6 @@ def check_update_inputs_v1(original, ctx) -> None:
                                 f"{_UPDATE_V1_PARAMS}")
 
 
-def load_stop_flag_ops():
-    """The custom ops (``fd_async_copy_plugin.ops.load_ops``); raises ``OpsUnavailable``."""
-    from fd_async_copy_plugin.ops import load_ops
-
-    return load_ops()
-
-
 class StopFlagFeature(RunnerFeature):
     name = "stop_flag"
     mirrors = "FastDeploy PR #6176 (device-side not_need_stop, get_stop/set_stop, event-synced save)"
@@ -282,8 +275,6 @@ class StopFlagFeature(RunnerFeature):
     )
 
     def unavailable(self, backend: str) -> str:
-        from fd_async_copy_plugin.ops import OpsUnavailable
-
         try:
             ops = load_stop_flag_ops()
         except OpsUnavailable as exc:
