@@ -294,9 +294,8 @@ class StopFlagFeature(RunnerFeature):
     def quiesce(self, ctx) -> None:
         # disable(): the update ops are FastDeploy's again; make every legacy flag current before the
         # save guards go (FD's own save reads it right away, maybe on another thread).
-        if isinstance(ctx.state, StopFlagRunners):
-            for state in ctx.state.parts():
-                state.sync("disable")
+        for state in ctx.state.parts() if isinstance(ctx.state, StopFlagRunners) else ():
+            state.sync("disable")
 
     def teardown(self, ctx):
         if ctx.state is not None:
