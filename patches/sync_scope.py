@@ -24,12 +24,11 @@ from __future__ import annotations
 
 import ast
 import ctypes
-import inspect
-import textwrap
 
 import numpy as np
 import paddle
 
+from fd_async_copy_plugin import fd_identity
 from fd_async_copy_plugin.registry.patch import JUNCTION_MARK, Feature, IncompatibleError, Patch, Target, wraps
 from fd_async_copy_plugin.runtime.backend import host_view, np_dtype_of
 from fd_async_copy_plugin.runtime.glue import paddle_glue
@@ -45,7 +44,7 @@ RUNNER = "worker.gpu_model_runner"
 def check_prompt_logprobs(original, ctx) -> None:
     """FastDeploy's method calls ``<...>.device.synchronize()`` (what this feature scopes)."""
     try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(original)))
+        tree = fd_identity.function_node(original)
     except (OSError, TypeError, SyntaxError) as exc:
         raise IncompatibleError(f"cannot read _get_prompt_logprobs_list source: {exc}") from exc
     calls = [node.func for node in ast.walk(tree) if isinstance(node, ast.Call)]
