@@ -210,7 +210,7 @@ class LogprobsCopier:
                 level = logging.WARNING if self.capped_steps == 1 else logging.DEBUG
                 log.log(level, "fd_async_copy: %s; step copied blocking (%d so far)", exc, self.capped_steps)
                 return self._blocking(sources)
-            result = self.AsyncLogprobsTensors(*(slot.buffers[name] for name in FIELDS))
+            result = self.AsyncLogprobsTensors(*map(slot.buffers.__getitem__, FIELDS))  # (no Python frame a field)
             self.async_steps += 1
             del slot
         # Prompt logprobs: FastDeploy copies them into its own CPU buffers right away: hand it
