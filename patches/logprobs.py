@@ -340,10 +340,8 @@ class LogprobsFeature(Feature):
         check_slice_rows(getattr(tensors, "slice_rows", None), ctx)
 
     def prepare(self, ctx) -> LogprobsCopier:
-        return LogprobsCopier(
-            ctx.backend, ctx.module(SAMPLER).LogprobsTensors, stand_down=ctx.stand_down, strict=ctx.strict,
-            ring_max_bytes=ctx.settings.ring_max_bytes if ctx.settings is not None else None,
-        )
+        return LogprobsCopier(ctx.backend, ctx.module(SAMPLER).LogprobsTensors, stand_down=ctx.stand_down,
+                              strict=ctx.strict, ring_max_bytes=getattr(ctx.settings, "ring_max_bytes", None))
 
     def report(self, ctx) -> dict | None:
         """Not ``applied`` while steps are copied the blocking way (a ring or buffer cap), counted."""

@@ -107,9 +107,7 @@ def not_need_stop(fd, on, self):
     state = parts_of(self)
     if state.overlap is not None and state.overlap.flag_check():
         return True  # overlap: a step's output is still to be saved
-    if state.stop is None:
-        return fd(self)
-    return state.stop.flag("not_need_stop")  # stop_flag: the legacy flag made current
+    return fd(self) if state.stop is None else state.stop.flag("not_need_stop")  # stop_flag: the legacy flag
 
 
 def _dummy_run(fd, on, self, *args, **kwargs):
@@ -140,8 +138,7 @@ def exist_prefill(fd, on, self):
 
 
 def get_padding_offset(fd, on, input_ids, token_num, *args, **kwargs):
-    step = current()
-    armed = step.count if step is not None else None  # step_syncs: the count _prepare_inputs knew
+    armed = getattr(current(), "count", None)  # step_syncs: the count _prepare_inputs knew (or no step)
     if armed is None:
         return fd(input_ids, token_num, *args, **kwargs)
     return step_syncs.padding_offset(fd, *armed, input_ids, token_num, args, kwargs)
@@ -183,8 +180,7 @@ def post_process_normal(fd, on, sampler_output, *args, **kwargs):
 
 
 def _save(name, fd, on, *args, **kwargs):
-    step = current()
-    saves = step.saves if step is not None else None
+    saves = getattr(current(), "saves", None)  # (no step open: None)
     flag_index = overlap.SAVE_OPS[name]
     if saves is not None and not kwargs and len(args) > flag_index:
         # overlap: captured, it runs after the next forward launch (with this step's flag)

@@ -267,11 +267,10 @@ class StopFlagFeature(RunnerFeature):
         Patch(Target(POSTPROC, "update_inputs_v1"), line("update_inputs_v1"), check_update_inputs_v1, producer=True),
         Patch(Target(POSTPROC, "update_inputs"), line("update_inputs"), producer=True),
         *(Patch(Target(POSTPROC, name), line(name))
-          for name in ("save_output", "save_output_topk", "_build_stream_transfer_data")),
-        Patch(Target(POSTPROC, "post_process"), line("post_process")),
-        Patch(Target(RUNNER, "post_process"), line("post_process")),
-        Patch(Target("worker.metax_model_runner", "post_process", required=False), line("post_process")),
-        Patch(Target("worker.gcu_model_runner", "post_process", required=False), line("post_process")),
+          for name in ("save_output", "save_output_topk", "_build_stream_transfer_data", "post_process")),
+        # post_process as the runner modules imported it (Metax's and GCU's where they are loaded)
+        *(Patch(Target(module, "post_process", required=module == RUNNER), line("post_process"))
+          for module in (RUNNER, "worker.metax_model_runner", "worker.gcu_model_runner")),
     )
 
     def unavailable(self, backend: str) -> str:
