@@ -72,18 +72,17 @@ class OverlapState:
         self.flag_turn = 0
         # (save op, args, flag index, flag buffer) of the last overlap step / of the step running
         self.pending, self.captured = [], []
-        self.in_step = self.after_forward = False
+        #: in a step, after its forward's launch, prepared sized by the bound (``bound``, or ``launch``
+        #: where it runs): set by ``begin_step``
+        self.in_step = self.after_forward = self.by_bound = False
         self.fallbacks, self.served = collections.Counter(), collections.Counter()
         # decode steps by whether the last step's event was waited before this step's forward (``exact``
         # waits for its count there), after it (``bound``), or had landed before (the first step, or
         # an insert flushed it); waited_fraction: waited / (waited + not waited)
         self.count_waits, self.sized = collections.Counter(), "landed before"
-        #: this step is prepared sized by the bound (``bound``, or ``launch`` where it runs)
-        self.by_bound = False
         #: ``launch``: why this runner waits at ``_prepare_inputs`` instead (None: not checked yet);
         #: its steps trimmed to the exact count at the forward's launch, and those left as they were
-        self.launch_off: str | None = None
-        self.launch = collections.Counter()
+        self.launch_off, self.launch = None, collections.Counter()
         self.saving = threading.RLock()  # one flush at a time; the captured saves move under it
         self.detached = False  # disable() took the part off its runner
 
