@@ -33,12 +33,10 @@ from fd_async_copy_plugin.registry.patch import JUNCTION_MARK, Feature, Incompat
 from fd_async_copy_plugin.runtime.backend import host_view, np_dtype_of
 from fd_async_copy_plugin.runtime.glue import paddle_glue
 
-from .logprobs import check_slice_rows
+from .logprobs import RUNNER, check_slice_rows
 from .runner import line
 from .step import prompt_runner
 
-OUTPUT = "worker.output"
-RUNNER = "worker.gpu_model_runner"
 
 
 def check_prompt_logprobs(original, ctx) -> None:
@@ -53,13 +51,6 @@ def check_prompt_logprobs(original, ctx) -> None:
         raise IncompatibleError("_get_prompt_logprobs_list has no paddle.device.synchronize() to scope")
 
 
-def _gathers_host_data(runner) -> bool:
-    """True when the runner's sampler is the plugin's ``gather_logprobs``: in prompt mode it hands
-    back host-owned tensors after its own wait, so FastDeploy's synchronize has nothing to wait for."""
-    gather = getattr(type(getattr(runner, "sampler", None)), "gather_logprobs", None)
-    return "logprobs" in getattr(getattr(gather, JUNCTION_MARK, None), "links", ())
-
-
 def build_device_synchronize(original, ctx):
     """``paddle.device.synchronize`` itself: unchanged everywhere except inside the prompt-logprobs
     method on the calling thread, where it waits for the current stream only (the copies FastDeploy
@@ -70,7 +61,10 @@ def build_device_synchronize(original, ctx):
         runner = prompt_runner()
         if runner is None:
             return original(*args, **kwargs)
-        if not _gathers_host_data(runner):
+        # The runner's sampler gathers with the plugin's gather_logprobs: in prompt mode it hands back
+        # host-owned tensors after its own wait, so FastDeploy's synchronize has nothing to wait for.
+        gather = getattr(type(getattr(runner, "sampler", None)), "gather_logprobs", None)
+        if "logprobs" not in getattr(getattr(gather, JUNCTION_MARK, None), "links", ()):
             ctx.backend.stream_synchronize("prompt_logprobs")
 
     return synchronize
@@ -133,7 +127,7 @@ class SyncScopeFeature(Feature):
         Patch(Target("paddle.device", "synchronize", absolute=True), build_device_synchronize),
         Patch(Target(RUNNER, "GPUModelRunner._get_prompt_logprobs_list"), line("_get_prompt_logprobs_list"),
               check_prompt_logprobs),
-        Patch(Target(OUTPUT, "LogprobsTensors.slice_rows"), build_slice_rows, check_slice_rows),
+        Patch(Target("worker.output", "LogprobsTensors.slice_rows"), build_slice_rows, check_slice_rows),
     )
 
 
