@@ -37,6 +37,5 @@ def fd_async_copy_features():
 
     # Any order: what runs around each FastDeploy method is its line's function (fd24/, fd25/), and
     # a feature that builds on another is applied after it (``Feature.requires``).
-    return [*logprobs.FEATURES, *sync_scope.FEATURES, *stop_flag.FEATURES, *step_syncs.FEATURES,
-            *overlap.FEATURES, *flag_race.FEATURES]
+    return [f for m in (logprobs, sync_scope, stop_flag, step_syncs, overlap, flag_race) for f in m.FEATURES]
 

@@ -24,7 +24,6 @@ Delete: when FastDeploy's ``gather_logprobs`` copies into preallocated pinned bu
 from __future__ import annotations
 
 import ast
-import inspect
 import logging
 import threading
 import weakref
@@ -55,20 +54,10 @@ RING_SLOTS = 2  # FD 2.5's overlap schedule still references step N's output whe
 #: (e.g. whole-vocabulary logprobs for a long prompt chunk) is copied with FastDeploy 2.4's blocking
 #: copies instead: correct and bounded, never a multi-GB pinned allocation in the decode loop.
 MAX_PINNED_BYTES = 64 << 20
-#: Marks the plugin's gather_logprobs (sync_scope checks it to know prompt results are host-owned).
 _ITEM_BYTES = {field: np.dtype(dtype).itemsize for field, dtype in DTYPES.items()}
 
 #: dtypes a pinned buffer can hold (numpy's: no bfloat16)
 _PINNED_DTYPES = frozenset({"bool", "int8", "uint8", "int16", "int32", "int64", "float16", "float32", "float64"})
-
-
-def _item_bytes(dtypes: dict) -> dict | None:
-    """Bytes per element of each field's dtype; None when one has no pinned buffer."""
-    if dtypes is DTYPES or dtypes == DTYPES:
-        return _ITEM_BYTES
-    if not all(d in _PINNED_DTYPES for d in dtypes.values()):
-        return None
-    return {f: np.dtype(d).itemsize for f, d in dtypes.items()}
 
 
 #: What the statements after the maths may call: the copies the plugin replaces (FastDeploy's
@@ -83,27 +72,22 @@ def _call_name(node: ast.Call) -> str | None:
 
 def check_gather_logprobs(original, ctx) -> None:
     """The maths must be exactly FastDeploy's (normalised-AST digest, ``fd_identity``); what follows
-    it may only copy the three results and return them as ``LogprobsTensors``."""
-    params = list(inspect.signature(original).parameters)
-    if params != ["self", "logprobs", "num_logprobs", "token_ids"]:
-        raise IncompatibleError(f"Sampler.gather_logprobs{tuple(params)} has an unexpected signature")
+    it may only copy the three results and return them as ``LogprobsTensors``. (The digest covers
+    the parameters too: the replacement's ``(self, logprobs, num_logprobs, token_ids)``.)"""
     try:
         node = fd_identity.function_node(original)
         maths = fd_identity.gather_logprobs_maths(node)
     except (OSError, TypeError, SyntaxError, ValueError) as exc:
         raise IncompatibleError(f"cannot read Sampler.gather_logprobs source: {exc}") from exc
-    problem = fd_identity.check(
-        "Sampler.gather_logprobs.maths", getattr(ctx, "profile", None), fd_identity.digest(maths, node.args)
-    )
+    problem = fd_identity.check("Sampler.gather_logprobs.maths", getattr(ctx, "profile", None),
+                                fd_identity.digest(maths, node.args))
     if problem:
         raise IncompatibleError(problem)
     tail = node.body[len(maths):]
     others = sorted({_call_name(n) or "?" for s in tail for n in ast.walk(s) if isinstance(n, ast.Call)} - _COPY_CALLS)
     if others:
-        raise IncompatibleError(
-            f"Sampler.gather_logprobs does more than copy its results after the maths (calls {others}): "
-            "the plugin replaces those statements, so FastDeploy runs unpatched"
-        )
+        raise IncompatibleError(f"Sampler.gather_logprobs does more than copy its results after the maths (calls "
+                                f"{others}): the plugin replaces those statements, so FastDeploy runs unpatched")
     last = tail[-1] if tail else None
     if not (isinstance(last, ast.Return) and isinstance(last.value, ast.Call)
             and _call_name(last.value) == "LogprobsTensors" and len(last.value.args) == 3):
@@ -119,17 +103,13 @@ class LogprobsCopier:
     ring. Buffers are capped at ``MAX_PINNED_BYTES``.
     """
 
-    def __init__(
-        self, backend, logprobs_tensors_cls, ring_max_bytes: int | None = None, stand_down=None, strict: bool = False
-    ) -> None:
-        self.backend = backend
-        self.stand_down = stand_down
-        self.strict = strict
+    def __init__(self, backend, logprobs_tensors_cls, ring_max_bytes: int | None = None,
+                 stand_down=lambda reason: None, strict: bool = False) -> None:
+        self.backend, self.base, self.stand_down, self.strict = backend, logprobs_tensors_cls, stand_down, strict
         self.unusable = ""  # set when the backend cannot be trusted here (accessor probe failed)
-        self.base = logprobs_tensors_cls
         self.AsyncLogprobsTensors = make_async_class(logprobs_tensors_cls, backend)
         self.rings: dict[str, runtime.PinnedRing] = {}
-        self.max_rows = 0
+        self.max_rows = 0  # FastDeploy's max_num_seqs (a decode buffer grows to every sequence's row)
         self._lock = threading.RLock()  # producers on several threads (see ``copy``)
         #: Cap of each ring's pinned bytes (FD_ASYNC_COPY_RING_MAX_BYTES); steps beyond it are
         #: copied blocking and counted in ``capped_steps``.
@@ -137,8 +117,7 @@ class LogprobsCopier:
         self.capped_steps = self.async_steps = 0  # copied blocking (a cap) / non-blocking
         #: runners built while the feature is applied, by whether they decode speculatively (their
         #: SpeculativeSampler/MTPSampler gather with FastDeploy's own code: this feature never runs)
-        self.speculative_runners: weakref.WeakSet = weakref.WeakSet()
-        self.plain_runners: weakref.WeakSet = weakref.WeakSet()
+        self.speculative_runners, self.plain_runners = weakref.WeakSet(), weakref.WeakSet()
         #: steps copied FastDeploy's blocking way because a result's dtype has no pinned buffer
         #: (bfloat16: numpy has none), by dtype; a float64 or float16 result gets a ring of its own
         self.dtype_steps: dict[str, int] = {}
@@ -157,59 +136,49 @@ class LogprobsCopier:
             self.closed = True
             self.backend.stream_synchronize("disable")
 
-    @property
-    def ring(self) -> runtime.PinnedRing | None:
-        """The decode ring (None before the first decode step with logprobs)."""
-        return self.rings.get("decode")
-
     def _elements(self, rows: int, columns: int) -> dict[str, int]:
         return {"logprob_token_ids": rows * columns, "logprobs": rows * columns, "selected_token_ranks": rows}
 
-    def _reserve(self, rows: int, columns: int, prompt: bool, items=_ITEM_BYTES) -> dict[str, int]:
+    def _reserve(self, rows: int, columns: int, prompt: bool, items: dict) -> dict[str, int]:
         """What a growing buffer grows to: every sequence's row (decode) if that fits the cap."""
         wanted = self._elements(rows if prompt else max(rows, self.max_rows), columns)
         return {f: n if n * items[f] <= MAX_PINNED_BYTES else 0 for f, n in wanted.items()}
 
-    def _ring_for(self, sampler, kind: str, rows: int, columns: int, dtypes=DTYPES) -> runtime.PinnedRing:
-        if dtypes != DTYPES:  # FastDeploy's gather on float64 (or fp16 without the fp32 upcast)
-            kind = f"{kind}.{'.'.join(dtypes[f] for f in FIELDS)}"
-        ring = self.rings.get(kind)
-        if ring is None:
-            # FastDeploy's GuidedDecoding keeps max_num_seqs (2.4, 2.5, develop).
-            self.max_rows = self.max_rows or int(
-                getattr(getattr(sampler, "guided_decoding", None), "max_num_seqs", 0) or 0
-            )
-            prompt = kind.startswith("prompt")
-            capacity = self._reserve(rows, max(columns, DEFAULT_MAX_LOGPROBS + 1), prompt, _item_bytes(dtypes))
-            capacity = {f: max(1, n) for f, n in capacity.items()}
-            ring = runtime.PinnedRing(
-                self.backend, f"logprobs.{kind}", dict(dtypes), capacity, slots=1 if prompt else RING_SLOTS,
-                max_bytes=self.ring_max_bytes,
-            )
-            self.rings[kind] = ring
-        return ring
+    def _new_ring(self, sampler, kind: str, prompt: bool, rows: int, columns: int, dtypes, items):
+        guided = getattr(sampler, "guided_decoding", None)  # keeps max_num_seqs (FD 2.4, 2.5, develop)
+        self.max_rows = self.max_rows or int(getattr(guided, "max_num_seqs", 0) or 0)
+        capacity = self._reserve(rows, max(columns, DEFAULT_MAX_LOGPROBS + 1), prompt, items)
+        self.rings[kind] = runtime.PinnedRing(self.backend, f"logprobs.{kind}", dict(dtypes),
+                                              {f: max(1, n) for f, n in capacity.items()},
+                                              slots=1 if prompt else RING_SLOTS, max_bytes=self.ring_max_bytes)
+        return self.rings[kind]
 
     def _blocking(self, sources: dict):
         """FastDeploy 2.4's three blocking copies, as FastDeploy's own ``LogprobsTensors``."""
-        return self.base(*(self.backend.blocking_d2h(sources[f], f"gather_logprobs.{f}") for f in FIELDS))
+        return self.base(*(self.backend.blocking_d2h(sources[f], LABELS[f]) for f in FIELDS))
 
     def copy(self, sampler, indices, top_logprobs, token_ranks):
         """Issue the three non-blocking copies and record one event; return the result."""
         sources = {"logprob_token_ids": indices, "logprobs": top_logprobs, "selected_token_ranks": token_ranks}
         if not self.unusable:
-            problem = self.backend.unusable_for(indices)  # the accessor probe, once per device
+            self.unusable = problem = self.backend.unusable_for(indices)  # the accessor probe, once per device
             if problem:
-                self.unusable = problem
                 if self.strict:
                     raise RuntimeError(f"fd_async_copy logprobs: {problem}")
                 log.error("fd_async_copy: %s; logprobs are copied FastDeploy's blocking way", problem)
-                if self.stand_down is not None:
-                    self.stand_down(problem)
+                self.stand_down(problem)
         if self.unusable:
             return self._blocking(sources)
         dtypes = {f: str(sources[f].dtype).rsplit(".", 1)[-1] for f in FIELDS}
-        items = _item_bytes(dtypes)
-        if items is None:  # no pinned buffer of that dtype: FastDeploy's own copies, counted
+        prompt = prompt_runner() is not None
+        kind = "prompt" if prompt else "decode"
+        if dtypes == DTYPES:  # bytes per element of each field
+            items = _ITEM_BYTES
+        elif all(d in _PINNED_DTYPES for d in dtypes.values()):
+            # FastDeploy's gather on float64 (or fp16 without the fp32 upcast): a ring of its own
+            items = {f: np.dtype(d).itemsize for f, d in dtypes.items()}
+            kind = f"{kind}.{'.'.join(dtypes[f] for f in FIELDS)}"
+        else:  # no pinned buffer of that dtype: FastDeploy's own copies, counted
             other = ",".join(sorted({d for d in dtypes.values() if d not in _PINNED_DTYPES}))
             self.dtype_steps[other] = self.dtype_steps.get(other, 0) + 1
             if self.dtype_steps[other] == 1:
@@ -217,37 +186,33 @@ class LogprobsCopier:
                             "FastDeploy's blocking way (counted in status())", other)
             return self._blocking(sources)
         rows, columns = int(indices.shape[0]), int(indices.shape[-1])
-        prompt = prompt_runner() is not None
-        if any(n * items[f] > MAX_PINNED_BYTES for f, n in self._elements(rows, columns).items()):
-            log.info("fd_async_copy: %d x %d logprobs exceed the pinned cap; copied blocking", rows, columns)
-            self.capped_steps += 1
-            return self._blocking(sources)
         # One producer at a time from acquire until the result references the slot: a slot is "free"
         # while nothing references it, so two threads must never pick the same one.
         with self._lock:
             if self.closed:  # disable() is restoring FastDeploy: a late call gets host-owned data
                 return self._blocking(sources)
             try:
-                ring = self._ring_for(sampler, "prompt" if prompt else "decode", rows, columns, dtypes)
+                if any(n * items[f] > MAX_PINNED_BYTES for f, n in self._elements(rows, columns).items()):
+                    raise runtime.RingFull(f"{rows} x {columns} logprobs exceed the pinned cap")
+                ring = self.rings.get(kind) or self._new_ring(sampler, kind, prompt, rows, columns, dtypes, items)
                 # A free slot, the three copies, then their event (each source's facts read once). A
                 # wider request (more top logprobs, or -1 = the vocabulary) grows a slot for every row.
                 slot, _ = ring.fill("gather_logprobs", sources, LABELS, "gather_logprobs",
                                     reserve=lambda: self._reserve(rows, columns, prompt, items))
             except runtime.RingFull as exc:
-                # A consumer lags far behind (or the rows are huge): no more page-locked memory; this
-                # step is copied FastDeploy 2.4's blocking way (counted), the ring stays as it is.
+                # A consumer lags far behind, or the rows are huge (one buffer over MAX_PINNED_BYTES):
+                # no more page-locked memory; this step is copied FastDeploy 2.4's blocking way
+                # (counted), the ring stays as it is.
                 self.capped_steps += 1
                 level = logging.WARNING if self.capped_steps == 1 else logging.DEBUG
                 log.log(level, "fd_async_copy: %s; step copied blocking (%d so far)", exc, self.capped_steps)
                 return self._blocking(sources)
-            result = self.AsyncLogprobsTensors(*(slot.buffers[name] for name in FIELDS))
+            result = self.AsyncLogprobsTensors(*map(slot.buffers.__getitem__, FIELDS))  # (no Python frame a field)
             self.async_steps += 1
             del slot
-        if prompt:
-            # FastDeploy copies prompt logprobs into its own CPU buffers right away: hand it host-owned
-            # tensors (one event-scoped wait per chunk; 2.5 does a device-wide sync here).
-            return result.materialize("prompt_logprobs")
-        return result
+        # Prompt logprobs: FastDeploy copies them into its own CPU buffers right away: hand it
+        # host-owned tensors (one event-scoped wait per chunk; 2.5 does a device-wide sync here).
+        return result.materialize("prompt_logprobs") if prompt else result
 
 
 def make_async_class(base, backend):
@@ -263,11 +228,9 @@ def make_async_class(base, backend):
 
         def materialize(self, reader: str = "logprobs"):
             """Host-owned ``LogprobsTensors`` (pageable CPU tensors), after the copy event."""
-            cached = self.__dict__.get("_host_copies")
-            if cached is None:
-                cached = base(*(backend.to_host(field, reader) for field in self))
-                self.__dict__["_host_copies"] = cached
-            return cached
+            if "_host_copies" not in self.__dict__:
+                self.__dict__["_host_copies"] = base(*(backend.to_host(field, reader) for field in self))
+            return self.__dict__["_host_copies"]
 
         def slice_rows(self, start: int, end: int):
             # FD's rows (its body is checked: fd_identity), O(rows sliced): only those rows are read.
@@ -278,11 +241,18 @@ def make_async_class(base, backend):
 
         def __reduce__(self):
             # Pickled (e.g. onto a queue) as FastDeploy's own class with host-owned data.
-            materialized = self.materialize("pickle")
-            return (base, tuple(materialized))
+            return (base, tuple(self.materialize("pickle")))
 
     AsyncLogprobsTensors.__qualname__ = f"{base.__qualname__}[fd_async_copy]"
     return AsyncLogprobsTensors
+
+
+def check_slice_rows(original, ctx) -> None:
+    """The plugin's ``slice_rows`` (here for pinned results, ``sync_scope`` for every result) is
+    FastDeploy's rows: only where FastDeploy's body is exactly the known one (``fd_identity``)."""
+    problem = fd_identity.slice_rows_problem(original, getattr(ctx, "profile", None))
+    if problem:
+        raise IncompatibleError(problem)
 
 
 def keeps_fastdeploy_code(platform, backend) -> bool:
@@ -300,38 +270,27 @@ def keeps_fastdeploy_code(platform, backend) -> bool:
 
 
 def build_gather_logprobs(original, ctx):
-    sampler_module = ctx.module(SAMPLER)
-    copier: LogprobsCopier = ctx.state
+    sampler_module, copier, postproc = ctx.module(SAMPLER), ctx.state, ctx.module(POSTPROC)
     batched_count_greater_than = sampler_module.batched_count_greater_than
     platform = getattr(sampler_module, "current_platform", None)
-    backend = ctx.backend
-    postproc = ctx.module(POSTPROC)
 
     def reloaded() -> bool:
         """FastDeploy's own save op is bound again (what ``importlib.reload`` does): the plugin's
-        junction is no longer installed on it (an op that resolved to None - not compiled - has none)."""
-        return vars(postproc).get("save_output_topk") is not None and Junction.at(postproc, "save_output_topk") is None
-
-    def fastdeploys_path() -> bool:
-        """Not CUDA (XPU/Iluvatar/...: untouched), or the consumer guards are gone."""
-        if keeps_fastdeploy_code(platform, backend):
-            return True
-        if copier.closed:
-            return True
-        if reloaded():
-            # The module was reloaded (importlib.reload re-binds FastDeploy's originals): results
-            # would reach an unguarded save. Finish what was issued and stand down, for good.
-            copier.close()
-            reason = (f"{postproc.__name__} was reloaded: save_output_topk is FastDeploy's own again, so "
-                      "logprobs run FastDeploy's own path (disable() and enable() to patch the new module)")
-            log.error("fd_async_copy: %s", reason)
-            ctx.stand_down(reason)
-            return True
-        return False
+        junction is no longer installed on it (an op that resolved to None - not compiled - has none).
+        Results would reach an unguarded save: finish what was issued and stand down, for good."""
+        if vars(postproc).get("save_output_topk") is None or Junction.at(postproc, "save_output_topk"):
+            return False
+        copier.close()
+        reason = (f"{postproc.__name__} was reloaded: save_output_topk is FastDeploy's own again, so "
+                  "logprobs run FastDeploy's own path (disable() and enable() to patch the new module)")
+        log.error("fd_async_copy: %s", reason)
+        ctx.stand_down(reason)
+        return True
 
     @wraps(original)
     def gather_logprobs(self, logprobs, num_logprobs, token_ids):
-        if fastdeploys_path():
+        # Not CUDA (XPU/Iluvatar/...: untouched), or the consumer guards are gone.
+        if keeps_fastdeploy_code(platform, ctx.backend) or copier.closed or reloaded():
             return original(self, logprobs, num_logprobs, token_ids)
         # The maths of FastDeploy's gather_logprobs, unchanged (bit-identical results).
         assert token_ids.dtype == paddle.int64
@@ -375,15 +334,11 @@ class LogprobsFeature(Feature):
         if not isinstance(tensors, type):
             raise IncompatibleError(f"{SAMPLER} no longer imports LogprobsTensors")
         # ... and re-implements its slice_rows for pinned results: only where it is exactly FD's.
-        problem = fd_identity.slice_rows_problem(getattr(tensors, "slice_rows", None), getattr(ctx, "profile", None))
-        if problem:
-            raise IncompatibleError(problem)
+        check_slice_rows(getattr(tensors, "slice_rows", None), ctx)
 
     def prepare(self, ctx) -> LogprobsCopier:
-        return LogprobsCopier(
-            ctx.backend, ctx.module(SAMPLER).LogprobsTensors, stand_down=ctx.stand_down, strict=ctx.strict,
-            ring_max_bytes=ctx.settings.ring_max_bytes if ctx.settings is not None else None,
-        )
+        return LogprobsCopier(ctx.backend, ctx.module(SAMPLER).LogprobsTensors, stand_down=ctx.stand_down,
+                              strict=ctx.strict, ring_max_bytes=getattr(ctx.settings, "ring_max_bytes", None))
 
     def report(self, ctx) -> dict | None:
         """Not ``applied`` while steps are copied the blocking way (a ring or buffer cap), counted."""
@@ -391,20 +346,14 @@ class LogprobsFeature(Feature):
         speculative = len(copier.speculative_runners) if isinstance(copier, LogprobsCopier) else 0
         if not isinstance(copier, LogprobsCopier) or not (copier.capped_steps or copier.dtype_steps or speculative):
             return None
-        other = sum(copier.dtype_steps.values())
-        total = copier.capped_steps + other + copier.async_steps
-        reasons = []
-        if speculative:
-            reasons.append(f"{speculative} runner(s) decode speculatively: their speculative sampler gathers logprobs "
-                           "with FastDeploy's own code (left untouched)")
-            if not copier.plain_runners and not copier.async_steps:
-                return {"state": "passthrough", "runners": [], "reason": "; ".join(reasons)}
+        total = copier.capped_steps + sum(copier.dtype_steps.values()) + copier.async_steps
+        reasons = [f"{speculative} runner(s) decode speculatively: their speculative sampler gathers logprobs "
+                   "with FastDeploy's own code (left untouched)"] if speculative else []
         if copier.capped_steps:
             reasons.append(f"{copier.capped_steps} of {total} steps copied FastDeploy's blocking way: over the "
                            f"pinned cap (FD_ASYNC_COPY_RING_MAX_BYTES={copier.ring_max_bytes}, or 64 MiB a buffer)")
-        for dtype, n in sorted(copier.dtype_steps.items()):
-            reasons.append(f"{n} of {total} steps copied FastDeploy's blocking way: {dtype} logprobs have no "
-                           "pinned buffer")
+        reasons += [f"{n} of {total} steps copied FastDeploy's blocking way: {dtype} logprobs have no pinned "
+                    "buffer" for dtype, n in sorted(copier.dtype_steps.items())]
         partial = copier.async_steps or (speculative and len(copier.plain_runners))
         return {"state": "partial" if partial else "passthrough", "runners": [], "reason": "; ".join(reasons)}
 

@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import ast
 import ctypes
-import inspect
-import textwrap
 
 import numpy as np
 import paddle
@@ -35,37 +33,22 @@ from fd_async_copy_plugin.registry.patch import JUNCTION_MARK, Feature, Incompat
 from fd_async_copy_plugin.runtime.backend import host_view, np_dtype_of
 from fd_async_copy_plugin.runtime.glue import paddle_glue
 
+from .logprobs import RUNNER, check_slice_rows
 from .runner import line
 from .step import prompt_runner
 
-OUTPUT = "worker.output"
-RUNNER = "worker.gpu_model_runner"
-
-
-def _calls_device_synchronize(fn) -> bool:
-    tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "synchronize":
-            owner = node.func.value
-            if isinstance(owner, ast.Attribute) and owner.attr == "device":
-                return True
-    return False
 
 
 def check_prompt_logprobs(original, ctx) -> None:
+    """FastDeploy's method calls ``<...>.device.synchronize()`` (what this feature scopes)."""
     try:
-        found = _calls_device_synchronize(original)
+        tree = fd_identity.function_node(original)
     except (OSError, TypeError, SyntaxError) as exc:
         raise IncompatibleError(f"cannot read _get_prompt_logprobs_list source: {exc}") from exc
-    if not found:
+    calls = [node.func for node in ast.walk(tree) if isinstance(node, ast.Call)]
+    if not any(isinstance(f, ast.Attribute) and f.attr == "synchronize" and isinstance(f.value, ast.Attribute)
+               and f.value.attr == "device" for f in calls):
         raise IncompatibleError("_get_prompt_logprobs_list has no paddle.device.synchronize() to scope")
-
-
-def _gathers_host_data(runner) -> bool:
-    """True when the runner's sampler is the plugin's ``gather_logprobs``: in prompt mode it hands
-    back host-owned tensors after its own wait, so FastDeploy's synchronize has nothing to wait for."""
-    gather = getattr(type(getattr(runner, "sampler", None)), "gather_logprobs", None)
-    return "logprobs" in getattr(getattr(gather, JUNCTION_MARK, None), "links", ())
 
 
 def build_device_synchronize(original, ctx):
@@ -73,25 +56,18 @@ def build_device_synchronize(original, ctx):
     method on the calling thread, where it waits for the current stream only (the copies FastDeploy
     issued there are on it) - or for nothing, when the plugin's gather already waited."""
 
-    backend = ctx.backend
-
     @wraps(original)
     def synchronize(*args, **kwargs):
         runner = prompt_runner()
         if runner is None:
             return original(*args, **kwargs)
-        if _gathers_host_data(runner):
-            return None
-        backend.stream_synchronize("prompt_logprobs")
-        return None
+        # The runner's sampler gathers with the plugin's gather_logprobs: in prompt mode it hands back
+        # host-owned tensors after its own wait, so FastDeploy's synchronize has nothing to wait for.
+        gather = getattr(type(getattr(runner, "sampler", None)), "gather_logprobs", None)
+        if "logprobs" not in getattr(getattr(gather, JUNCTION_MARK, None), "links", ()):
+            ctx.backend.stream_synchronize("prompt_logprobs")
 
     return synchronize
-
-
-def check_slice_rows(original, ctx) -> None:  # the replacement is FD's rows: only for FD's exact body
-    problem = fd_identity.slice_rows_problem(original, getattr(ctx, "profile", None))
-    if problem:
-        raise IncompatibleError(problem)
 
 
 def host_rows_view(field):
@@ -143,21 +119,15 @@ def build_slice_rows(original, ctx):
 
 class SyncScopeFeature(Feature):
     name = "sync_scope"
-    mirrors = (
-        "FastDeploy PR #6362's prompt logprobs and slice_rows, without its device-wide synchronize "
-        "and whole-tensor copies"
-    )
-    profiles = {
-        "fastdeploy-2.4": "native: FastDeploy 2.4 has no device-wide synchronize here and slices before copying",
-        "fastdeploy-2.5": "apply",
-        "fastdeploy-2.6+": "apply",
-    }
-
+    mirrors = ("FastDeploy PR #6362's prompt logprobs and slice_rows, without its device-wide synchronize "
+               "and whole-tensor copies")
+    profiles = {"fastdeploy-2.4": "native: FastDeploy 2.4 has no device-wide synchronize here and slices "
+                                  "before copying", "fastdeploy-2.5": "apply", "fastdeploy-2.6+": "apply"}
     patches = (
         Patch(Target("paddle.device", "synchronize", absolute=True), build_device_synchronize),
         Patch(Target(RUNNER, "GPUModelRunner._get_prompt_logprobs_list"), line("_get_prompt_logprobs_list"),
               check_prompt_logprobs),
-        Patch(Target(OUTPUT, "LogprobsTensors.slice_rows"), build_slice_rows, check_slice_rows),
+        Patch(Target("worker.output", "LogprobsTensors.slice_rows"), build_slice_rows, check_slice_rows),
     )
 
 

@@ -5,6 +5,7 @@ for it. docs/architecture.md shows this file (a test keeps them equal)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 from .._tensor_watch import watching
@@ -12,6 +13,8 @@ from ..common import _get_prompt_logprobs_list, consume  # noqa: F401 - the line
 from ..runner import parts_of
 from ..step import current, opened
 from . import overlap, step_syncs, stop_flag
+
+NO_PART = contextlib.nullcontext()  # what a part that does not run for the runner puts around FD's call
 
 
 def __init__(fd, on, self, *args, **kwargs):
@@ -55,11 +58,9 @@ def _insert(site, fd, on, self, *args, **kwargs):
         state.overlap.flush(site)  # overlap: the pending save first
     if state.stop is not None:
         state.stop.sync(site)  # stop_flag: the flag current, so the insert's write is the last
-    if state.syncs is None:
+    # step_syncs: shadow refreshed, FD's writes followed, block-table rows staged
+    with step_syncs.inserting(state.syncs.shadow, self, site) if state.syncs is not None else NO_PART:
         result = fd(self, *args, **kwargs)
-    else:  # step_syncs: shadow refreshed, FD's writes followed, block-table rows staged
-        with step_syncs.inserting(state.syncs.shadow, self, site):
-            result = fd(self, *args, **kwargs)
     if state.stop is not None:
         state.stop.after_insert()  # stop_flag: the pinned flag follows the legacy one
     return result
@@ -71,9 +72,7 @@ insert_prefill_inputs = functools.partial(_insert, "insert_prefill_inputs")
 
 def _dummy_prefill_inputs(fd, on, self, *args, **kwargs):
     syncs = parts_of(self).syncs
-    if syncs is None:
-        return fd(self, *args, **kwargs)
-    with step_syncs.inserting(syncs.shadow, self, "_dummy_prefill_inputs"):
+    with step_syncs.inserting(syncs.shadow, self, "_dummy_prefill_inputs") if syncs is not None else NO_PART:
         return fd(self, *args, **kwargs)
 
 
@@ -108,9 +107,7 @@ def not_need_stop(fd, on, self):
     state = parts_of(self)
     if state.overlap is not None and state.overlap.flag_check():
         return True  # overlap: a step's output is still to be saved
-    if state.stop is None:
-        return fd(self)
-    return state.stop.flag("not_need_stop")  # stop_flag: the legacy flag made current
+    return fd(self) if state.stop is None else state.stop.flag("not_need_stop")  # stop_flag: the legacy flag
 
 
 def _dummy_run(fd, on, self, *args, **kwargs):
@@ -141,8 +138,7 @@ def exist_prefill(fd, on, self):
 
 
 def get_padding_offset(fd, on, input_ids, token_num, *args, **kwargs):
-    step = current()
-    armed = step.count if step is not None else None  # step_syncs: the count _prepare_inputs knew
+    armed = getattr(current(), "count", None)  # step_syncs: the count _prepare_inputs knew (or no step)
     if armed is None:
         return fd(input_ids, token_num, *args, **kwargs)
     return step_syncs.padding_offset(fd, *armed, input_ids, token_num, args, kwargs)
@@ -150,8 +146,7 @@ def get_padding_offset(fd, on, input_ids, token_num, *args, **kwargs):
 
 def _update(name, fd, on, *args, **kwargs):
     registry = on["stop_flag"].state  # (None once a disable() tore it down: no runner has a part)
-    usable = registry is not None and len(args) > 7 and not kwargs
-    state = registry.for_flag(args[1]) if usable else None
+    state = registry.for_flag(args[1]) if registry is not None and len(args) > 7 and not kwargs else None
     if state is None:
         return fd(*args, **kwargs)
     # stop_flag: the plugin's op writes the device flag (no host copy) ...
@@ -185,8 +180,7 @@ def post_process_normal(fd, on, sampler_output, *args, **kwargs):
 
 
 def _save(name, fd, on, *args, **kwargs):
-    step = current()
-    saves = step.saves if step is not None else None
+    saves = getattr(current(), "saves", None)  # (no step open: None)
     flag_index = overlap.SAVE_OPS[name]
     if saves is not None and not kwargs and len(args) > flag_index:
         # overlap: captured, it runs after the next forward launch (with this step's flag)

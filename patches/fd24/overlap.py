@@ -49,7 +49,7 @@ import threading
 
 from fd_async_copy_plugin.registry.patch import Junction, Patch, Target, wraps
 
-from ..runner import FeatureRunners, RunnerFeature, line, part, runner_state
+from ..runner import FeatureRunners, RunnerFeature, is_cuda_runner, line, part, runner_state
 from ..step_syncs import own_path_reason as step_syncs_own_path
 
 RUNNER = "worker.gpu_model_runner"
@@ -62,30 +62,27 @@ class OverlapState:
     """One runner's overlap schedule: the saves of the last step, still to run."""
 
     def __init__(self, runner_state, backend, count_mode: str = "exact", runner_module=None) -> None:
-        self.backend = backend
-        self.runner_module = runner_module  # FastDeploy's runner module (``off_reason``)
-        #: "exact": the next step is sized after the last one's snapshot landed (step_syncs waits
-        #: for it at _prepare_inputs); "bound": FD 2.5's padded upper bound, no wait before the forward
-        self.count_mode = count_mode
-        self.runner = runner_state  # runner.RunnerState: step_saved()
+        # runner: runner.RunnerState (step_saved()); runner_module: FastDeploy's (``off_reason``);
+        # count_mode "exact": the next step is sized after the last one's snapshot landed (step_syncs
+        # waits for it at _prepare_inputs); "bound": FD 2.5's padded upper bound, no wait before the forward
+        self.backend, self.runner = backend, runner_state
+        self.runner_module, self.count_mode = runner_module, count_mode
         # one pinned flag per step in flight: a slot is rewritten two steps later, after its save ran
         self.flags = [backend.new_pinned([1], "bool", f"overlap.not_need_stop[{i}]") for i in range(2)]
         self.flag_turn = 0
         # (save op, args, flag index, flag buffer) of the last overlap step / of the step running
-        self.pending: list = []
-        self.captured: list = []
-        self.in_step = self.after_forward = False
+        self.pending, self.captured = [], []
+        #: in a step, after its forward's launch, prepared sized by the bound (``bound``, or ``launch``
+        #: where it runs): set by ``begin_step``
+        self.in_step = self.after_forward = self.by_bound = False
         self.fallbacks, self.served = collections.Counter(), collections.Counter()
         # decode steps by whether the last step's event was waited before this step's forward (``exact``
         # waits for its count there), after it (``bound``), or had landed before (the first step, or
         # an insert flushed it); waited_fraction: waited / (waited + not waited)
         self.count_waits, self.sized = collections.Counter(), "landed before"
-        #: this step is prepared sized by the bound (``bound``, or ``launch`` where it runs)
-        self.by_bound = False
         #: ``launch``: why this runner waits at ``_prepare_inputs`` instead (None: not checked yet);
         #: its steps trimmed to the exact count at the forward's launch, and those left as they were
-        self.launch_off: str | None = None
-        self.launch = collections.Counter()
+        self.launch_off, self.launch = None, collections.Counter()
         self.saving = threading.RLock()  # one flush at a time; the captured saves move under it
         self.detached = False  # disable() took the part off its runner
 
@@ -119,9 +116,7 @@ class OverlapState:
                 if getattr(meta, name, None) is not None:
                     setattr(meta, name, getattr(meta, name)[:count])
             meta.step_use_cudagraph = bool(meta.step_use_cudagraph) and count > 0
-            self.launch["steps trimmed"] += 1
-        else:
-            self.launch["steps at the bound"] += 1
+        self.launch["steps trimmed" if count < rows else "steps at the bound"] += 1
         shadow.count_used, shadow.count_is_bound = count, False  # the device count must equal it
 
     def step_flag_copies(self, device_flag) -> list:
@@ -188,31 +183,22 @@ class OverlapState:
             self.flush("disabled during the step")
 
 
-class OverlapRunners(FeatureRunners):
-    def flush_all(self, why: str) -> None:
-        for state in self.parts():
-            state.flush(why)
-
-
 def off_reason(runner, runner_module) -> str:
     """Why this step runs FastDeploy 2.4's own schedule ("" when it can overlap). Where step_syncs
     cannot know the step (V0 scheduler, speculative decoding, EP), overlap cannot either."""
     why = step_syncs_own_path(runner, runner_module)
     if why:
         return why
-    envs = getattr(runner_module, "envs", None)
-    platform = getattr(runner_module, "current_platform", None)
-    mc = getattr(runner, "model_config", None)
     checks = (
-        (platform is not None and not platform.is_cuda(), "non-CUDA platform"),
+        (not is_cuda_runner(runner_module), "non-CUDA platform"),
         (getattr(runner, "is_pooling_model", False), "pooling model"),
         (getattr(runner, "guided_backend", None) is not None, "guided decoding"),
         (bool(getattr(runner, "prompt_logprobs_reqs", None)), "prompt logprobs"),
         (getattr(runner, "enable_keep_sampling_mask", False), "keep-sampling-mask"),
         (getattr(runner, "enable_early_stop", False), "early stop"),
         (getattr(runner, "enable_entropy", False), "entropy"),
-        (envs is not None and bool(getattr(envs, "FD_USE_GET_SAVE_OUTPUT_V1", False)), "ZMQ output path"),
-        (mc is not None and getattr(mc, "enable_mm", False), "multimodal"),
+        (getattr(getattr(runner_module, "envs", None), "FD_USE_GET_SAVE_OUTPUT_V1", False), "ZMQ output path"),
+        (getattr(getattr(runner, "model_config", None), "enable_mm", False), "multimodal"),
         # a splitwise decode node frees a preempted slot at schedule time: a late row of the old
         # owner could reach the new one (FD 2.5 keeps overlap off for split roles by default, #6668)
         (getattr(getattr(runner, "scheduler_config", None), "splitwise_role", "mixed") != "mixed",
@@ -268,10 +254,9 @@ def ranks_agree(runner, why: str) -> str:
     try:
         flag = paddle.to_tensor([0 if why else 1], dtype="int32", place=runner.share_inputs["stop_flags"].place)
         paddle.distributed.all_reduce(flag, op=paddle.distributed.ReduceOp.MIN, group=pc.tp_group)
-        every = bool(int(flag.numpy().reshape(-1)[0]))  # (once per runner, at construction)
     except Exception as exc:  # noqa: BLE001 - FastDeploy's own collectives would fail the same way
         return why or f"tensor parallel: the ranks could not agree ({type(exc).__name__}: {exc})"
-    return why or ("" if every else ANOTHER_RANK)
+    return why or ("" if int(flag.numpy().reshape(-1)[0]) else ANOTHER_RANK)  # (once per runner)
 
 
 def set_up(ctx, runner) -> None:
@@ -289,11 +274,12 @@ def set_up(ctx, runner) -> None:
 def build_get_tasks(original, ctx):
     """The worker loop takes the engine's next task batch: finish pending saves first, so the engine
     has a step's output before it sees the batch taken and schedules on (FD 2.4's order)."""
-    registry: OverlapRunners = ctx.state
+    registry: FeatureRunners = ctx.state
 
     @wraps(original)
     def get_tasks(self, *args, **kwargs):
-        registry.flush_all("get_tasks")
+        for state in registry.parts():
+            state.flush("get_tasks")
         return original(self, *args, **kwargs)
 
     return get_tasks
@@ -302,17 +288,15 @@ def build_get_tasks(original, ctx):
 class OverlapFeature(RunnerFeature):
     name = "overlap"
     mirrors = "FastDeploy PR #6259 (overlap schedule), on top of step_syncs (#6668/#6765)"
-    profiles = {
-        "fastdeploy-2.4": "apply",
-        "fastdeploy-2.5": "native: FastDeploy 2.5 has the overlap schedule (--enable-overlap-schedule)",
-        "fastdeploy-2.6+": "native: FastDeploy develop has the overlap schedule (on by default)",
-    }
+    profiles = {"fastdeploy-2.4": "apply",
+                "fastdeploy-2.5": "native: FastDeploy 2.5 has the overlap schedule (--enable-overlap-schedule)",
+                "fastdeploy-2.6+": "native: FastDeploy develop has the overlap schedule (on by default)"}
     requires = ("logprobs", "stop_flag", "step_syncs")
     patches = (
-        Patch(Target(RUNNER, "GPUModelRunner._init_share_inputs"), line("_init_share_inputs")),
+        # (``_init_share_inputs`` is a step section through stop_flag's part of it anyway)
         *(Patch(Target(RUNNER, f"GPUModelRunner.{name}"), line(name), step=True) for name in (
-            "execute_model", "not_need_stop", "insert_tasks_v1", "insert_prefill_inputs", "reset_share_inputs",
-            "_dummy_run")),
+            "_init_share_inputs", "execute_model", "not_need_stop", "insert_tasks_v1", "insert_prefill_inputs",
+            "reset_share_inputs", "_dummy_run")),
         *(Patch(Target(POSTPROC, name), line(name), producer=True) for name in SAVE_OPS),
         # ``launch``'s wait at the forward's launch (without it, ``launch`` waits as ``exact``)
         Patch(Target(RUNNER, "GPUModelRunner.padding_cudagraph_inputs", required=False),
@@ -322,12 +306,12 @@ class OverlapFeature(RunnerFeature):
               build_get_tasks),
     )
 
-    def prepare(self, ctx) -> OverlapRunners:
-        return OverlapRunners("overlap", "overlap")
+    def prepare(self, ctx) -> FeatureRunners:
+        return FeatureRunners("overlap", "overlap")
 
     def quiesce(self, ctx) -> None:
-        if isinstance(ctx.state, OverlapRunners):
-            ctx.state.flush_all("disable")
+        for state in ctx.state.parts() if isinstance(ctx.state, FeatureRunners) else ():
+            state.flush("disable")
 
 
 

@@ -33,6 +33,7 @@ import logging
 import numpy as np
 import paddle
 
+from fd_async_copy_plugin.ops import OpsUnavailable, load_ops as load_stop_flag_ops  # (tests replace it)
 from fd_async_copy_plugin.ops.stop_flag_library import MAX_BATCH
 from fd_async_copy_plugin.registry.patch import IncompatibleError, Patch, Target
 
@@ -51,24 +52,22 @@ class StopFlagState:
     """The stop flag and sampled-token buffers of one GPUModelRunner's ``share_inputs``."""
 
     def __init__(self, share_inputs, max_num_seqs: int, backend, ops, copy_tokens: bool, runner_state) -> None:
-        self.backend = backend
-        self.share_inputs = share_inputs
+        self.backend, self.share_inputs, self.ops, self.max_num_seqs = backend, share_inputs, ops, max_num_seqs
         self.runner = runner_state  # runner.RunnerState: what the other parts need after the update op
-        self.ops = ops
         self.legacy = share_inputs["not_need_stop"]  # FastDeploy 2.4's pageable host flag
         # On the place of FastDeploy's own device buffers (the GPU in a worker; the CPU in tests).
         self.device = paddle.to_tensor([False], dtype="bool", place=share_inputs["stop_flags"].place)
         self.pinned = backend.new_pinned([1], "bool", "not_need_stop_pinned")
         self.tokens = backend.new_pinned([max_num_seqs, 1], "int64", "sampled_token_ids") if copy_tokens else None
-        self.max_num_seqs = max_num_seqs
         self.flag_pending = False  # a flag copy was issued and not applied to the legacy flag yet
         self.token_source = None  # this step's device sampled_token_ids, mirrored in self.tokens
         self._reset_host_buffers()
-        share_inputs["not_need_stop_device"] = self.device
-        share_inputs["not_need_stop_gpu"] = self.device  # name used by #6176's first version
-        share_inputs["not_need_stop_pinned"] = self.pinned
-        if self.tokens is not None:
-            share_inputs["sampled_token_ids"] = self.tokens
+        # (``not_need_stop_gpu``: the name #6176's first version used)
+        self.added = {"not_need_stop_device": self.device, "not_need_stop_gpu": self.device,
+                      "not_need_stop_pinned": self.pinned, "sampled_token_ids": self.tokens}
+        if self.tokens is None:
+            del self.added["sampled_token_ids"]
+        share_inputs.update(self.added)
 
     PINNED_KEYS = ("not_need_stop_pinned", "sampled_token_ids")
 
@@ -76,16 +75,9 @@ class StopFlagState:
         """Hand the runner back to FastDeploy's own path (``disable()``): the legacy flag made
         current, and the keys the plugin added removed - FD 2.4's reset would ``fill_()`` them."""
         self.sync("disable")
-        share_inputs = self.share_inputs
-        added = {
-            "not_need_stop_device": self.device,
-            "not_need_stop_gpu": self.device,
-            "not_need_stop_pinned": self.pinned,
-            "sampled_token_ids": self.tokens,
-        }
-        for key, value in added.items():
-            if value is not None and share_inputs.get(key) is value:
-                del share_inputs[key]
+        for key, value in self.added.items():
+            if self.share_inputs.get(key) is value:
+                del self.share_inputs[key]
 
     def _reset_host_buffers(self) -> None:
         # Host->pinned memcpy through Tensor.copy_ (no Paddle op, the buffer stays pinned). The
@@ -108,11 +100,9 @@ class StopFlagState:
 
     def sync(self, reader: str) -> None:
         """Make the legacy flag current: wait for the flag copy's event, then write it through."""
-        if not self.flag_pending:
-            return
-        value = bool(self.backend.host_array(self.pinned, reader)[0])
-        self.ops.set_stop(self.legacy, value)
-        self.flag_pending = False
+        if self.flag_pending:
+            self.ops.set_stop(self.legacy, bool(self.backend.host_array(self.pinned, reader)[0]))
+            self.flag_pending = False
 
     def flag(self, reader: str) -> bool:
         """``not_need_stop()``: the legacy flag made current, as a Python bool."""
@@ -146,27 +136,22 @@ class StopFlagRunners(FeatureRunners):
 
     def __init__(self, ops, copy_tokens: bool, device_ops: dict) -> None:
         super().__init__("stop_flag", "stop")
-        self.ops = ops
-        self.device_ops = device_ops  # FastDeploy's update op name -> the plugin's (host or CUDA)
-        self.copy_tokens = copy_tokens
+        # device_ops: FastDeploy's update op name -> the plugin's (host or CUDA)
+        self.ops, self.device_ops, self.copy_tokens = ops, device_ops, copy_tokens
         self.cuda_probe: str | None = None  # the CUDA kernel probe's result, once per process
 
     def for_flag(self, flag) -> StopFlagState | None:
         return next((state for state in self.parts() if state.legacy is flag), None)
 
-    def for_tokens(self, tokens) -> StopFlagState | None:
-        return next((state for state in self.parts() if tokens is not None and state.token_source is tokens), None)
-
     def substitute(self, value, reader: str):
         """For the save consumers: FastDeploy's flag made current (same object), the step's device
         sampled tokens swapped for their pinned copy read after the event."""
-        state = self.for_flag(value)
-        if state is not None:
-            state.sync(reader)
-            return value
-        state = self.for_tokens(value)
-        if state is not None:
-            return state.host_tokens(reader)
+        for state in self.parts():
+            if state.legacy is value:
+                state.sync(reader)
+                return value
+            if value is not None and state.token_source is value:
+                return state.host_tokens(reader)
         return value
 
     def after_post_process(self, share_inputs) -> None:
@@ -175,8 +160,7 @@ class StopFlagRunners(FeatureRunners):
         (FD passes its share_inputs by keyword; another runner's flag is its own business: runners on
         several threads, docs/tensor-parallel.md), and not while overlap defers the step's save."""
         for state in self.parts():
-            if state.share_inputs is (share_inputs if share_inputs is not None else state.share_inputs) and \
-                    not state.runner.save_deferred():
+            if (share_inputs is None or state.share_inputs is share_inputs) and not state.runner.save_deferred():
                 state.sync("post_process")
 
 
@@ -193,33 +177,27 @@ def set_up(ctx, runner, max_num_seqs: int) -> None:
         registry.stand_down(runner, "speculative decoding: FastDeploy's speculative path (post_process_specualate, "
                                     "speculate_update) writes the stop flag and saves the tokens", logging.INFO)
         return
-    on_gpu = runner.share_inputs["stop_flags"].place.is_gpu_place()
+    place = runner.share_inputs["stop_flags"].place
+    on_gpu, reason = place.is_gpu_place(), ""
     if on_gpu != (ctx.backend.name == "cuda"):
-        where = "GPU" if on_gpu else "CPU"
-        _stand_down(ctx, runner, f"backend {ctx.backend.name!r} cannot update FastDeploy's {where} buffers; "
-                                 f"use FD_ASYNC_COPY_BACKEND={'cuda' if on_gpu else 'host'}")
-        return
-    if on_gpu:
-        place = runner.share_inputs["stop_flags"].place
-        problem = probe_accessors(ctx.backend, registry.ops, place)
-        if not problem:
-            if registry.cuda_probe is None:
-                registry.cuda_probe = probe_cuda_kernels(registry.ops, place)
-            problem = registry.cuda_probe
-        if problem:
-            _stand_down(ctx, runner, problem)
-            return
-    if int(max_num_seqs) > MAX_BATCH:
-        reason = (
-            f"max_num_seqs={max_num_seqs} exceeds {MAX_BATCH}, the one-block limit of the stop-flag "
-            "kernels (FastDeploy's own update kernels have the same limit but miscount silently); "
-            "lower max_num_seqs"
-        )
-        _stand_down(ctx, runner, reason)
-        return
-    state = StopFlagState(runner.share_inputs, int(max_num_seqs), ctx.backend, registry.ops, registry.copy_tokens,
-                          runner_state(runner, create=True))
-    registry.add(runner, state)
+        reason = (f"backend {ctx.backend.name!r} cannot update FastDeploy's {'GPU' if on_gpu else 'CPU'} "
+                  f"buffers; use FD_ASYNC_COPY_BACKEND={'cuda' if on_gpu else 'host'}")
+    elif on_gpu:
+        reason = probe_accessors(ctx.backend, registry.ops, place)
+        if not reason and registry.cuda_probe is None:
+            registry.cuda_probe = probe_cuda_kernels(registry.ops, place)
+        reason = reason or registry.cuda_probe
+    if not reason and int(max_num_seqs) > MAX_BATCH:
+        reason = (f"max_num_seqs={max_num_seqs} exceeds {MAX_BATCH}, the one-block limit of the stop-flag "
+                  "kernels (FastDeploy's own update kernels have the same limit but miscount silently); "
+                  "lower max_num_seqs")
+    if not reason:
+        registry.add(runner, StopFlagState(runner.share_inputs, int(max_num_seqs), ctx.backend, registry.ops,
+                                           registry.copy_tokens, runner_state(runner, create=True)))
+    elif ctx.strict:  # this runner keeps FastDeploy's own stop-flag path (strict mode: refuse to start)
+        raise ValueError(f"fd_async_copy stop_flag: {reason}")
+    else:  # recorded for this runner only: other runners of the process may run patched
+        registry.stand_down(runner, reason)
 
 
 def probe_accessors(backend, ops, place) -> str:
@@ -247,27 +225,16 @@ def probe_cuda_kernels(ops, place) -> str:
         def full(shape, value, dtype):
             return paddle.to_tensor(np.full(shape, value, dtype=dtype), place=place)
 
-        ops.update_inputs_v1_cuda(
-            full([1, 1], True, "bool"), full([1], False, "bool"), full([1, 1], 0, "int32"),
-            full([1, 1], 0, "int32"), full([1, 1], 0, "int32"), full([1, 1], 0, "int32"),
-            full([1, 1], 1, "int64"), full([1, 1], 0, "int64"), full([1, 1], 0, "int64"),
-            full([1, 1], 0, "int32"), None, full([1, 1], 0, "int64"), full([1], False, "bool"), 1,
-            False,
-        )
+        ops.update_inputs_v1_cuda(full([1, 1], True, "bool"), full([1], False, "bool"),
+                                  *(full([1, 1], 0, "int32") for _ in range(4)), full([1, 1], 1, "int64"),
+                                  full([1, 1], 0, "int64"), full([1, 1], 0, "int64"), full([1, 1], 0, "int32"),
+                                  None, full([1, 1], 0, "int64"), full([1], False, "bool"), 1, False)
         if place.is_gpu_place():
             paddle.device.synchronize()  # once, at construction: surfaces launch errors here
     except Exception as exc:
         return f"the CUDA stop-flag kernel cannot run here ({type(exc).__name__}: {exc}); rebuild with " \
                "FD_ASYNC_COPY_CUDA_ARCHS set for this GPU (`fd-async-copy build-ops --force`)"
     return ""
-
-
-def _stand_down(ctx, runner, reason: str) -> None:
-    """This runner keeps FastDeploy's own stop-flag path (strict mode: refuse to start). Recorded
-    for this runner only: other runners of the process may run patched (``status()`` reports each)."""
-    if ctx.strict:
-        raise ValueError(f"fd_async_copy stop_flag: {reason}")
-    ctx.state.stand_down(runner, reason)
 
 
 # --- post-processing patches --------------------------------------------------------------------
@@ -280,41 +247,19 @@ def check_update_inputs_v1(original, ctx) -> None:
         params = inspect.signature(original).parameters.values()
     except (TypeError, ValueError):
         return  # a pybind function: no introspectable signature
-    if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params):
-        return  # FastDeploy's op wrappers forward *args: nothing to count
-    count = len(params)
-    if count != _UPDATE_V1_PARAMS:
-        raise IncompatibleError(f"update_inputs_v1 takes {count} arguments, FastDeploy 2.4's takes {_UPDATE_V1_PARAMS}")
-
-
-def _device_op(ctx, ops, name: str):
-    if ctx.backend.name == "cuda":
-        op = getattr(ops, f"{name}_cuda", None)
-        if op is None:
-            raise IncompatibleError(f"the CUDA {name} kernel library is not built: {ops.cuda_why}")
-        return op
-    return getattr(ops, f"{name}_host")
-
-
-def load_stop_flag_ops():
-    """The custom ops (``fd_async_copy_plugin.ops.load_ops``); raises ``OpsUnavailable``."""
-    from fd_async_copy_plugin.ops import load_ops
-
-    return load_ops()
+    # (FastDeploy's op wrappers forward *args: nothing to count)
+    if len(params) != _UPDATE_V1_PARAMS and not any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params):
+        raise IncompatibleError(f"update_inputs_v1 takes {len(params)} arguments, FastDeploy 2.4's takes "
+                                f"{_UPDATE_V1_PARAMS}")
 
 
 class StopFlagFeature(RunnerFeature):
     name = "stop_flag"
     mirrors = "FastDeploy PR #6176 (device-side not_need_stop, get_stop/set_stop, event-synced save)"
-    profiles = {
-        "fastdeploy-2.4": "apply",
-        "fastdeploy-2.5": "native: FastDeploy 2.5 has PR #6176",
-        "fastdeploy-2.6+": "native: FastDeploy 2.6+ has PR #6176 and #6356",
-    }
-    options = {
-        "sampled_tokens": "mirrors FastDeploy PR #6176 (pinned sampled_token_ids, copied under the "
-        "stop flag's event)",
-    }
+    profiles = {"fastdeploy-2.4": "apply", "fastdeploy-2.5": "native: FastDeploy 2.5 has PR #6176",
+                "fastdeploy-2.6+": "native: FastDeploy 2.6+ has PR #6176 and #6356"}
+    options = {"sampled_tokens": "mirrors FastDeploy PR #6176 (pinned sampled_token_ids, copied under the "
+                                 "stop flag's event)"}
     patches = (
         *(Patch(Target(RUNNER, f"GPUModelRunner.{name}"), line(name), step=True) for name in (
             "_init_share_inputs", "reset_share_inputs", "insert_tasks_v1", "insert_prefill_inputs",
@@ -322,28 +267,25 @@ class StopFlagFeature(RunnerFeature):
         Patch(Target(POSTPROC, "update_inputs_v1"), line("update_inputs_v1"), check_update_inputs_v1, producer=True),
         Patch(Target(POSTPROC, "update_inputs"), line("update_inputs"), producer=True),
         *(Patch(Target(POSTPROC, name), line(name))
-          for name in ("save_output", "save_output_topk", "_build_stream_transfer_data")),
-        Patch(Target(POSTPROC, "post_process"), line("post_process")),
-        Patch(Target(RUNNER, "post_process"), line("post_process")),
-        Patch(Target("worker.metax_model_runner", "post_process", required=False), line("post_process")),
-        Patch(Target("worker.gcu_model_runner", "post_process", required=False), line("post_process")),
+          for name in ("save_output", "save_output_topk", "_build_stream_transfer_data", "post_process")),
+        # post_process as the runner modules imported it (Metax's and GCU's where they are loaded)
+        *(Patch(Target(module, "post_process", required=module == RUNNER), line("post_process"))
+          for module in (RUNNER, "worker.metax_model_runner", "worker.gcu_model_runner")),
     )
 
     def unavailable(self, backend: str) -> str:
-        from fd_async_copy_plugin.ops import OpsUnavailable
-
         try:
             ops = load_stop_flag_ops()
         except OpsUnavailable as exc:
-            why = str(exc)
-            return why if why.startswith("custom ops unavailable") else f"custom ops unavailable: {why}"
+            return str(exc) if str(exc).startswith("custom ops unavailable") else f"custom ops unavailable: {exc}"
         if backend == "cuda" and not ops.has_cuda_kernels:
             return f"the CUDA stop-flag kernel library is not usable: {ops.cuda_why}"
         return ""
 
     def prepare(self, ctx) -> StopFlagRunners:
         ops = load_stop_flag_ops()
-        device_ops = {name: _device_op(ctx, ops, name) for name in ("update_inputs_v1", "update_inputs")}
+        kind = "cuda" if ctx.backend.name == "cuda" else "host"  # (``unavailable``: cuda has its kernels)
+        device_ops = {name: getattr(ops, f"{name}_{kind}") for name in ("update_inputs_v1", "update_inputs")}
         registry = StopFlagRunners(ops, "sampled_tokens" in ctx.options, device_ops)
         add_substitute(registry.substitute)
         return registry
@@ -351,9 +293,8 @@ class StopFlagFeature(RunnerFeature):
     def quiesce(self, ctx) -> None:
         # disable(): the update ops are FastDeploy's again; make every legacy flag current before the
         # save guards go (FD's own save reads it right away, maybe on another thread).
-        if isinstance(ctx.state, StopFlagRunners):
-            for state in ctx.state.parts():
-                state.sync("disable")
+        for state in ctx.state.parts() if isinstance(ctx.state, StopFlagRunners) else ():
+            state.sync("disable")
 
     def teardown(self, ctx):
         if ctx.state is not None:

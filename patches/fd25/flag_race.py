@@ -30,12 +30,10 @@ RUNNER = "worker.gpu_model_runner"
 class FlagRaceFeature(Feature):
     name = "flag_race"
     mirrors = "a hardening of FastDeploy 2.5's overlap schedule (#6259): set_stop at insert after the flag copy"
-    profiles = {
-        "fastdeploy-2.4": "native: FastDeploy 2.4 copies the flag synchronously (the plugin's stop_flag waits "
-                          "before every insert)",
-        "fastdeploy-2.5": "apply",
-        "fastdeploy-2.6+": "native: FastDeploy develop no longer reads the host flag (#6356)",
-    }
+    profiles = {"fastdeploy-2.4": "native: FastDeploy 2.4 copies the flag synchronously (the plugin's stop_flag "
+                                  "waits before every insert)",
+                "fastdeploy-2.5": "apply",
+                "fastdeploy-2.6+": "native: FastDeploy develop no longer reads the host flag (#6356)"}
     patches = (Patch(Target(RUNNER, "GPUModelRunner.insert_tasks_v1"), line("insert_tasks_v1")),)
 
 

@@ -23,11 +23,9 @@ def __init__(fd, on, self, *args, **kwargs):
 
 def insert_tasks_v1(fd, on, self, req_dicts, *args, **kwargs):
     event = getattr(self, "last_post_process_event", None)  # FastDeploy's own event object
-    overlapping = getattr(self, "enable_overlap_schedule", True)
-    if "flag_race" in on and event is not None and req_dicts and overlapping:
+    if "flag_race" in on and event is not None and req_dicts and getattr(self, "enable_overlap_schedule", True):
         event.synchronize()  # flag_race: the last step's flag copy landed before the insert writes
-    syncs = parts_of(self).syncs
-    shadow = syncs.shadow if syncs is not None else None
+    shadow = getattr(parts_of(self).syncs, "shadow", None)  # (None: no step_syncs part, or no shadow)
     if shadow is None or shadow.stale():
         return fd(self, req_dicts, *args, **kwargs)
     shadow.settle("insert_tasks_v1")  # step_syncs: the last snapshot taken, FD's writes followed
@@ -37,16 +35,13 @@ def insert_tasks_v1(fd, on, self, req_dicts, *args, **kwargs):
 
 def _prepare_inputs(fd, on, self, *args, **kwargs):
     syncs = parts_of(self).syncs
-    if syncs is None or not step_syncs.seed_in_place(syncs, self):  # step_syncs: T
-        return fd(self, *args, **kwargs)
-    if syncs.shadow is None:
+    if syncs is None or not step_syncs.seed_in_place(syncs, self) or syncs.shadow is None:  # step_syncs: T
         return fd(self, *args, **kwargs)
     return step_syncs.prepare_counted(fd, syncs, self, args, kwargs)  # the count from the shadow
 
 
 def _postprocess(fd, on, self, model_output, p_done_idxs, token_num_event, *args, **kwargs):
-    syncs = parts_of(self).syncs
-    shadow = syncs.shadow if syncs is not None else None
+    shadow = getattr(parts_of(self).syncs, "shadow", None)
     if shadow is None or not isinstance(token_num_event, DeferredEvent):
         return fd(self, model_output, p_done_idxs, token_num_event, *args, **kwargs)
     shadow.settle("_postprocess")  # step_syncs: its reads of the pinned count from the shadow

@@ -47,7 +47,7 @@ def logprobs_ring() -> Optional[runtime.PinnedRing]:
     applied = fd_async_copy_plugin._get_manager().applied.get("logprobs")
     if applied is None:
         return None
-    return applied.ctx.state.ring
+    return applied.ctx.state.rings.get("decode")  # None before the first decode gather
 
 
 @dataclass

@@ -52,8 +52,8 @@ def test_a_lagging_consumer_cannot_grow_the_ring_past_its_cap(lpkit, monkeypatch
             logprobs, tokens = _inputs(step)
             expected.append(_host(original(sampler, logprobs.clone(), WIDTH, tokens)))
             held.append(sampler.gather_logprobs(logprobs.clone(), WIDTH, tokens))
-            assert copier.ring.nbytes <= 6000, copier.ring.nbytes
-        assert copier.capped_steps > 0 and copier.ring.refused == copier.capped_steps
+            assert copier.rings["decode"].nbytes <= 6000, copier.rings["decode"].nbytes
+        assert copier.capped_steps > 0 and copier.rings["decode"].refused == copier.capped_steps
         capped = [r for r in held if not isinstance(r, copier.AsyncLogprobsTensors)]
         assert len(capped) == copier.capped_steps  # copied blocking: host-owned FastDeploy tensors
         for result, want in zip(held, expected):  # every step still exact, capped or not
@@ -88,7 +88,7 @@ def test_idle_slots_are_released_after_the_consumer_catches_up(lpkit, backend):
     try:
         logprobs, tokens = _inputs(0)
         first = sampler.gather_logprobs(logprobs.clone(), WIDTH, tokens)
-        ring = copier.ring
+        ring = copier.rings["decode"]
         base_slots, base_bytes = ring.size, ring.nbytes
         held = [first] + [sampler.gather_logprobs(logprobs.clone(), WIDTH, tokens) for _ in range(20)]
         assert ring.size == 21 and ring.nbytes > base_bytes
@@ -154,6 +154,6 @@ def test_a_consumer_steps_behind_causes_no_pinned_churn_after_warm_up(lpkit, bac
                 del oldest
         warm = counts[2 * lag + IDLE_ACQUIRES]
         assert counts[-1] == warm, f"pinned allocations/frees after warm-up: {counts[-1]} vs {warm}"
-        assert copier.ring.size <= lag + 3 and copier.capped_steps == 0
+        assert copier.rings["decode"].size <= lag + 3 and copier.capped_steps == 0
     finally:
         fd_async_copy_plugin.disable()

@@ -69,7 +69,7 @@ def _sync_without_wait(self, reader: str) -> None:
 def _early_substitute(self, value, reader: str):
     """(b) the save consumers get the pinned token buffer itself and nothing waits before the
     consumer runs (the flag is made current only after post_process, by its own wrapper)."""
-    state = self.for_tokens(value)
+    state = next((s for s in self.parts() if value is not None and s.token_source is value), None)
     return state.tokens if state is not None else value
 
 

@@ -359,7 +359,7 @@ def run_logprobs_checks(modules: dict, backend_name: str, device: str, vocab: in
                                   _plugin_arrays(result, backend)):
                 problems += [f"held result changed by later calls: {d}" for d in _differences(f"{label} {name}", w, g)]
         copier = _copier()
-        ring = getattr(copier, "ring", None)
+        ring = getattr(copier, "rings", {}).get("decode")  # the decode ring
         figures["ring_slots"] = len(getattr(ring, "slots", []) or []) if ring is not None else None
         figures["held_results"] = len(held)
         checks.append(_check("logprobs: Sampler.gather_logprobs, compute_logprobs, tolists, slice_rows",
