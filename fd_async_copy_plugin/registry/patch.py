@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 _MISSING = object()
+_ident = threading.get_ident
 
 
 class IncompatibleError(RuntimeError):
@@ -203,7 +204,7 @@ JUNCTION_MARK = "__fd_async_copy_junction__"
 class StepGate:
     """``enable()``/``disable()`` never land in the middle of a runner's step: a step section (a call
     of a ``Patch.step`` target: inserts, ``execute_model``, the flag check) is held open in
-    ``section()``, and a change of the patches (``change()``) waits until no other thread is in one,
+    ``run()``, and a change of the patches (``change()``) waits until no other thread is in one,
     at most ``timeout`` seconds (then it goes ahead, logged: never a hang). Sections of different
     threads run side by side: runners stepped by threads of one process (tensor-parallel ranks in
     tests, each forward meeting the others in a collective) must never wait for each other here
@@ -218,24 +219,21 @@ class StepGate:
         self._changer: int | None = None  # the thread changing the patches now
         self._waiting = 0  # changes waiting for sections to close (a section's end notifies them)
 
-    def section(self) -> "StepGate":
-        """``with gate.section():`` a step section on this thread (the gate is its own context: no
-        generator or object per gated call; waits only while another thread changes the patches,
-        notifies only a change that waits)."""
-        return self
-
-    def __enter__(self) -> None:
-        me = threading.get_ident()
+    def run(self, function: Callable, /, *args, **kwargs) -> Any:
+        """``function(*args, **kwargs)`` as a step section of this thread (one frame per gated call:
+        waits only while another thread changes the patches, notifies only a change that waits)."""
+        me = _ident()
         with self._lock:
             if self._changer is not None and self._changer != me:
                 self._cond.wait_for(lambda: self._changer in (None, me))
             self._open[me] += 1
-
-    def __exit__(self, *exc) -> None:
-        with self._lock:
-            self._open[threading.get_ident()] -= 1
-            if self._waiting:
-                self._cond.notify_all()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            with self._lock:
+                self._open[me] -= 1
+                if self._waiting:
+                    self._cond.notify_all()
 
     @contextlib.contextmanager
     def change(self):
@@ -310,10 +308,9 @@ class Junction:
 
         @wraps(function)
         def installed(*args, **kwargs):
-            if not junction.gated:
-                return junction.head(*args, **kwargs)
-            with STEP_GATE.section():
-                return junction.head(*args, **kwargs)
+            if junction.gated:
+                return STEP_GATE.run(junction.head, *args, **kwargs)
+            return junction.head(*args, **kwargs)
 
         setattr(installed, JUNCTION_MARK, self)
         self.installed = self.descriptor(installed) if self.descriptor else installed

@@ -119,8 +119,7 @@ def test_step_sections_of_two_threads_run_side_by_side():
 
     def step():
         try:
-            with gate.section():
-                meet.wait()
+            gate.run(meet.wait)
         except threading.BrokenBarrierError as exc:
             errors.append(exc)
 
@@ -138,12 +137,11 @@ def test_a_change_waits_for_every_thread_section_and_sections_wait_for_a_change(
     inside, release = threading.Event(), threading.Event()
 
     def step():
-        with gate.section():
-            inside.set()
-            release.wait(5.0)
-            order.append("step end")
+        inside.set()
+        release.wait(5.0)
+        order.append("step end")
 
-    thread = threading.Thread(target=step)
+    thread = threading.Thread(target=gate.run, args=(step,))
     thread.start()
     inside.wait(5.0)
     timer = threading.Timer(0.2, release.set)
@@ -151,7 +149,7 @@ def test_a_change_waits_for_every_thread_section_and_sections_wait_for_a_change(
     with gate.change():  # waits for the other thread's section
         order.append("change")
         entered = threading.Event()
-        late = threading.Thread(target=lambda: (gate.section().__enter__(), entered.set()))
+        late = threading.Thread(target=gate.run, args=(entered.set,))
         late.start()
         assert not entered.wait(0.2)  # a section does not start while the patches change
     assert entered.wait(5.0)
@@ -162,19 +160,19 @@ def test_a_change_waits_for_every_thread_section_and_sections_wait_for_a_change(
 
 def test_a_change_within_a_section_of_its_own_thread_and_the_timeout():
     gate = StepGate(timeout=0.1)
-    with gate.section():
+    def own_change():
         with gate.change():  # re-entrant: the section's own thread may change the patches
-            with gate.section():
-                pass
+            gate.run(lambda: None)
+
+    gate.run(own_change)
     held = threading.Event()
     done = threading.Event()
 
     def stuck():
-        with gate.section():
-            held.set()
-            done.wait(5.0)
+        held.set()
+        done.wait(5.0)
 
-    thread = threading.Thread(target=stuck)
+    thread = threading.Thread(target=gate.run, args=(stuck,))
     thread.start()
     held.wait(5.0)
     started = time.monotonic()
