@@ -185,7 +185,9 @@ class watching:
                 self.pending = None
 
     def __enter__(self):
-        runner = self.runner
+        runner, self.swapped, self.open = self.runner, [], True
+        if not self.handlers:  # nothing to watch: the runner keeps its own objects
+            return self
         real = runner.share_inputs
         self.swapped = [("share_inputs", real, ScopedInputs(real, self))]
         attrs = runner.__dict__
@@ -196,7 +198,6 @@ class watching:
                 self.swapped.append((name, h.tensor, out))
         for name, _, stand_in in self.swapped:
             setattr(runner, name, stand_in)
-        self.open = True
         return self
 
     def read(self, tensor) -> None:

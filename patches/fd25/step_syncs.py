@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import ast
+import inspect
 import logging
+import textwrap
 import weakref
 
 import numpy as np
@@ -125,6 +128,8 @@ class TokenShadow(Shadow):
                          served, fallbacks, (runner_module, postproc))
         self.nr: int | None = None  # running slots at this step's _prepare_inputs
         self.last_answers: dict[str, np.ndarray] = {}  # what was served (tests compare with the device)
+        #: FastDeploy's ``_postprocess`` reads the pinned counts only under its overlap schedule
+        self.reads_need_overlap = reads_only_with_overlap(type(runner)._postprocess)
         _SHADOWS_25[id(si)] = self
         self.load("construction")
 
@@ -280,8 +285,33 @@ def order_after_skipped_waits(state: RunnerSyncs, shadow: TokenShadow) -> None:
             event.event.synchronize()
 
 
+PINNED_COUNTS = ("seq_lens_this_time_cpu", "is_block_step_cpu")
+_NO_OVERLAP = ast.dump(ast.parse("not self.enable_overlap_schedule", mode="eval").body)
+
+
+def reads_only_with_overlap(method) -> bool:
+    """FastDeploy's ``_postprocess`` (``method``) names the pinned counts only in the ``else`` of
+    ``if (not self.enable_overlap_schedule) or ...:`` (2.5 :2366-2372): with the overlap schedule off
+    the call reads neither. False where its source says otherwise or cannot be read."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(inspect.unwrap(method))))
+    except (OSError, TypeError, SyntaxError):
+        return False
+
+    def named(nodes) -> int:
+        return sum(isinstance(n, ast.Constant) and n.value in PINNED_COUNTS or isinstance(n, ast.Attribute)
+                   and n.attr in PINNED_COUNTS for node in nodes for n in ast.walk(node))
+
+    guarded = sum(named(n.orelse) for n in ast.walk(tree) if isinstance(n, ast.If) and isinstance(n.test, ast.BoolOp)
+                  and isinstance(n.test.op, ast.Or) and ast.dump(n.test.values[0]) == _NO_OVERLAP)
+    return 0 < guarded == named([tree])
+
+
 def postprocess_reads(shadow: TokenShadow, runner, token_num_event: DeferredEvent) -> list:
-    """``_postprocess``'s reads of the pinned count and block-step flags, answered from the shadow."""
+    """``_postprocess``'s reads of the pinned count and block-step flags, answered from the shadow
+    (none without FastDeploy's overlap schedule where its reads are only under it: no view then)."""
+    if shadow.reads_need_overlap and not runner.enable_overlap_schedule:
+        return []
     si = runner.share_inputs
     return [
         ServedRead(si["seq_lens_this_time_cpu"], [token_num_event],

@@ -322,6 +322,69 @@ def test_without_answers_fastdeploys_own_waits_run_and_stay_bit_identical(monkey
     assert counts["served"]["token_num _prepare_inputs"] == 0 and counts["served"]["token_num _postprocess"] == 0
 
 
+
+def _views_by_call(monkeypatch) -> collections.Counter:
+    """How many ``share_inputs`` views are made, in ``_postprocess`` and elsewhere."""
+    from fd_async_copy_plugin.patches import _tensor_watch
+    from fd_async_copy_plugin.patches.step import current
+
+    made, real = collections.Counter(), _tensor_watch.ScopedInputs.__init__
+
+    def counting(self, *args):
+        step = current()
+        made["_postprocess" if step is not None and step.posting else "other"] += 1
+        real(self, *args)
+
+    monkeypatch.setattr(_tensor_watch.ScopedInputs, "__init__", counting)
+    return made
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["plain", "fd25-overlap"])
+def test_postprocess_gets_a_view_only_where_it_can_read_the_pinned_count(monkeypatch, overlap):
+    """FastDeploy's ``_postprocess`` reads the pinned counts only under its overlap schedule: without
+    it the call runs on FastDeploy's own ``share_inputs`` (no view), its wait still not needed."""
+    made = _views_by_call(monkeypatch)
+    result, counts = _token_pair("sim", overlap)
+    assert made["other"] >= result.executed_steps, made  # _prepare_inputs' view, every step
+    assert_token_num_served(result, counts, overlap, "sim")
+    assert (made["_postprocess"] > 0) == overlap, made
+
+
+def test_a_postprocess_not_known_to_read_only_under_overlap_keeps_its_view(monkeypatch):
+    monkeypatch.setattr(step_syncs, "reads_only_with_overlap", lambda method: False)
+    made = _views_by_call(monkeypatch)
+    result, counts = _token_pair("sim", False)
+    assert made["_postprocess"] == result.executed_steps, made
+    assert counts["served"]["token_num _postprocess: wait not needed (no read)"] == result.executed_steps
+
+
+def test_which_postprocess_reads_the_pinned_count_only_under_overlap():
+    import importlib
+
+    def guarded(self):
+        if (not self.enable_overlap_schedule) or self.exist_prefill():
+            n = -1
+        else:
+            n = self.share_inputs["seq_lens_this_time_cpu"].numpy().sum() + self.share_inputs.is_block_step_cpu.sum()
+        return n
+
+    def also_unguarded(self):
+        guarded(self)
+        if (not self.enable_overlap_schedule) or self.exist_prefill():
+            return -1
+        return self.share_inputs["seq_lens_this_time_cpu"].numpy().sum() + self.share_inputs["is_block_step_cpu"]
+
+    def other_condition(self):
+        if self.exist_prefill() or (not self.enable_overlap_schedule):
+            return -1
+        return self.share_inputs["seq_lens_this_time_cpu"].numpy().sum()
+
+    runner = importlib.import_module(f"{FD25}.worker.gpu_model_runner").GPUModelRunner
+    assert step_syncs.reads_only_with_overlap(runner._postprocess)
+    assert step_syncs.reads_only_with_overlap(guarded)
+    for method in (also_unguarded, other_condition, lambda self: None, len):
+        assert not step_syncs.reads_only_with_overlap(method), method
+
 #: FD 2.5 block steps: few KV blocks, requests block (is_block_step), get DECODE tasks, are recovered
 BLOCKY_25 = config(8, max_model_len=128, vocab_size=1024, num_gpu_blocks=14)
 
