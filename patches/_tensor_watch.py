@@ -179,10 +179,8 @@ class watching:
                 h.version = h.tensor._inplace_version()
                 self.handlers[id(h.tensor)] = h
         # the reads still to come when every handler reads once (None: the view stays to the end)
-        self.pending = set(self.handlers) if self.handlers else None
-        for h in self.handlers.values():
-            if not h.once:
-                self.pending = None
+        once = self.handlers and all(h.once for h in self.handlers.values())
+        self.pending = set(self.handlers) if once else None
 
     def __enter__(self):
         runner, self.swapped, self.open = self.runner, [], True
@@ -214,9 +212,8 @@ class watching:
         if self.swapped:
             _, real, view = self.swapped[0]
             for name in HOLDERS:  # what FastDeploy built in the call keeps the real object
-                holder = attrs.get(name)
-                if holder is not None and getattr(holder, "share_inputs", None) is view:
-                    holder.share_inputs = real
+                if getattr(attrs.get(name), "share_inputs", None) is view:
+                    attrs[name].share_inputs = real
         self.swapped = []
 
     def __exit__(self, *exc) -> None:
@@ -256,11 +253,10 @@ def host_value(value, target):
             return np.asarray(value)
         except Exception:
             return _UNKNOWN
-    if isinstance(value, paddle.Tensor):
-        # A host tensor written into a device tensor is a host value; anything on the target's own
-        # place may be device data, which the host does not know without a copy.
-        if value.place.is_cpu_place() and not target.place.is_cpu_place():
-            return value.numpy()
+    # A host tensor written into a device tensor is a host value; anything on the target's own
+    # place may be device data, which the host does not know without a copy.
+    if isinstance(value, paddle.Tensor) and value.place.is_cpu_place() and not target.place.is_cpu_place():
+        return value.numpy()
     return _UNKNOWN
 
 

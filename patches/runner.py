@@ -161,12 +161,8 @@ class FeatureRunners:
         patched = self.live()
         with self._lock:
             standing = [(ref(), why) for ref, why in self._stood_down.values() if ref() is not None]
-        runners = []
-        for runner in patched:
-            state = part(runner, self.slot)
-            extra = state.report() if hasattr(state, "report") else {}
-            runners.append({"runner": f"{type(runner).__name__}@{id(runner):#x}", "state": "applied", "reason": "",
-                            **extra})
+        runners = [{"runner": f"{type(r).__name__}@{id(r):#x}", "state": "applied", "reason": "",
+                    **getattr(part(r, self.slot), "report", dict)()} for r in patched]
         runners += [{"runner": f"{type(r).__name__}@{id(r):#x}", "state": "passthrough", "reason": why}
                     for r, why in standing]
         if not runners:
@@ -189,8 +185,7 @@ class FeatureRunners:
             state = runner_state(runner)
             part_state = getattr(state, self.slot)
             setattr(state, self.slot, None)
-            if hasattr(part_state, "detach"):
-                part_state.detach()
+            getattr(part_state, "detach", lambda: None)()
             _DETACHED.add(runner)
 
 

@@ -202,7 +202,6 @@ class RunnerSyncs:
                 "served": dict(self.served)}
 
 
-
 def _device_copy(t, like):
     """``t`` as a tensor on FastDeploy's device (made as FastDeploy makes its buffers: no place)."""
     out = paddle.to_tensor(np.array(t.numpy()))
@@ -228,12 +227,9 @@ def shadow_not_exact(runner, runner_module, postproc) -> str:
     path (``own_path_reason``), or the update op is no longer the plugin's (a reloaded FastDeploy
     module): then no snapshot follows the device's changes."""
     why = own_path_reason(runner, runner_module)
-    if why:
-        return why
-    if Junction.at(postproc, "update_inputs_v1") is None:
-        return "update_inputs_v1 is FastDeploy's own again (module reloaded?): no snapshot of the step"
-    return ""
-
+    if not why and Junction.at(postproc, "update_inputs_v1") is None:
+        why = "update_inputs_v1 is FastDeploy's own again (module reloaded?): no snapshot of the step"
+    return why
 
 
 def check_get_padding_offset(original, ctx) -> None:

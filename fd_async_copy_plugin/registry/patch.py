@@ -181,12 +181,10 @@ class Feature:
     def prepare(self, ctx: PatchContext) -> Any:
         """Create and return the feature's runtime state (buffers, rings) - after checks, before
         the replacements are built; it is handed to the builders as ``ctx.state``."""
-        return None
 
     def report(self, ctx: PatchContext) -> dict | None:
         """What runs now, per runner, for ``status()`` (reads only): ``{"state", "reason",
         "runners": [...]}`` overriding an ``applied`` decision, or None to keep the decision."""
-        return None
 
     def quiesce(self, ctx: PatchContext) -> None:
         """On revert, after the producers are restored and before the consumer guards go: finish

@@ -135,8 +135,7 @@ class StepShadow(Shadow):
                     self.glue.shape(self.count_src), self.glue.dtype(self.count_src), "step_syncs.token_num")
             copies.append((self.snap_count, self.count_src, "step_syncs.token_num"))
             self.snap_expect = (self.count_used, self.count_is_bound)
-        self.count_src = self.count_used = None
-        self.count_is_bound = False
+        self.count_src, self.count_used, self.count_is_bound = None, None, False
         self.snap_nr = int(self.glue.shape(self.share_inputs["seq_lens_this_time"])[0])
         self.snap_pending = True
         return copies
@@ -198,9 +197,6 @@ class StepShadow(Shadow):
         return int((self.arrays["this_time"].reshape(-1)[:num_running] > 0).sum())
 
 
-
-
-
 def set_up(ctx, runner) -> None:
     """After FastDeploy's ``_init_share_inputs`` and the stop part: the seed on the device and the
     shadow, or why this runner keeps FastDeploy's own path."""
@@ -248,11 +244,10 @@ def step_count(syncs: RunnerSyncs, runner, dummy: bool) -> int | None:
     """Before FastDeploy's ``_prepare_inputs``: the seed increment on the device (T), the shadow
     refreshed, and the step's token count the host knows (S1), or None."""
     shadow = syncs.shadow
-    si = runner.share_inputs
+    si, increment = runner.share_inputs, runner.infer_seed_increment
     # T: the increment FastDeploy made with .cpu() in __init__ (after _init_share_inputs).
-    if runner.infer_seed_increment is not syncs.increment:
-        syncs.increment = _device_copy(runner.infer_seed_increment, si["stop_flags"])
-        runner.infer_seed_increment = syncs.increment
+    if increment is not syncs.increment:
+        runner.infer_seed_increment = syncs.increment = _device_copy(increment, si["stop_flags"])
     if not dummy:
         shadow.ensure_loaded()
         shadow.not_exact = shadow_not_exact(runner, *shadow.modules)

@@ -136,10 +136,8 @@ class TokenShadow(Shadow):
     # -- state --------------------------------------------------------------------------------
     def stale(self) -> str:
         """Why the shadowed tensors are no longer FastDeploy's ("" when they are)."""
-        for name, key in SHADOWED_25.items():
-            if self.share_inputs[key] is not self.tensors[name]:
-                return f"share_inputs[{key!r}] was re-created"
-        return ""
+        return next((f"share_inputs[{key!r}] was re-created" for name, key in SHADOWED_25.items()
+                     if self.share_inputs[key] is not self.tensors[name]), "")
 
     # -- changes ------------------------------------------------------------------------------
     def recover(self, num_running: int) -> None:
