@@ -40,6 +40,10 @@ class Watched:
     ``share_inputs`` back for the rest of the call."""
 
     once = False
+    #: True: the call gets no view until the handler's owner installs it (``watching.install``) at
+    #: a point of the call before the read (the version check still starts with the call)
+    later = False
+    scope: "watching | None" = None  # the watch the handler is in (the last one made with it)
 
     def __init__(self, tensor) -> None:
         self.tensor = tensor
@@ -169,26 +173,33 @@ class watching:
     thread while the block runs: ``runner.share_inputs`` (and the runner attributes in
     ``RUNNER_ALIASES`` that hold a watched tensor) hand out what the handlers give meanwhile."""
 
-    __slots__ = ("runner", "owner", "open", "handlers", "swapped", "pending")
+    __slots__ = ("runner", "owner", "open", "handlers", "swapped", "pending", "later")
 
     def __init__(self, handlers, *, runner) -> None:
         self.runner, self.owner, self.open = runner, _ident(), False
-        self.handlers = {}  # id(tensor) -> its handler
+        self.handlers, once, self.later = {}, True, False  # id(tensor) -> its handler
         for h in handlers:
             if h is not None and h.tensor is not None:
-                h.version = h.tensor._inplace_version()
+                h.version, h.scope = h.tensor._inplace_version(), self
                 self.handlers[id(h.tensor)] = h
+                once, self.later = once and h.once, self.later or h.later
         # the reads still to come when every handler reads once (None: the view stays to the end)
-        once = self.handlers and all(h.once for h in self.handlers.values())
-        self.pending = set(self.handlers) if once else None
+        self.pending = set(self.handlers) if self.handlers and once else None
 
     def __enter__(self):
-        runner, self.swapped, self.open = self.runner, [], True
-        if not self.handlers:  # nothing to watch: the runner keeps its own objects
-            return self
+        self.swapped, self.open = [], True
+        if self.handlers and not self.later:  # (nothing to watch: the runner keeps its own objects)
+            self.install()
+        return self
+
+    def install(self) -> None:
+        """The view and the stand-ins on the runner (at the start of the call, or where a ``later``
+        handler's owner says, once, while the call runs on its thread)."""
+        if not self.open or self.swapped or _ident() != self.owner:
+            return
+        runner, attrs = self.runner, self.runner.__dict__
         real = runner.share_inputs
         self.swapped = [("share_inputs", real, ScopedInputs(real, self))]
-        attrs = runner.__dict__
         for name in RUNNER_ALIASES:
             h = self.handlers.get(id(attrs.get(name)))
             out = h.hand_out(self) if h is not None and h.tensor is attrs[name] else None
@@ -196,7 +207,6 @@ class watching:
                 self.swapped.append((name, h.tensor, out))
         for name, _, stand_in in self.swapped:
             setattr(runner, name, stand_in)
-        return self
 
     def read(self, tensor) -> None:
         """A ``once`` handler's read was made: the last one gives the runner its objects back."""
@@ -285,8 +295,7 @@ class DeferredEvent:
     def settle(self) -> None:
         """Run the owed wait (a read the plugin does not answer needs the copies)."""
         if self.owed:
-            self.owed = False
-            self.waited = True
+            self.owed, self.waited = False, True
             self.event.synchronize()
 
     def answered(self) -> None:

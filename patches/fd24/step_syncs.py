@@ -45,7 +45,9 @@ class _BlockStepRead(_Mirror):
 
 class _BadTokensRead(_Mirror):
     """S2: ``_prepare_inputs``' one ``np.max(share_inputs["bad_tokens_len"].numpy())``, answered
-    from the shadow when it is known; the view goes after it."""
+    from the shadow when it is known; the view goes after it. Where S1 serves the count, the view
+    comes after ``get_padding_offset`` (``padding_offset``), which FastDeploy calls before the read:
+    the call's item accesses before it go to FastDeploy's dict."""
 
     once = True
 
@@ -275,6 +277,7 @@ def step_count(syncs: RunnerSyncs, runner, dummy: bool) -> int | None:
         for name in (SHADOWED if dummy else ("this_time", "block_step", "enc")):
             shadow.lose(name, why)
     shadow.count_is_bound = bool(bound and count is not None and not why and shadow.snapshot_in_flight())
+    shadow.prepare_watch[0].later = count is not None  # S2's view from padding_offset on
     return count
 
 
@@ -304,6 +307,10 @@ def padding_offset(fd, shadow: StepShadow, count: int, input_ids, token_num, arg
     shadow.count_src, shadow.count_used = token_num, count
     shadow.served["S1 token count"] += 1
     outputs = fd(input_ids, host, *args, **kwargs)
+    s2 = shadow.prepare_watch[0]
+    if s2.later and s2.scope is not None:  # S2's view, once (FastDeploy's read comes after this op)
+        s2.later = False
+        s2.scope.install()
     if not shadow.count_is_bound:
         return outputs
     # Overlap: the count is an upper bound. FastDeploy 2.4's op leaves the outputs' tail past the

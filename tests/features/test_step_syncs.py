@@ -94,6 +94,43 @@ def run_pair(cfg, requests, arrivals, backend, features=WITH_SYNCS, max_steps=12
     return plugin, served, fallbacks
 
 
+
+def _keys_through_the_view(monkeypatch) -> collections.Counter:
+    """The share_inputs keys read through a view while a step's S1 count is armed (``_prepare_inputs``)."""
+    from fd_async_copy_plugin.patches import _tensor_watch
+    from fd_async_copy_plugin.patches.step import current
+
+    seen, real = collections.Counter(), _tensor_watch.ScopedInputs.__getitem__
+
+    def counting(self, key):
+        step = current()
+        if step is not None and step.count is not None:
+            seen[key] += 1
+        return real(self, key)
+
+    monkeypatch.setattr(_tensor_watch.ScopedInputs, "__getitem__", counting)
+    return seen
+
+
+def test_s2s_view_comes_after_get_padding_offset(monkeypatch):
+    """``_prepare_inputs`` reads its step state (``recover_decode_task``'s arguments, ``pre_process``'s
+    inputs) from FastDeploy's dict: S2's view comes after ``get_padding_offset``, and S2 is served."""
+    seen = _keys_through_the_view(monkeypatch)
+    requests, arrivals = workload(7)
+    result, served, fallbacks = run_pair(config(7), requests, arrivals, "sim")
+    assert served["S2 bad_tokens_len"] >= result.executed_steps - 1 and seen["bad_tokens_len"] > 0, (served, seen)
+    assert not {"stop_flags", "seq_lens_encoder", "input_ids"} & set(seen), seen
+
+
+def test_without_s1s_count_s2s_view_comes_with_the_call(monkeypatch):
+    from fd_async_copy_plugin.patches.fd24 import step_syncs as fd24_syncs
+
+    monkeypatch.setattr(fd24_syncs.StepShadow, "recover_and_count", lambda self, num_running: None)
+    requests, arrivals = workload(7)
+    result, served, fallbacks = run_pair(config(7), requests, arrivals, "sim")
+    assert served["S1 token count"] == 0 and fallbacks["S1: the shadow cannot tell the count"] > 0
+    assert served["S2 bad_tokens_len"] >= result.executed_steps - 1, served
+
 @pytest.mark.parametrize("backend", ["host", "sim"])
 @pytest.mark.parametrize("batch", [1, 7, 128, 1024])
 def test_bit_identical_over_mixed_workloads(backend, batch):
