@@ -71,8 +71,7 @@ def parse_features(raw: str | None, source: str = ENV_FEATURES, catalog=None) ->
         opt_in = f" (opt-in, not in 'all': {', '.join(catalog.opt_in)})" if catalog.opt_in else ""
         raise ConfigError(
             f"{source}={raw!r} is not valid: unknown feature(s) {unknown or [raw]}; allowed: 'all' or a "
-            f"comma list of {', '.join(catalog.names) or '(no patch set installed)'}{opt_in}"
-        )
+            f"comma list of {', '.join(catalog.names) or '(no patch set installed)'}{opt_in}")
     expanded = [f for n in names for f in (catalog.default if n == "all" else (n,))]
     return tuple(dict.fromkeys(expanded))  # de-duplicated, in the order given
 
@@ -92,8 +91,7 @@ def parse_ring_max_bytes(raw: str | None, source: str = ENV_RING_MAX_BYTES) -> i
     if match is None or int(match.group(1)) <= 0:
         raise ConfigError(
             f"{source}={raw!r} is not valid; allowed values: a positive number of bytes, optionally with "
-            f"a K, M or G suffix (e.g. 268435456 or 256M; default {DEFAULT_RING_MAX_BYTES >> 20}M)"
-        )
+            f"a K, M or G suffix (e.g. 268435456 or 256M; default {DEFAULT_RING_MAX_BYTES >> 20}M)")
     return int(match.group(1)) * _SIZE_SUFFIXES[match.group(2)]
 
 
@@ -140,14 +138,12 @@ class AsyncCopyConfig:
         """``catalog``: the installed feature names (``registry.catalog.feature_catalog()``); without
         it the feature names are checked by ``enable()``."""
         env = (os.environ if environ is None else environ).get
-        parsers = {
-            "enabled": lambda: _bool(ENV_ENABLE, env(ENV_ENABLE)),
-            "features": lambda: parse_features(env(ENV_FEATURES), catalog=catalog),
-            "backend": lambda: parse_backend(env(ENV_BACKEND)),
-            "strict": lambda: _bool(ENV_STRICT, env(ENV_STRICT)),
-            "ring_max_bytes": lambda: parse_ring_max_bytes(env(ENV_RING_MAX_BYTES)),
-            "overlap_count": lambda: parse_overlap_count(env(ENV_OVERLAP_COUNT)),
-        }
+        parsers = {"enabled": lambda: _bool(ENV_ENABLE, env(ENV_ENABLE)),
+                   "features": lambda: parse_features(env(ENV_FEATURES), catalog=catalog),
+                   "backend": lambda: parse_backend(env(ENV_BACKEND)),
+                   "strict": lambda: _bool(ENV_STRICT, env(ENV_STRICT)),
+                   "ring_max_bytes": lambda: parse_ring_max_bytes(env(ENV_RING_MAX_BYTES)),
+                   "overlap_count": lambda: parse_overlap_count(env(ENV_OVERLAP_COUNT))}
         values, problems = {}, []
         for key, parse in parsers.items():  # every bad variable is reported, not only the first
             try:

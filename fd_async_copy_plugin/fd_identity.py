@@ -37,8 +37,7 @@ KNOWN: dict[str, dict[str, frozenset[str]]] = {
     # The whole body of LogprobsTensors.slice_rows (worker/output.py): 2.4 slices on the source
     # place; 2.5 and develop copy each field to the CPU first.
     "LogprobsTensors.slice_rows": {"fastdeploy-2.4": _SLICE_ROWS_24,
-                                   "fastdeploy-2.5": _SLICE_ROWS_25, "fastdeploy-2.6+": _SLICE_ROWS_25},
-}
+                                   "fastdeploy-2.5": _SLICE_ROWS_25, "fastdeploy-2.6+": _SLICE_ROWS_25}}
 
 #: Digests accepted beyond ``KNOWN`` (name -> profile -> digests), added by whoever vouches for a
 #: body: the testing package adds its replica's (``testing/reference/identity.py``); empty in a
@@ -118,7 +117,5 @@ def check(name: str, profile: str | None, found: str) -> str | None:
     if found in accepted:
         return None
     where = f"FastDeploy profile {profile}" if profile else "any known FastDeploy"
-    return (
-        f"{name} has digest {found}, which matches no known body of {where}; the plugin reproduces "
-        "this code and only runs it where it is exactly FastDeploy's, so FastDeploy runs unpatched"
-    )
+    return (f"{name} has digest {found}, which matches no known body of {where}; the plugin reproduces "
+            "this code and only runs it where it is exactly FastDeploy's, so FastDeploy runs unpatched")

@@ -208,8 +208,7 @@ class _Reader:
 
 
 def _version(base: str, root: str, reader: _Reader) -> str:
-    version = (reader.facts("__init__.py") or {}).get("version")
-    if version:
+    if version := (reader.facts("__init__.py") or {}).get("version"):
         return version
     with contextlib.suppress(_Unreadable):
         for line in (_read_source(os.path.join(base, "version.txt")) or "").splitlines():
@@ -257,8 +256,7 @@ def classify(markers: dict[str, bool | None], problems: dict[str, str] | None = 
     if problems:
         detail = "; ".join(f"{path}: {why}" for path, why in sorted(problems.items()))
         return "unknown", f"patch-point source files unusable: {detail}"
-    missing = sorted(k for k, v in markers.items() if v is None)
-    if missing:
+    if missing := sorted(k for k, v in markers.items() if v is None):
         return "unknown", f"patch-point source files not found for markers: {', '.join(missing)}"
     if not markers["gather_logprobs_present"]:
         return "unknown", "Sampler.gather_logprobs not found"

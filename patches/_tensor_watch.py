@@ -143,9 +143,7 @@ class ScopedInputs:
             h = scope.handlers.get(id(value))
             out = h.hand_out(scope) if h is not None and h.tensor is value else None
             seen[key] = (value, out)
-        if out is not None and scope.open and _ident() == scope.owner:
-            return out
-        return value
+        return out if out is not None and scope.open and _ident() == scope.owner else value
 
     def __setitem__(self, key, value):
         self._seen_.pop(key, None)

@@ -250,8 +250,7 @@ def make_async_class(base, backend):
 def check_slice_rows(original, ctx) -> None:
     """The plugin's ``slice_rows`` (here for pinned results, ``sync_scope`` for every result) is
     FastDeploy's rows: only where FastDeploy's body is exactly the known one (``fd_identity``)."""
-    problem = fd_identity.slice_rows_problem(original, getattr(ctx, "profile", None))
-    if problem:
+    if problem := fd_identity.slice_rows_problem(original, getattr(ctx, "profile", None)):
         raise IncompatibleError(problem)
 
 
@@ -324,8 +323,7 @@ class LogprobsFeature(Feature):
         Patch(Target(POSTPROC, "post_process_normal"), line("post_process_normal"), profiles=("fastdeploy-2.4",)),
         Patch(Target(RUNNER, "GPUModelRunner._get_prompt_logprobs_list"), line("_get_prompt_logprobs_list")),
         Patch(Target(SAMPLER, "Sampler.gather_logprobs"), build_gather_logprobs, check_gather_logprobs,
-              producer=True),
-    )
+              producer=True))
 
     def check(self, ctx) -> None:
         # FastDeploy's gather_logprobs builds the LogprobsTensors (of worker.output) its module

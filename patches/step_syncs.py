@@ -103,9 +103,7 @@ class Shadow:
     def __init__(self, runner, backend, block_size: int, tensors: dict, served, fallbacks, modules) -> None:
         self.backend, self.glue = backend, backend.glue
         self.modules = modules  # FastDeploy's runner and post-process modules
-        self.block_size = int(block_size)
-        self.share_inputs = runner.share_inputs
-        self.tensors = tensors
+        self.block_size, self.share_inputs, self.tensors = int(block_size), runner.share_inputs, tensors
         self.snap = {name: backend.new_pinned(self.glue.shape(t), self.glue.dtype(t), f"step_syncs.{name}")
                      for name, t in tensors.items()}
         self.arrays: dict[str, np.ndarray] = {}
@@ -262,8 +260,7 @@ class StepSyncsFeature(RunnerFeature):
         Patch(Target(POSTPROC, "update_inputs_v1"), line("update_inputs_v1"), profiles=FD25),
         *(Patch(Target(INPUT_BATCH, f"InputBatch.{n}"), line(f"input_batch_{n}"), profiles=FD25)
           for n in ("reset_share_inputs", "swap_states")),
-        dataclasses.replace(CREATE_EVENT, profiles=FD25),
-    )
+        dataclasses.replace(CREATE_EVENT, profiles=FD25))
 
     def mirrors_in(self, profile: str) -> str:
         if profile in FD25:

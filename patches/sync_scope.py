@@ -127,8 +127,7 @@ class SyncScopeFeature(Feature):
         Patch(Target("paddle.device", "synchronize", absolute=True), build_device_synchronize),
         Patch(Target(RUNNER, "GPUModelRunner._get_prompt_logprobs_list"), line("_get_prompt_logprobs_list"),
               check_prompt_logprobs),
-        Patch(Target("worker.output", "LogprobsTensors.slice_rows"), build_slice_rows, check_slice_rows),
-    )
+        Patch(Target("worker.output", "LogprobsTensors.slice_rows"), build_slice_rows, check_slice_rows))
 
 
 FEATURES = [SyncScopeFeature()]

@@ -27,23 +27,15 @@ from ..runtime.glue import paddle_glue
 from . import cache
 from .stop_flag_library import MAX_BATCH, StopFlagLibrary
 
-ONE_STEP_STOP_ENV = "PREFILL_NODE_ONE_STEP_STOP_V1"
-
-
 class OpsUnavailable(RuntimeError):
     """The custom ops cannot be used here; the message says what to do."""
-
-
-def prefill_one_step_stop_from_env() -> bool:
-    """FastDeploy's rule: the variable is set and its first character is ``1``."""
-    return os.environ.get(ONE_STEP_STOP_ENV, "").startswith("1")
 
 
 def _v1_scalars(block_size: int, prefill_one_step_stop: bool | None = None) -> tuple[int, bool]:
     """``update_inputs_v1``'s scalars as the ops take them; ``prefill_one_step_stop`` None: read
     from the environment, as FastDeploy's op does on every call."""
-    if prefill_one_step_stop is None:
-        prefill_one_step_stop = prefill_one_step_stop_from_env()
+    if prefill_one_step_stop is None:  # FastDeploy's rule: set, and its first character is ``1``
+        prefill_one_step_stop = os.environ.get("PREFILL_NODE_ONE_STEP_STOP_V1", "").startswith("1")
     return int(block_size), bool(prefill_one_step_stop)
 
 

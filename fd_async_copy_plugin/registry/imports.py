@@ -46,8 +46,7 @@ class ImportWatcher(importlib.abc.MetaPathFinder):
 
     def __init__(self) -> None:
         self._callbacks: dict[str, list[Callback]] = {}
-        self._lock = threading.RLock()
-        self._in_find = threading.local()
+        self._lock, self._in_find = threading.RLock(), threading.local()
         # Modules whose body finished executing; importlib still flags them as initialising
         # until the loader returns, which is when our callbacks run.
         self._executed_names: set[str] = set()

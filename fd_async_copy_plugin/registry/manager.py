@@ -157,8 +157,7 @@ class PatchManager:
         self._decide(name, Decision(PASSTHROUGH, reason))
 
     def _finish_strict(self) -> None:
-        refused = strict_violations(self.decisions) if self.strict else ""
-        if refused:
+        if refused := (strict_violations(self.decisions) if self.strict else ""):
             self.disable()
             raise StrictModeError(f"FD_ASYNC_COPY_STRICT=1 and not every feature applied: {refused}")
 
@@ -181,8 +180,7 @@ class PatchManager:
             return self._status()
 
     def _status(self) -> dict:
-        profile = self.profile or detect_profile(self.root)
-        features = self._feature_report()
+        profile, features = self.profile or detect_profile(self.root), self._feature_report()
         # enabled: enable() ran AND some feature's patches are in place or waiting for FD's import;
         # with every feature skipped, native, incompatible or failed nothing of the plugin runs
         active = any(e.get("state") in (APPLIED, PENDING, PARTIAL, PASSTHROUGH) for e in features.values())
@@ -201,8 +199,7 @@ class PatchManager:
             "copy_batch": getattr(self.backend, "batch_origin", None),
             "copy_batch_api": getattr(getattr(getattr(self.backend, "rt", None), "batch", None), "batch_api_state", None),
             # FD_ASYNC_COPY_SYNC_CHECK: host waits per decode step by site ({"mode": "off"} when off)
-            "sync_check": _sync_check_status(),
-        }
+            "sync_check": _sync_check_status()}
         if self.enabled and not active:
             out["enabled_reason"] = ("enable() ran, but no feature is applied or pending: each requested feature is "
                                      "skipped, native, incompatible or failed (see features); FastDeploy runs as is")
@@ -218,8 +215,7 @@ class PatchManager:
                 runs = applied.feature.report(applied.ctx)
             except Exception as exc:  # reporting must never fail
                 runs = {"state": FAILED, "reason": f"cannot report: {type(exc).__name__}: {exc}"}
-            lost = applied.drifted()
-            if lost:
+            if lost := applied.drifted():
                 runs = {"state": FAILED, "runners": [],
                         "reason": f"no longer in place (module reloaded?): {', '.join(lost)} are not the plugin's; "
                                   "FastDeploy's own code runs there - disable() and enable() to re-apply"}

@@ -210,8 +210,7 @@ class StepGate:
     sections nest."""
 
     def __init__(self, timeout: float = 60.0) -> None:
-        self.timeout = timeout
-        self._lock = threading.Lock()
+        self.timeout, self._lock = timeout, threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._open: collections.Counter = collections.Counter()  # thread id -> its open sections
         self._changer: int | None = None  # the thread changing the patches now

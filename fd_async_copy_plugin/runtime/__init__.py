@@ -36,8 +36,6 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = [
-    "AsyncCopyError", "BACKENDS", "BufferInUseError", "CopyBackend", "CopyEvent", "HostBackend",
-    "PendingCopyError", "PinnedRing", "PinnedSlot", "RingFull", "SimulatedBackend", "SyncCensus",
-    "WaitTimeout", "collecting", "make_backend",
-]
+__all__ = ["AsyncCopyError", "BACKENDS", "BufferInUseError", "CopyBackend", "CopyEvent", "HostBackend",
+           "PendingCopyError", "PinnedRing", "PinnedSlot", "RingFull", "SimulatedBackend", "SyncCensus",
+           "WaitTimeout", "collecting", "make_backend"]

@@ -276,8 +276,7 @@ class CopyBackend:
         return release_freed()
 
     def _alloc(self, shape: list[int], dtype: str):
-        np_dtype = np_dtype_of(dtype)
-        count = prod(shape)
+        np_dtype, count = np_dtype_of(dtype), prod(shape)
         nbytes = count * np_dtype.itemsize
         memory = PinnedMemory(self.rt, self.rt.host_alloc(nbytes), nbytes)
         kind = getattr(self.rt, "set_kind", None)

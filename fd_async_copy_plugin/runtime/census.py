@@ -21,8 +21,7 @@ KINDS: dict[str, str] = {
     "op_on_pinned": "Paddle ops on pinned tensors", "host_read": "host reads of copied data",
     # Recorded by device-value tracking (reference/device_tracking.py, tests and bench only):
     # every blocking point, whoever causes it; the site is ``device_tracking.encode_host_wait(...)``.
-    "host_wait": "host waits (tracked)",
-}
+    "host_wait": "host waits (tracked)"}
 
 
 @dataclass

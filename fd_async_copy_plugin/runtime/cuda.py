@@ -174,8 +174,7 @@ class RuntimeBackend(CopyBackend):
         address, shape_of, fitted, srcs = glue.address, glue.shape, [], []
         device = sources[0][0] if sources else -2
         for dst, source in zip(dsts, sources):  # every destination checked before anything is issued
-            facts = pinned.get(id(dst))
-            shape = source[2]
+            facts, shape = pinned.get(id(dst)), source[2]
             if (facts is None or facts.buf() is not dst or shape != facts.shape or source[3] != facts.dtype
                     or address(dst) != facts.ptr or shape_of(dst) != shape):
                 facts = self._fit(dst, shape, source[3], grow)  # (as the backend left it: nothing to fit)

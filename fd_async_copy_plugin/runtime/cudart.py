@@ -140,8 +140,7 @@ def loaded_cudart_paths() -> list[str]:
 def find_cudart() -> tuple[ctypes.CDLL, str]:
     """The process's CUDA runtime library and how it was found; raises ``CudaUnavailable``."""
     tried = []
-    explicit = os.environ.get(CUDART_ENV)
-    if explicit:
+    if explicit := os.environ.get(CUDART_ENV):
         # Asked for by name: that library or none (a silent fallback would run another runtime).
         try:
             return ctypes.CDLL(explicit, mode=os.RTLD_GLOBAL), f"{explicit} (${CUDART_ENV})"
@@ -179,10 +178,8 @@ class CudaRuntime:
             "cudaEventCreateWithFlags": [ctypes.POINTER(P), ctypes.c_uint],
             "cudaEventRecord": [P, P],
             "cudaSetDevice": [I],
-            "cudaPointerGetAttributes": [ctypes.POINTER(_PointerAttributes), P],
-        }
-        missing = [name for name in (*signatures, "cudaGetErrorString") if not hasattr(lib, name)]
-        if missing:
+            "cudaPointerGetAttributes": [ctypes.POINTER(_PointerAttributes), P]}
+        if missing := [name for name in (*signatures, "cudaGetErrorString") if not hasattr(lib, name)]:
             what = f"{CUDART_ENV}={lib._name!r}" if CUDART_ENV in origin else (origin or lib._name)
             lacks = ", ".join(missing[:3]) + (" and more" if len(missing) > 3 else "")
             raise CudaUnavailable(f"{what} is not a CUDA runtime library: it lacks {lacks}; point "
@@ -257,8 +254,7 @@ class CudaRuntime:
     # -- copies -----------------------------------------------------------------------------------
     # The calls of every decode step (copies, records, waits) skip ``_call``: one Python frame each.
     def memcpy_d2h_async(self, dst: int, src: int, nbytes: int, stream: int) -> None:
-        code = self._f["cudaMemcpyAsync"](dst, src, nbytes, _MEMCPY_DEVICE_TO_HOST, stream)
-        if code:
+        if code := self._f["cudaMemcpyAsync"](dst, src, nbytes, _MEMCPY_DEVICE_TO_HOST, stream):
             self._fail("cudaMemcpyAsync", code)
 
     def memcpy_h2d_async(self, dst: int, src: int, nbytes: int, stream: int) -> None:
@@ -271,8 +267,7 @@ class CudaRuntime:
         return self._out("cudaEventCreateWithFlags", ctypes.c_void_p, flags)
 
     def event_record(self, event: int, stream: int) -> None:
-        code = self._f["cudaEventRecord"](event, stream)
-        if code:
+        if code := self._f["cudaEventRecord"](event, stream):
             self._fail("cudaEventRecord", code)
 
     def event_query(self, event: int) -> bool:
@@ -280,8 +275,7 @@ class CudaRuntime:
 
     def event_synchronize(self, event: int) -> None:
         """Blocks this thread only (the GIL is released for the call)."""
-        code = self._f["cudaEventSynchronize"](event)
-        if code:
+        if code := self._f["cudaEventSynchronize"](event):
             self._fail("cudaEventSynchronize", code)
 
     event_destroy = partialmethod(_call, "cudaEventDestroy")

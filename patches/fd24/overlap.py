@@ -186,8 +186,7 @@ class OverlapState:
 def off_reason(runner, runner_module) -> str:
     """Why this step runs FastDeploy 2.4's own schedule ("" when it can overlap). Where step_syncs
     cannot know the step (V0 scheduler, speculative decoding, EP), overlap cannot either."""
-    why = step_syncs_own_path(runner, runner_module)
-    if why:
+    if why := step_syncs_own_path(runner, runner_module):
         return why
     checks = (
         (not is_cuda_runner(runner_module), "non-CUDA platform"),
@@ -202,8 +201,7 @@ def off_reason(runner, runner_module) -> str:
         # a splitwise decode node frees a preempted slot at schedule time: a late row of the old
         # owner could reach the new one (FD 2.5 keeps overlap off for split roles by default, #6668)
         (getattr(getattr(runner, "scheduler_config", None), "splitwise_role", "mixed") != "mixed",
-         "splitwise (prefill/decode) role"),
-    )
+         "splitwise (prefill/decode) role"))
     return next((why for bad, why in checks if bad), "")
 
 
@@ -264,8 +262,7 @@ def set_up(ctx, runner) -> None:
     why this runner keeps FastDeploy's schedule."""
     stop, syncs = part(runner, "stop"), part(runner, "syncs")
     missing = " and ".join(n for n, s in (("stop_flag", stop), ("step_syncs", syncs)) if s is None)
-    why = ranks_agree(runner, f"needs {missing} on this runner" if missing else "")
-    if why:
+    if why := ranks_agree(runner, f"needs {missing} on this runner" if missing else ""):
         ctx.state.stand_down(runner, why)
         return
     ctx.state.add(runner, OverlapState(runner_state(runner), ctx.backend, ctx.settings.overlap_count, ctx.module(RUNNER)))
@@ -303,8 +300,7 @@ class OverlapFeature(RunnerFeature):
               line("padding_cudagraph_inputs")),
         # loaded by the worker before the runner; absent from the replica (then the insert's flush)
         Patch(Target("inter_communicator.engine_worker_queue", "EngineWorkerQueue.get_tasks", required=False),
-              build_get_tasks),
-    )
+              build_get_tasks))
 
     def prepare(self, ctx) -> FeatureRunners:
         return FeatureRunners("overlap", "overlap")

@@ -19,14 +19,8 @@ from .._tensor_watch import basic_key, watching
 log = logging.getLogger("fd_async_copy")
 
 #: shadow name -> share_inputs key (None: the runner's ``seq_lens_this_time_buffer``)
-SHADOWED = {
-    "this_time": None,
-    "enc": "seq_lens_encoder",
-    "block_step": "is_block_step",
-    "step_dec": "step_seq_lens_decoder",
-    "bad_len": "bad_tokens_len",
-    "tables": "block_tables",
-}
+SHADOWED = {"this_time": None, "enc": "seq_lens_encoder", "block_step": "is_block_step",
+            "step_dec": "step_seq_lens_decoder", "bad_len": "bad_tokens_len", "tables": "block_tables"}
 SNAPSHOT_LABELS = tuple((name, f"step_syncs.{name}") for name in SNAPSHOT)
 
 
@@ -122,8 +116,7 @@ class StepShadow(Shadow):
         self.backend.before_host_write(self.tables, "step_syncs.load")
         super().load(why)
         self.arrays["tables"] = host_view(self.tables, self.glue)  # written in place, copied from
-        self.on_device = self.arrays["tables"].copy()
-        self.snap_pending = False
+        self.on_device, self.snap_pending = self.arrays["tables"].copy(), False
 
     # -- the step's device changes --------------------------------------------------------------
     def snapshot_copies(self) -> list:
@@ -283,8 +276,7 @@ def step_count(syncs: RunnerSyncs, runner, dummy: bool) -> int | None:
 
 def exist_prefill(shadow: StepShadow, runner) -> bool | None:
     """S3/S7: ``exist_prefill()`` from the shadow, or None (FastDeploy's own then)."""
-    why = shadow.not_exact
-    if why:
+    if why := shadow.not_exact:
         shadow.fallback(f"S3/S7: {why}")
         return None
     if shadow.snap_pending and not (runner_state(runner).holds_unsaved_step() and shadow.snapshot_in_flight()):

@@ -270,8 +270,7 @@ class StopFlagFeature(RunnerFeature):
           for name in ("save_output", "save_output_topk", "_build_stream_transfer_data", "post_process")),
         # post_process as the runner modules imported it (Metax's and GCU's where they are loaded)
         *(Patch(Target(module, "post_process", required=module == RUNNER), line("post_process"))
-          for module in (RUNNER, "worker.metax_model_runner", "worker.gcu_model_runner")),
-    )
+          for module in (RUNNER, "worker.metax_model_runner", "worker.gcu_model_runner")))
 
     def unavailable(self, backend: str) -> str:
         try:

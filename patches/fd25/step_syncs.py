@@ -47,8 +47,7 @@ def _move_seed(runner, state: RunnerSyncs, place=None) -> None:
 def set_up(ctx, runner) -> None:
     """After FastDeploy's ``GPUModelRunner.__init__``: the seed and its increment on the device, and
     the token-count shadow, or why this runner keeps FastDeploy's own path."""
-    registry = ctx.state
-    runner_module = ctx.module(RUNNER)
+    registry, runner_module = ctx.state, ctx.module(RUNNER)
     if not is_cuda_runner(runner_module):
         registry.stand_down(runner, "not a CUDA platform (a DCU/Iluvatar runner): FastDeploy's seed stays",
                             logging.INFO)
@@ -63,8 +62,7 @@ def set_up(ctx, runner) -> None:
     except Exception as exc:  # never stop FastDeploy: this runner keeps its host seed
         registry.stand_down(runner, f"cannot move the seed to the device ({type(exc).__name__}: {exc})")
         return
-    why = feature.own_path_reason(runner, runner_module)
-    if why:  # the seed only: FastDeploy's token_num waits stay
+    if why := feature.own_path_reason(runner, runner_module):  # the seed only: FD's token_num waits stay
         state.token_off = f"{why}: FastDeploy's token_num waits stay"
         log.info("fd_async_copy step_syncs: %s", state.token_off)
     else:
@@ -106,13 +104,8 @@ def seed_in_place(syncs: RunnerSyncs, runner) -> bool:
 # inserts' host writes are followed as they are made, and recover_decode_task is replayed on it.
 
 #: FD 2.5: shadow name -> InputBatch key
-SHADOWED_25 = {
-    "this_time": "seq_lens_this_time_buffer",
-    "enc": "seq_lens_encoder",
-    "block_step": "is_block_step",
-    "step_dec": "step_seq_lens_decoder",
-    "tables": "block_tables",
-}
+SHADOWED_25 = {"this_time": "seq_lens_this_time_buffer", "enc": "seq_lens_encoder",
+               "block_step": "is_block_step", "step_dec": "step_seq_lens_decoder", "tables": "block_tables"}
 RECOVERED = ("this_time", "block_step", "enc")  # what recover_decode_task writes that the shadow keeps
 
 _SHADOWS_25: "weakref.WeakValueDictionary[int, TokenShadow]" = weakref.WeakValueDictionary()  # id(share_inputs)
@@ -197,8 +190,7 @@ class TokenShadow(Shadow):
 
 def token_num_off(runner, shadow: TokenShadow) -> str:
     """Why the shadow may not answer for ``runner`` now ("" when it may)."""
-    why = shadow_not_exact(runner, *shadow.modules) or shadow.stale()
-    if why:
+    if why := shadow_not_exact(runner, *shadow.modules) or shadow.stale():
         return why
     if getattr(runner.share_inputs, "enable_pd_reorder", False) or any(
             getattr(b, "enable_ids_reorder", False) for b in (getattr(runner, "attn_backends", None) or ())):
@@ -311,12 +303,10 @@ def postprocess_reads(shadow: TokenShadow, runner, token_num_event: DeferredEven
     if shadow.reads_need_overlap and not runner.enable_overlap_schedule:
         return []
     si = runner.share_inputs
-    return [
-        ServedRead(si["seq_lens_this_time_cpu"], [token_num_event],
-                   lambda: shadow.answer("this_time", "_postprocess", si["seq_lens_this_time"])),
-        ServedRead(si["is_block_step_cpu"], [token_num_event],
-                   lambda: shadow.answer("block_step", "_postprocess", si["is_block_step"])),
-    ]
+    return [ServedRead(si["seq_lens_this_time_cpu"], [token_num_event],
+                       lambda: shadow.answer("this_time", "_postprocess", si["seq_lens_this_time"])),
+            ServedRead(si["is_block_step_cpu"], [token_num_event],
+                       lambda: shadow.answer("block_step", "_postprocess", si["is_block_step"]))]
 
 
 def batch_changed(input_batch, what: str) -> None:

@@ -65,13 +65,13 @@ SCAFFOLDING = ("testing", "cli", "serving_ab", "runtime.simulated", "ops.build",
                "pytest_plugin")
 #: The budget: code lines (blank lines, comments and docstrings not counted - every patch module
 #: carries its why/how/mirrors/delete header, and the CUDA layer documents each call), set to what
-#: the runtime part measures (4658 code / 7596 physical lines) rounded up, so that any growth is a
+#: the runtime part measures (4598 code / 7531 physical lines) rounded up, so that any growth is a
 #: decision made here. The runtime serves three FastDeploy lines (2.4, 2.5, develop), tensor
 #: parallelism, the overlap's three token counts, and one copy path with its C call; the issue asking
-#: for the one copy path aims at 4.6k code lines, which is not reached.
-MAX_RUNTIME_CODE_LINES = 4660
+#: for the one copy path aims at 4.6k code lines, which is reached.
+MAX_RUNTIME_CODE_LINES = 4600
 #: and a ceiling on the physical lines, docs included
-MAX_RUNTIME_LINES = 7600
+MAX_RUNTIME_LINES = 7540
 
 
 def loaded_by_register(prelude: str = "") -> tuple[set[str], dict]:
