@@ -62,20 +62,23 @@ def test_the_parser_reads_only_the_set_up_section():
 
 
 def _copy_checkout(dest: Path) -> Path:
-    """The checkout as a user would have it: files git tracks or would add, nothing it ignores
-    (no venvs, builds or caches). Without git, everything but those."""
-    dest.mkdir(parents=True)
+    """The checkout as a user would have it: a git clone (the tests that read ``git describe`` need
+    its history; links stay links), with the working tree's tracked and untracked-but-not-ignored
+    files laid over it, nothing git ignores (no venvs, builds or caches). Without git, a copy of
+    everything but those."""
+    cloned = subprocess.run(["git", "clone", "--quiet", str(REPO), str(dest)], capture_output=True)
     listed = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
                             capture_output=True)
-    if listed.returncode == 0:
+    if cloned.returncode == 0 and listed.returncode == 0:
         for name in filter(None, listed.stdout.decode().split("\0")):
-            source = REPO / name
-            if source.is_file():  # a tracked file deleted in the working tree is not copied
-                (dest / name).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(source, dest / name)
+            source, target = REPO / name, dest / name
+            if source.is_symlink() or not source.is_file():
+                continue  # links come with the clone; a file deleted in the working tree is not copied
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target)
     else:
         ignore = shutil.ignore_patterns(".git", ".venv*", "venv", "build", "dist", "*.egg-info", "__pycache__", "*.so")
-        shutil.copytree(REPO, dest, ignore=ignore, dirs_exist_ok=True)
+        shutil.copytree(REPO, dest, ignore=ignore, dirs_exist_ok=True, symlinks=True)
     return dest
 
 
@@ -135,7 +138,8 @@ def test_without_paddle_each_first_command_is_one_line_and_its_exit_code(selftes
     cases = {
         "fd-async-copy selftest --steps 2": (1, "selftest FAILED: Paddle is not importable"),
         "fd-async-copy bench --smoke": (1, "bench FAILED: Paddle is not importable"),
-        "fd-async-copy build-ops --no-cuda": (1, "build-ops FAILED: No module named 'paddle'"),
+        "fd-async-copy build-ops --no-cuda":
+            (1, "build-ops FAILED: Paddle is not importable (No module named 'paddle')"),
         "python -c 'import fd_async_copy_plugin as p; print(p.status()[\"enabled\"])'": (0, "False"),
     }
     for command, (code, message) in cases.items():
