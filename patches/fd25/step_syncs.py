@@ -6,11 +6,12 @@ from __future__ import annotations
 import ast
 import inspect
 import logging
-import textwrap
 import weakref
 
 import numpy as np
 import paddle
+
+from fd_async_copy_plugin.fd_identity import function_node
 
 from ..runner import is_cuda_runner, runner_state
 from ..step_syncs import (POSTPROC, RUNNER, SNAPSHOT, RunnerSyncs, Shadow, _Mirror, _device_copy,
@@ -284,7 +285,7 @@ def reads_only_with_overlap(method) -> bool:
     ``if (not self.enable_overlap_schedule) or ...:`` (2.5 :2366-2372): with the overlap schedule off
     the call reads neither. False where its source says otherwise or cannot be read."""
     try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(inspect.unwrap(method))))
+        tree = function_node(inspect.unwrap(method))
     except (OSError, TypeError, SyntaxError):
         return False
 
