@@ -409,7 +409,7 @@ def make_variants(backend, out, is_cuda: bool, batched=None, looped=None):
         fns = rt._f
         memcpy, record_fn, sync_fn = fns["cudaMemcpyAsync"], fns["cudaEventRecord"], fns["cudaEventSynchronize"]
         floor_bufs = {f: rt.host_alloc(nbytes[f]) for f in DTYPES}
-        floor_events = [rt.event_create(True) for _ in range(2)]
+        floor_events = [rt.event_create() for _ in range(2)]
         s = ctypes.c_void_p(stream)
         args = [(ctypes.c_void_p(floor_bufs[f]), ctypes.c_void_p(glue.address(out[f])), nbytes[f], 2, s)
                 for f in DTYPES]

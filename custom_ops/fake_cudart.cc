@@ -73,6 +73,7 @@ int fake_fail_record = 0;  /* fail every record */
 int fake_copies = 0;
 int fake_errors = 0;       /* races reported so far (9001-9004) */
 int fake_allocations = 0, fake_frees = 0;
+int fake_events = 0, fake_blocking_events = 0;  /* events created; those with cudaEventBlockingSync */
 int fake_stream_switch = 0;
 int fake_stream_index = 0;  /* the current stream when fake_stream_switch is 0: kStreamA + 0x100 * index */
 int fake_stream_waits = 0;  /* cudaStreamWaitEvent calls that ordered something */
@@ -245,6 +246,8 @@ int cudaEventCreateWithFlags(void** event, unsigned flags) {
   std::lock_guard<std::recursive_mutex> lock(mu);
   events[++next_event] = {0, 0, false};
   *event = reinterpret_cast<void*>(next_event);
+  ++fake_events;
+  fake_blocking_events += (flags & 1) != 0;
   return 0;
 }
 static Event* event_of(void* event) {

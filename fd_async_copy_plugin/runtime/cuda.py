@@ -282,7 +282,7 @@ class RuntimeBackend(CopyBackend):
         if current != device:
             self.rt.set_device(device)
         try:
-            pool.append(self.rt.event_create(True))
+            pool.append(self.rt.event_create())
         finally:
             if current != device:
                 self.rt.set_device(current)

@@ -261,8 +261,10 @@ class CudaRuntime:
         self._call("cudaMemcpyAsync", dst, src, nbytes, _MEMCPY_HOST_TO_DEVICE, stream)
 
     # -- events and streams -----------------------------------------------------------------------
-    def event_create(self, blocking: bool = True) -> int:
-        """A timing-free event; ``blocking`` waits sleep instead of spinning on the driver lock."""
+    def event_create(self, blocking: bool = False) -> int:
+        """A timing-free event. Its waits spin or yield as the context's schedule says, as FD's own
+        ``create_event()`` events and Paddle's syncs do; ``blocking`` ones sleep, and their wake-up
+        delays the next step's launches (docs/verification.md, "Event waits")."""
         flags = EVENT_DISABLE_TIMING | (EVENT_BLOCKING_SYNC if blocking else 0)
         return self._out("cudaEventCreateWithFlags", ctypes.c_void_p, flags)
 
@@ -327,7 +329,7 @@ class HostRuntime:
 
     memcpy_h2d_async = memcpy_d2h_async
 
-    def event_create(self, blocking: bool = True) -> int:
+    def event_create(self, blocking: bool = False) -> int:
         return next(self._event_ids)  # (atomic under the GIL)
 
     def _nothing(self, *args) -> None:

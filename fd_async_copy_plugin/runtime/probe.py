@@ -111,7 +111,7 @@ class _Pinned:
     both freed after the probe's waits."""
 
     def __init__(self, rt, nbytes: int, poison: int | None = None) -> None:
-        self.rt, self.nbytes, self.event = rt, nbytes, rt.event_create(True)
+        self.rt, self.nbytes, self.event = rt, nbytes, rt.event_create()
         self.ptr = rt.host_alloc(nbytes)  # (a failed allocation leaves the event: the probe then fails)
         if poison is not None:
             ctypes.memset(self.ptr, poison, nbytes)
