@@ -1,4 +1,4 @@
-"""Render the recorded H200 step model (``benchmarks/results/step_model.txt``) as a PNG chart.
+"""Render the recorded step model (``benchmarks/results/step_model.txt``) as a PNG chart.
 
     python benchmarks/plot_step_model.py [--input benchmarks/results/step_model.txt]
                                          [--output docs/step_model.png]
@@ -104,11 +104,14 @@ class Config:
 
 
 def parse(text: str) -> dict[str, Config]:
-    """Every configuration block of a ``step_model.py`` results file, rows by variant name."""
+    """Every configuration block of a ``step_model.py`` results file's first run (a recorded file
+    may hold later runs after it), rows by variant name."""
     configs: dict[str, Config] = {}
     current: Config | None = None
     for line in text.splitlines():
         m = _CONFIG.match(line)
+        if m and m["name"] in configs:  # the next run begins
+            break
         if m:
             host = float(m["prepare"]) + float(m["between"]) + float(m["save"])
             current = configs[m["name"]] = Config(m["name"], float(m["forward"]), float(m["sampler"]), host)
@@ -137,7 +140,8 @@ def parse(text: str) -> dict[str, Config]:
     return configs
 
 
-def render(configs: dict[str, Config], output: str, source: str = "benchmarks/results/step_model.txt") -> None:
+def render(configs: dict[str, Config], output: str, source: str = "benchmarks/results/step_model.txt",
+           gpu: str = "H100") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -172,7 +176,7 @@ def render(configs: dict[str, Config], output: str, source: str = "benchmarks/re
         ax.set_title(f"{name}: forward {config.forward_ms:.2f} + sampler {config.sampler_ms:.2f} ms GPU, "
                      f"{config.host_ms:.2f} ms host phases{bound}; dashed: GPU only", fontsize=10)
         ax.legend(loc="lower right", fontsize=8)
-    fig.suptitle("Modelled FD 2.4 and FD 2.5 decode steps on an H200 (spin kernels and busy-waits at FD's sites; "
+    fig.suptitle(f"Modelled FD 2.4 and FD 2.5 decode steps on an {gpu} (spin kernels and busy-waits at FD's sites; "
                  f"not FastDeploy measurements)\nfrom {source}", fontsize=9)
     fig.tight_layout()
     fig.savefig(output, dpi=110, metadata={"Software": None})
@@ -197,7 +201,9 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return 2
     source = os.path.relpath(args.input, os.path.dirname(HERE)) if args.input.startswith(os.path.dirname(HERE)) else args.input
-    render(configs, args.output, source)
+    with open(args.input, encoding="utf-8") as f:
+        gpu = re.search(r"^framework .*?, NVIDIA (H\d+)", f.read(), re.M)
+    render(configs, args.output, source, gpu[1] if gpu else "unnamed GPU")
     print(f"wrote {args.output} ({', '.join(configs)})")
     return 0
 

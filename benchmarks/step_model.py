@@ -74,7 +74,7 @@ share before exact's wait: an upper estimate of moving it); ``--finishes A-B`` m
 finish per step, each refilled by an insert at the next step's start (``--insert-ms`` host per
 request), and an insert first flushes the pending save, as the plugin's ``get_tasks``/insert flush does.
 The variant ``exact, at launch`` prepares by the bound and makes exact's wait right before the forward
-(then ``TRIM_MS`` of trimming): a design, not implemented. ``--graph-sizes`` prints only a simulation
+(then ``TRIM_MS`` of trimming): the opt-in ``FD_ASYNC_COPY_OVERLAP_COUNT=launch``. ``--graph-sizes`` prints only a simulation
 of counts: how often step N+1's CUDA-graph captured size is known before exact's wait
 (``graph_size_decisions``; docs/overlap-token-count.md, "What FD 2.4's CUDA graph decides").
 
@@ -1112,7 +1112,7 @@ def report(cfg: StepConfig, res: dict, model: dict | None, label: str) -> list[s
     if "exact, at launch" in res:
         al = res["exact, at launch"]
         say(f"  exact, at launch (prepare sized by the bound, the wait and {TRIM_MS:.2f} ms of trimming to the exact "
-            f"count right before the forward; not implemented): {al['median']:.3f} ms/step ({al['median'] / base:.3f}x "
+            f"count right before the forward: FD_ASYNC_COPY_OVERLAP_COUNT=launch, opt-in): {al['median']:.3f} ms/step ({al['median'] / base:.3f}x "
             f"fd24); at launch / bound {al['median'] / ov['median']:.3f}x (issue 40's target <= 1.03x).")
     say("  FD 2.5 (its own step: tn = token_num_event.synchronize() in _prepare_inputs, tn2 = the same event in "
         "_postprocess, T = the CPU infer_seed, event = post_process_event at save; no S1-S3/S5-S7):")
