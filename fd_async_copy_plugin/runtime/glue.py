@@ -114,8 +114,7 @@ class PaddleGlue(FactsInOneCall):
         shape = list(shape)
         if list(t.shape) == shape:
             return
-        set_dims = getattr(t.get_tensor(), "_set_dims", None)
-        if set_dims is not None:
+        if (set_dims := getattr(t.get_tensor(), "_set_dims", None)) is not None:
             set_dims(shape)
         elif 0 in t.shape:  # pragma: no cover - Paddle 3.0-3.3 have ``_set_dims``
             from .backend import AsyncCopyError
