@@ -83,8 +83,8 @@ class OverlapState:
         # an insert flushed it); waited_fraction: waited / (waited + not waited)
         self.count_waits, self.sized = collections.Counter(), "landed before"
         #: ``launch``: why this runner waits at ``_prepare_inputs`` instead (None: not checked yet);
-        #: its steps trimmed to the exact count at the forward's launch, and those left as they were
-        #: and (``kept``) a device copy of the ``ids_remove_padding`` rows this step's bound overwrites
+        #: its steps trimmed to the exact count at the forward's launch, and those left as they were;
+        #: ``kept``: this step's device copy of the ``ids_remove_padding`` rows the bound overwrites
         self.launch_off, self.launch, self.kept = None, collections.Counter(), None
         self.saving = threading.RLock()  # one flush at a time; the captured saves move under it
         self.detached = False  # disable() took the part off its runner
