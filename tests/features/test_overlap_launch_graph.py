@@ -54,13 +54,16 @@ def run_graph(name, backend="sim", **model):
     return run_exact(dataclasses.replace(cfg, **{**GRAPH, **model}), requests, arrivals, backend, max_steps=400)
 
 
-def graph_diffs(name, **model) -> list:
-    """The differences from unpatched FD 2.4 (its engine one step behind), graph replays left out."""
+def graph_diffs(name, replays=None, **model) -> list:
+    """The differences from unpatched FD 2.4 (its engine one step behind), graph replays left out
+    (``replays``: gets FD 2.4's and the plugin's replays, pairwise)."""
     cfg, requests, arrivals = SCENARIOS[name]()
     cfg = dataclasses.replace(cfg, **{**GRAPH, **model})
     base = run_variant(Variant("fd24-unpatched", FD24, False), dataclasses.replace(cfg, engine_lag=1), requests,
                        backend="sim", arrivals=arrivals, max_steps=400).result
     plugin, _, _ = _run_plugin(cfg, requests, arrivals, "sim", OVERLAP, 400)
+    if replays is not None:
+        replays.extend(zip(base.graph_replays, plugin.graph_replays))
     return [d for d in base.differences(plugin) if not d.startswith(("executed_steps", "graph replay"))]
 
 
@@ -101,17 +104,22 @@ def test_without_the_restore_launch_is_not_fastdeploy_24_under_the_graph(count, 
 
 def test_bound_moves_bits_where_a_finish_crosses_a_captured_size(count):
     """``bound`` replays the graph of the bound's size: on a finish from 9 to 8 tokens that is 16,
-    where FD 2.4 replays 8, and the dense rows-dependent layer moves bits. Where every finish stays
-    within one captured size (16 tokens down to 9), it replays FD 2.4's sizes."""
+    where FD 2.4 replays 8, and the dense rows-dependent layer moves bits. Where no finish takes
+    the count below the bound's captured size, it replays FD 2.4's sizes and keeps the bits."""
     count("bound")
-    assert "logprobs differ" in " ".join(graph_diffs(STAGGERED, moe_experts=0))
+    replays = []
+    assert "logprobs differ" in " ".join(graph_diffs(STAGGERED, replays, moe_experts=0))
+    assert any(ours[0] != fd24[0] for fd24, ours in replays), replays
     SCENARIOS["within one size"] = lambda: (
         config(max_num_seqs=16, chunk_size=None, enable_logprob=True),
         [_req(i, 3 + i % 5, 6 + min(i, 8), logprobs=5 if i % 2 else None) for i in range(16)], {})
     try:
-        assert graph_diffs("within one size", moe_experts=0) == []
+        replays = []
+        assert graph_diffs("within one size", replays, moe_experts=0) == []
     finally:
         del SCENARIOS["within one size"]
+    assert all(ours[0] == fd24[0] for fd24, ours in replays), replays  # the sizes: FD 2.4's
+    assert any(ours[1] > fd24[1] for fd24, ours in replays), replays  # padded: a bound above the count
 
 
 def test_the_restore_makes_no_host_wait(count):
