@@ -188,8 +188,7 @@ class _Reader:
             except OSError as exc:
                 raise _Unreadable(f"cannot stat ({exc.strerror or exc})") from None
             key = (path, info.st_mtime_ns, info.st_size)
-            cached = _FACTS.get(key)
-            if cached is not None:
+            if (cached := _FACTS.get(key)) is not None:
                 return cached
             if time.monotonic() > self.deadline:
                 raise _Unreadable("not read: the detection time budget was spent on other files")

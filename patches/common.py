@@ -33,8 +33,7 @@ def host_value(value, reader: str, backend):
     if backend.is_pinned(value):
         return backend.to_host(value, reader)
     for substitute in _SUBSTITUTES:
-        replaced = substitute(value, reader)
-        if replaced is not value:
+        if (replaced := substitute(value, reader)) is not value:
             return replaced
     return value
 
@@ -42,8 +41,7 @@ def host_value(value, reader: str, backend):
 def consume(fd, on, reader: str, *args, **kwargs):
     """FastDeploy's consumer ``fd`` with its arguments host-ready (``host_value``) where a feature
     that hands out pinned data (``stop_flag``, ``logprobs``) is applied."""
-    ctx = on.get("stop_flag") or on.get("logprobs")
-    if ctx is not None:
+    if (ctx := on.get("stop_flag") or on.get("logprobs")) is not None:
         args = [host_value(a, reader, ctx.backend) for a in args]
         kwargs = {k: host_value(v, reader, ctx.backend) for k, v in kwargs.items()}
     return fd(*args, **kwargs)

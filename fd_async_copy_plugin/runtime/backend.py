@@ -279,8 +279,7 @@ class CopyBackend:
         np_dtype, count = np_dtype_of(dtype), prod(shape)
         nbytes = count * np_dtype.itemsize
         memory = PinnedMemory(self.rt, self.rt.host_alloc(nbytes), nbytes)
-        kind = getattr(self.rt, "set_kind", None)
-        if kind is not None:  # (the simulator's runtime: what its poison looks like)
+        if (kind := getattr(self.rt, "set_kind", None)) is not None:  # (the simulator: what its poison looks like)
             kind(memory.ptr, np_dtype.itemsize, np_dtype.kind)
         raw = (ctypes.c_byte * max(1, nbytes)).from_address(memory.ptr)
         _track(raw, memory)  # the numpy array below keeps ``raw`` alive as long as the tensor lives
@@ -370,8 +369,7 @@ class CopyBackend:
         completed. Waits for that copy's event (free when already waited on); the simulator raises
         ``BufferInUseError`` instead when none was waited on."""
         facts = self._facts(buf)
-        event = None if facts is None else facts.h2d_event
-        if event is not None and not event.done:
+        if (event := None if facts is None else facts.h2d_event) is not None and not event.done:
             self._h2d_still_read(buf, writer, event)
 
     def h2d_in_flight(self, buf) -> bool:
@@ -501,8 +499,7 @@ class CopyBackend:
 
     def _host_array(self, t, reader: str, start: int | None, end: int | None) -> np.ndarray:
         written = self._pinned[id(t)].set
-        event = None if written is None else written.event
-        if event is not None and not event.done:
+        if (event := None if written is None else written.event) is not None and not event.done:
             self.wait(event, reader)
         return self.read(t, reader, start, end)
 

@@ -81,14 +81,12 @@ def active() -> SyncCensus | None:
 
 def record(kind: str, site: str) -> None:
     """Record one interaction in the active census, if any."""
-    census = _ACTIVE
-    if census is not None:
+    if (census := _ACTIVE) is not None:
         census.record(kind, site)
 
 
 def begin_step() -> None:
-    census = _ACTIVE
-    if census is not None:
+    if (census := _ACTIVE) is not None:
         census.begin_step()
 
 

@@ -262,9 +262,7 @@ class CudaRuntime:
 
     # -- events and streams -----------------------------------------------------------------------
     def event_create(self, blocking: bool = False) -> int:
-        """A timing-free event. Its waits spin or yield as the context's schedule says, as FD's own
-        ``create_event()`` events and Paddle's syncs do; ``blocking`` ones sleep, and their wake-up
-        delays the next step's launches (docs/verification.md, "Event waits")."""
+        """A timing-free event; waits spin or yield as FD's own events do (``blocking``: sleep, slower)."""
         flags = EVENT_DISABLE_TIMING | (EVENT_BLOCKING_SYNC if blocking else 0)
         return self._out("cudaEventCreateWithFlags", ctypes.c_void_p, flags)
 

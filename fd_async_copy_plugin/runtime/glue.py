@@ -102,7 +102,7 @@ class PaddleGlue(FactsInOneCall):
         return self._from_dlpack(array)
 
     def set_shape(self, t, shape: tuple[int, ...]) -> None:
-        """Reshape a host wrap within its allocation (metadata only; the backend checked the bound).
+        """Reshape a host wrap (the backend checked the bound) or an FD buffer within its allocation.
 
         Sets the dims of its DenseTensor (``_set_dims``: 1.4 us on CPU Paddle 3.3) rather than
         ``t.set_(t, shape)``, which costs 15 us and, from an empty shape, leaves the tensor without
@@ -114,8 +114,7 @@ class PaddleGlue(FactsInOneCall):
         shape = list(shape)
         if list(t.shape) == shape:
             return
-        set_dims = getattr(t.get_tensor(), "_set_dims", None)
-        if set_dims is not None:
+        if (set_dims := getattr(t.get_tensor(), "_set_dims", None)) is not None:
             set_dims(shape)
         elif 0 in t.shape:  # pragma: no cover - Paddle 3.0-3.3 have ``_set_dims``
             from .backend import AsyncCopyError

@@ -81,8 +81,7 @@ def execute_model(fd, on, self, *args, **kwargs):
     state = parts_of(self).overlap
     if state is None:
         return fd(self, *args, **kwargs)
-    why = overlap.off_reason(self, state.runner_module)
-    if why:  # overlap off for this step: the pending save first, then FD's own step
+    if why := overlap.off_reason(self, state.runner_module):  # overlap off: the pending save first, then FD's step
         state.flush("overlap off")
         state.fallbacks[why] += 1
         return fd(self, *args, **kwargs)
@@ -111,19 +110,21 @@ def not_need_stop(fd, on, self):
 
 
 def _dummy_run(fd, on, self, *args, **kwargs):
-    state = parts_of(self).overlap
-    if state is not None:
+    if (state := parts_of(self).overlap) is not None:
         state.flush("_dummy_run")  # overlap: the pending save first
     return fd(self, *args, **kwargs)
 
 
 def _prepare_inputs(fd, on, self, *args, **kwargs):
-    syncs = parts_of(self).syncs
+    state = parts_of(self)
+    syncs = state.syncs
     if syncs is None:
         return fd(self, *args, **kwargs)
     dummy = bool(kwargs.get("is_dummy_or_profile_run", args[0] if args else False))
     count = step_syncs.step_count(syncs, self, dummy)  # step_syncs: T, and S1's count
     armed = (syncs.shadow, count) if count is not None else None
+    if state.overlap is not None:
+        state.overlap.keep_padding(self, syncs.shadow, count)  # overlap launch: the ids rows the bound overwrites
     with opened(self, count=armed), watching(syncs.shadow.prepare_watch, runner=self):
         return fd(self, *args, **kwargs)  # S1 in get_padding_offset, S2 from the shadow
 
@@ -164,8 +165,7 @@ def post_process(fd, on, *args, **kwargs):
     try:
         return fd(*args, **kwargs)
     finally:  # stop_flag: the calling runner's flag made current (unless overlap defers the save)
-        registry = on["stop_flag"].state
-        if registry is not None:
+        if (registry := on["stop_flag"].state) is not None:
             registry.after_post_process(kwargs.get("share_inputs"))
 
 

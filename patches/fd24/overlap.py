@@ -18,7 +18,7 @@ How:    ``execute_model`` keeps FastDeploy's own body; the plugin moves the save
           snapshot is in flight, with the padded tail of ``get_padding_offset``'s outputs filled as
           2.5's op does: no wait before the forward, but a padded GEMM can change the real rows'
           bits on a step after a finish (docs/overlap-token-count.md); ``launch`` (opt-in) -
-          ``bound``'s prepare, then the wait and a trim to the exact count in
+          ``bound``'s prepare, then the wait, a trim to the exact count and FD 2.4's padding rows in
           ``padding_cudagraph_inputs``, right before the forward (``exact``'s wait where a count may
           be read before it: chunked MoE, an unchecked attention backend);
         - ``not_need_stop()`` reports True while a step's output is still to be saved, so the worker
@@ -46,6 +46,8 @@ from __future__ import annotations
 
 import collections
 import threading
+
+import paddle
 
 from fd_async_copy_plugin.registry.patch import Junction, Patch, Target, wraps
 
@@ -81,17 +83,29 @@ class OverlapState:
         # an insert flushed it); waited_fraction: waited / (waited + not waited)
         self.count_waits, self.sized = collections.Counter(), "landed before"
         #: ``launch``: why this runner waits at ``_prepare_inputs`` instead (None: not checked yet);
-        #: its steps trimmed to the exact count at the forward's launch, and those left as they were
-        self.launch_off, self.launch = None, collections.Counter()
+        #: its steps trimmed to the exact count at the forward's launch, and those left as they were;
+        #: ``kept``: this step's device copy of the ``ids_remove_padding`` rows the bound overwrites
+        self.launch_off, self.launch, self.kept = None, collections.Counter(), None
         self.saving = threading.RLock()  # one flush at a time; the captured saves move under it
         self.detached = False  # disable() took the part off its runner
 
     def begin_step(self, runner) -> None:
         """``execute_model`` of an overlap step: whether this step is prepared sized by the bound."""
-        self.in_step, self.after_forward, self.sized = True, False, "landed before"
+        self.in_step, self.after_forward, self.sized, self.kept = True, False, "landed before", None
         if self.count_mode == "launch" and self.launch_off is None:
             self.launch_off = launch_off_reason(runner, self.runner_module)
         self.by_bound = self.count_mode == "bound" or (self.count_mode == "launch" and not self.launch_off)
+
+    def keep_padding(self, runner, shadow, rows: int) -> None:
+        """``launch``, before ``_prepare_inputs`` of a step sized by the bound B: a device copy
+        (stream-ordered, no host wait) of the B rows of ``share_inputs["ids_remove_padding"]`` (1-D)
+        that FastDeploy's copy of the packed ids (``gpu_model_runner.py:1604``) will overwrite, read
+        past the buffer's shape. ``launch_wait`` puts rows M..B back once the count M is known and
+        leaves that buffer and ``batch_id_per_token`` M rows long, as FD 2.4's copies do. Rows M..B
+        of the batch ids are -1 in FD 2.4 too: it fills its last step's rows, B or more, with -1
+        (:1606). A CUDA graph replayed at a size above M then reads FD 2.4's padding rows."""
+        if self.count_mode == "launch" and shadow.count_is_bound:
+            self.kept = paddle.as_strided(runner.share_inputs["ids_remove_padding"], [rows], [1]).clone()
 
     def launch_wait(self, runner, shadow) -> None:
         """``launch``, in ``padding_cudagraph_inputs`` (FastDeploy 2.4's last call before the model)
@@ -116,6 +130,12 @@ class OverlapState:
                 if getattr(meta, name, None) is not None:
                     setattr(meta, name, getattr(meta, name)[:count])
             meta.step_use_cudagraph = bool(meta.step_use_cudagraph) and count > 0
+            if self.kept is not None:  # the buffers as FD 2.4 leaves them (keep_padding)
+                si = runner.share_inputs
+                paddle.as_strided(si["ids_remove_padding"], self.kept.shape, [1])[count:] = self.kept[count:]
+                for name in ("ids_remove_padding", "batch_id_per_token"):
+                    self.backend.glue.set_shape(si[name], [count, *si[name].shape[1:]])
+                self.launch["padding restored"] += 1
         self.launch["steps trimmed" if count < rows else "steps at the bound"] += 1
         shadow.count_used, shadow.count_is_bound = count, False  # the device count must equal it
 

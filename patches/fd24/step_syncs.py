@@ -152,8 +152,7 @@ class StepShadow(Shadow):
         if self.snap_expect is not None and self.snap_count is not None:
             device_count = int(self.backend.host_array(self.snap_count, f"{reader}.token_num").reshape(-1)[0])
             used, bound = self.snap_expect
-            wrong = device_count > used if bound else device_count != used
-            if wrong and not self.s1_off:
+            if (device_count > used if bound else device_count != used) and not self.s1_off:
                 what = "upper bound" if bound else "token count"
                 self.s1_off = (f"the host {what} {used} did not hold for the device's count {device_count}; "
                                "S1 uses FastDeploy's synchronous count from now on")
@@ -196,8 +195,8 @@ def set_up(ctx, runner) -> None:
     """After FastDeploy's ``_init_share_inputs`` and the stop part: the seed on the device and the
     shadow, or why this runner keeps FastDeploy's own path."""
     registry = ctx.state
-    why = feature.own_path_reason(runner, ctx.module(RUNNER))  # first: the runner's own reason, not stop_flag's
-    if why:  # the shadow could never be exact for this runner: touch nothing
+    # first the runner's own reason, not stop_flag's: the shadow could never be exact for this runner (touch nothing)
+    if why := feature.own_path_reason(runner, ctx.module(RUNNER)):
         registry.stand_down(runner, f"{why}: the host cannot know this runner's step state", logging.INFO)
         return
     if part(runner, "stop") is None:

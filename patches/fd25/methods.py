@@ -57,8 +57,7 @@ def _postprocess(fd, on, self, model_output, p_done_idxs, token_num_event, *args
 
 def _save_model_output(fd, on, self, *args, **kwargs):
     result = fd(self, *args, **kwargs)
-    syncs = parts_of(self).syncs
-    if syncs is not None and syncs.shadow is not None:
+    if (syncs := parts_of(self).syncs) is not None and syncs.shadow is not None:
         syncs.shadow.settle("_save_model_output")  # FD waited on post_process_event: it landed
     return result
 

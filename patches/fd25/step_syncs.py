@@ -313,6 +313,5 @@ def postprocess_reads(shadow: TokenShadow, runner, token_num_event: DeferredEven
 def batch_changed(input_batch, what: str) -> None:
     """``InputBatch.reset_share_inputs`` / ``swap_states`` ran: the shadow of that batch is lost
     (reloaded before the next step)."""
-    shadow = _SHADOWS_25.get(id(input_batch))
-    if shadow is not None and shadow.share_inputs is input_batch:
+    if (shadow := _SHADOWS_25.get(id(input_batch))) is not None and shadow.share_inputs is input_batch:
         shadow.lose_all(f"InputBatch.{what}")

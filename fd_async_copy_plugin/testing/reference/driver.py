@@ -137,6 +137,14 @@ class DriverConfig:
     #: the model's per-token layer depends on the packed row count, as a GPU GEMM's kernel choice
     #: does (``TinyModel(rows_dependent_gemm=True)``): padded rows can then change real rows' bits
     rows_dependent_gemm: bool = False
+    #: the model's MoE stand-in: rows routed to this many experts by token id, each expert's bits
+    #: depending on its own row count (``TinyModel(moe_experts=...)``): padding rows' contents can
+    #: then change real rows' bits
+    moe_experts: int = 0
+    #: fd24 only: FD 2.4's CUDA-graph decode (``use_cudagraph``, captured sizes 1, 2, 4, 8, 16, ...
+    #: up to ``max_num_seqs``): a decode-only step's forward runs on the static buffers' first
+    #: captured-size rows (``cuda_graph.py``); ``DecodeResult.graph_replays`` records what it read
+    cuda_graph: bool = False
     #: msg-queue output path: the engine (TokenProcessor) takes each message this many steps after
     #: it was sent, as a token-processor thread that falls behind does. With 1, an unpatched run
     #: sees outputs when a run with the plugin's ``overlap`` schedule sees them.
@@ -179,6 +187,9 @@ class DecodeResult:
     truncated: bool
     #: PREEMPTED tasks the scheduler sent (``DriverConfig.preemption``)
     preemptions: int = 0
+    #: ``DriverConfig.cuda_graph``: every replay, (captured size, token count, the two static
+    #: buffers' shapes, their first captured-size rows) - what the graph read (``cuda_graph.py``)
+    graph_replays: list = field(default_factory=list)
 
     def differences(self, other: "DecodeResult") -> list:
         """Human-readable differences; empty when the two runs are bit-identical."""
@@ -203,6 +214,12 @@ class DecodeResult:
             out.append("zmq payloads differ")
         if _canonical(self.sampling_masks) != _canonical(other.sampling_masks):
             out.append("sampling masks differ")
+        if len(self.graph_replays) != len(other.graph_replays):
+            out.append(f"graph replays: {len(self.graph_replays)} vs {len(other.graph_replays)}")
+        for i, (g, h) in enumerate(zip(self.graph_replays, other.graph_replays)):
+            if g != h:
+                out.append(f"graph replay {i} (size {g[0]}, {g[1]} tokens) read other buffers: size {h[0]}, "
+                           f"{h[1]} tokens" + (", other padding rows" if g[:4] == h[:4] else ""))
         for name in ("steps", "executed_steps", "truncated", "preemptions"):
             if getattr(self, name) != getattr(other, name):
                 out.append(f"{name}: {getattr(self, name)} vs {getattr(other, name)}")
@@ -598,6 +615,7 @@ def _fd_config(mod: _Modules, config: DriverConfig, port: int):
         hidden_size=config.hidden_size,
         model_seed=config.model_seed,
         rows_dependent_gemm=config.rows_dependent_gemm,
+        moe_experts=config.moe_experts,
         eos_tokens_lens=config.eos_tokens_lens,
         enable_logprob=config.enable_logprob,
         max_logprobs=config.max_logprobs,
@@ -612,7 +630,13 @@ def _fd_config(mod: _Modules, config: DriverConfig, port: int):
         enable_chunked_prefill=config.chunk_size is not None,
     )
     parallel = c.ParallelConfig(engine_worker_queue_port=port, msg_queue_id=port)
-    return c.FDConfig(model_config=model, scheduler_config=scheduler, cache_config=cache, parallel_config=parallel)
+    graph = c.GraphOptimizationConfig(use_cudagraph=config.cuda_graph)
+    if config.cuda_graph:
+        if not mod.root.endswith(".fd24"):
+            raise ValueError("the CUDA-graph stand-in is modelled on the fd24 replica only")
+        graph.init_with_cudagrpah_size(max_capture_size=min(512, config.max_num_seqs))
+    return c.FDConfig(model_config=model, scheduler_config=scheduler, cache_config=cache, parallel_config=parallel,
+                      graph_opt_config=graph)
 
 
 @contextlib.contextmanager
@@ -749,6 +773,8 @@ def run_decode(
     arrivals[0] = list(requests) + arrivals[0]
     with _environment(config), paddle_device.routed():
         if modules is not None:
+            if config.cuda_graph or config.moe_experts:
+                raise ValueError("cuda_graph and moe_experts are the replica's (its model and graph stand-in)")
             fd_config, runner = None, modules.build_runner(config, port)
         else:
             fd_config = _fd_config(mod, config, port)
@@ -816,6 +842,7 @@ def run_decode(
                 executed_steps=executed,
                 truncated=truncated,
                 preemptions=sched.preemptions,
+                graph_replays=list(getattr(runner.model, "replays", [])),
             )
         finally:
             close = getattr(runner, "close", None)

@@ -20,6 +20,8 @@ class ModelConfig:
     model_seed: int = 2024
     #: replica only: TinyModel's per-token layer whose bits depend on the row count (tiny_model.py)
     rows_dependent_gemm: bool = False
+    #: replica only: TinyModel's MoE stand-in, rows routed to this many experts by token id (0: none)
+    moe_experts: int = 0
     pad_token_id: int = 0
     eos_tokens_lens: int = 1
     enable_logprob: bool = False
@@ -89,6 +91,19 @@ class GraphOptimizationConfig:
     cudagraph_capture_sizes: list = field(default_factory=list)
     sot_warmup_sizes: list = field(default_factory=list)
     cudagraph_only_prefill: bool = False
+    max_capture_size: int = 0
+    #: a token count -> the captured size its decode step replays (``init_with_cudagrpah_size``)
+    real_shape_to_captured_size: dict = field(default_factory=dict)
+
+    def init_with_cudagrpah_size(self, max_capture_size: int) -> None:
+        """FD 2.4's capture list (``config.py:898-943``, set up at ``:1646-1667``): 1, 2, 4, 8..128
+        by 8, 144..256 by 16, 288..1024 by 32 and ``max_capture_size``, those above it dropped; a
+        count maps to the smallest captured size at or above it."""
+        sizes = [1, 2, 4] + list(range(8, 129, 8)) + list(range(144, 257, 16)) + list(range(288, 1025, 32))
+        self.cudagraph_capture_sizes = sorted({s for s in sizes + [max_capture_size] if s <= max_capture_size})
+        self.max_capture_size = max(self.cudagraph_capture_sizes)
+        self.real_shape_to_captured_size = {
+            n: min(s for s in self.cudagraph_capture_sizes if s >= n) for n in range(1, self.max_capture_size + 1)}
 
 
 @dataclass

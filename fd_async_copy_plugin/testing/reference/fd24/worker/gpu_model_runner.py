@@ -12,8 +12,13 @@
   surface section 2.4), ``not_need_stop`` (:2835, returns a Tensor), ``_get_prompt_logprobs_list``
   (:3107).
 
-Not modelled: multimodal inputs, guided decoding, speculative decoding, pooling models, CUDA
-graphs, attention backends, EP/TP (``paddle.distributed`` calls), routing replay.
+CUDA graphs (``DriverConfig(cuda_graph=True)``): decode-only steps replay on the static buffers'
+first captured-size rows (``cuda_graph.GraphReplay``, what FD's graph backend puts around the
+model's forward); ``padding_cudagraph_inputs`` (:2907) and the output's first ``real_token_num``
+rows (:2448, :2175) as FD's.
+
+Not modelled: multimodal inputs, guided decoding, speculative decoding, pooling models, graph
+capture itself, attention backends, EP/TP (``paddle.distributed`` calls), routing replay.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import numpy as np
 import paddle
 
 from .. import envs
+from ...cuda_graph import GraphReplay
 from ...tiny_model import TinyModel
 from ...zmq_sink import AsyncOutputThread
 from ...placement import as_device, blocking_d2h, count_d2h, device_code, host_view, is_pinned, paddle_op_inputs
@@ -100,7 +106,7 @@ class GPUModelRunner(AsyncOutputThread, ModelRunnerBase):
             self.sampler = SpeculativeSampler(fd_config)
         self.guided_backend = None
 
-        # CUDA Graph (off in the replica)
+        # CUDA Graph (``DriverConfig(cuda_graph=True)``: the replica's stand-in, load_model)
         self.use_cudagraph = self.graph_opt_config.use_cudagraph
         self.cudagraph_only_prefill = self.graph_opt_config.cudagraph_only_prefill
 
@@ -574,10 +580,13 @@ class GPUModelRunner(AsyncOutputThread, ModelRunnerBase):
         )
 
     def load_model(self) -> None:
-        """The replica's model: a fixed-seed ``TinyModel`` over the configured vocabulary."""
+        """The replica's model: a fixed-seed ``TinyModel`` over the configured vocabulary, under the
+        CUDA-graph stand-in where graphs are on."""
         mc = self.model_config
         self.model = TinyModel(mc.vocab_size, mc.max_model_len, mc.hidden_size, mc.model_seed,
-                               rows_dependent_gemm=mc.rows_dependent_gemm)
+                               rows_dependent_gemm=mc.rows_dependent_gemm, moe_experts=mc.moe_experts)
+        if self.use_cudagraph:
+            self.model = GraphReplay(self.model, self.graph_opt_config, self)
 
     def get_model(self):
         return self.model
@@ -618,7 +627,11 @@ class GPUModelRunner(AsyncOutputThread, ModelRunnerBase):
         self.forward_meta.is_dummy_or_profile_run = is_dummy_or_profile_run
 
     def padding_cudagraph_inputs(self) -> None:
-        """CUDA graphs are off in the replica."""
+        """Under CUDA graphs the forward gets the whole ``seq_lens_this_time`` buffer, and the step
+        keeps the forward's first ``real_token_num`` rows (the token count)."""
+        if self.use_cudagraph:
+            self.forward_meta.seq_lens_this_time = self.seq_lens_this_time_buffer
+            self.real_token_num = self.forward_meta.ids_remove_padding.shape[0]
 
     def _get_p_done_idxs_gd(self, model_forward_batch: Optional[List[Request]], num_running_requests: int):
         """Guided decoding is off: no prefill-done indices."""
@@ -677,6 +690,9 @@ class GPUModelRunner(AsyncOutputThread, ModelRunnerBase):
         # An idle worker (EP) returns here; in TP the worker loop never calls in that state.
         if not self.not_need_stop():
             return None
+
+        if self.use_cudagraph:
+            model_output = model_output[: self.real_token_num]
 
         prompt_logprobs_list = self._get_prompt_logprobs_list(model_output)
 
@@ -919,6 +935,8 @@ class GPUModelRunner(AsyncOutputThread, ModelRunnerBase):
             self.forward_meta.step_use_cudagraph = in_capturing and self.forward_meta.step_use_cudagraph
             self.padding_cudagraph_inputs()
             model_output = self.model(self.forward_meta.ids_remove_padding, self.forward_meta)
+            if self.use_cudagraph:
+                model_output = model_output[: self.real_token_num]
             hidden_states = rebuild_padding(
                 model_output,
                 self.share_inputs["cu_seqlens_q"],

@@ -125,7 +125,7 @@ class GPUModelRunner(AsyncOutputThread):
     def load_model(self) -> None:
         mc = self.model_config
         self.model = TinyModel(mc.vocab_size, mc.max_model_len, mc.hidden_size, mc.model_seed,
-                               rows_dependent_gemm=mc.rows_dependent_gemm)
+                               rows_dependent_gemm=mc.rows_dependent_gemm, moe_experts=mc.moe_experts)
 
     # ---- task insertion ------------------------------------------------------------------------
 
