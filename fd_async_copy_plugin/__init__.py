@@ -84,7 +84,7 @@ def enable(features=None, backend: str = "auto", strict: bool = False, root: str
     entry-point group: the testing package's fake CUDA runtime, ``sim``). Invalid arguments raise ``ConfigError`` before anything is touched. Features whose
     FastDeploy modules are not imported yet are applied when they are (state ``pending`` until
     then). Called again with other arguments, it reverts and plans the new request afresh.
-    ``ring_max_bytes`` (int, or a string such as "256M") and ``overlap_count`` (``exact``/``bound``/``launch``):
+    ``ring_max_bytes`` (int, or a string such as "256M") and ``overlap_count`` (``exact``/``prepare``/``bound``):
     as ``FD_ASYNC_COPY_RING_MAX_BYTES``/``FD_ASYNC_COPY_OVERLAP_COUNT``, which they default to.
     """
     from .registry.manager import backend_names

@@ -22,13 +22,12 @@ BACKENDS = ("auto", "cuda", "host")
 ENV_ENABLE, ENV_FEATURES, ENV_BACKEND, ENV_STRICT, ENV_RING_MAX_BYTES, ENV_OVERLAP_COUNT = ENV_VARS = (
     "FD_ASYNC_COPY", "FD_ASYNC_COPY_FEATURES", "FD_ASYNC_COPY_BACKEND", "FD_ASYNC_COPY_STRICT",
     "FD_ASYNC_COPY_RING_MAX_BYTES", "FD_ASYNC_COPY_OVERLAP_COUNT")
-#: how the ``overlap`` feature sizes the next step's tokens (``docs/overlap-token-count.md``):
-#: ``exact`` waits for the previous step before preparing the next one (bit-identical to FD 2.4 on
-#: any GPU); ``bound`` uses an upper bound and pads, as FD 2.5's overlap schedule does (faster; on a
-#: step after a request finished, the padded GEMMs can change the real rows' bits); ``launch``
-#: (opt-in) prepares as ``bound`` does and waits for the exact count at the forward's launch, trimming
-#: the step's packed inputs to it (FD 2.4's rows; its padding rows differ on a GPU)
-OVERLAP_COUNTS = ("exact", "bound", "launch")
+#: how the ``overlap`` feature sizes the next step's tokens (``docs/overlap-token-count.md``): ``exact``
+#: as ``bound``, then a wait for the exact count at the forward's launch, a trim to it and FD 2.4's
+#: padding rows (FD 2.4's bits; else ``prepare``'s wait, ``launch_off_reason``); ``prepare`` waits for the
+#: last step before the prepare; ``bound``: FD 2.5's padded upper bound (faster; after a finish the
+#: padded GEMMs can change the real rows' bits); ``launch``: the old name of ``exact``
+OVERLAP_COUNTS, OVERLAP_ALIASES = ("exact", "prepare", "bound"), {"launch": "exact"}
 
 #: Default total size of the pinned rings of one feature (bytes); beyond it a step is copied
 #: FastDeploy 2.4's blocking way instead of growing page-locked memory (issue 13).
@@ -96,11 +95,11 @@ def parse_ring_max_bytes(raw: str | None, source: str = ENV_RING_MAX_BYTES) -> i
 
 
 def parse_overlap_count(raw: str | None, source: str = ENV_OVERLAP_COUNT) -> str:
-    value = (raw or "exact").strip()
+    value = OVERLAP_ALIASES.get(value := (raw or "exact").strip(), value)
     if value not in OVERLAP_COUNTS:
         raise ConfigError(f"{source}={raw!r} is not valid; allowed values: exact (default: bit-identical to "
-                          "FastDeploy 2.4), bound (FastDeploy 2.5's padded upper bound: faster, see the README) or "
-                          "launch (bound's prepare, the exact count at the forward's launch)")
+                          "FastDeploy 2.4, the wait at the forward's launch), prepare (the wait before the "
+                          "prepare) or bound (FastDeploy 2.5's padded upper bound: faster, see the README)")
     return value
 
 

@@ -53,7 +53,7 @@ class RunnerState:
         return self.overlap is not None and self.overlap.holds_step()
 
     def bound_count_step(self) -> bool:
-        """This step is sized with FD 2.5's upper bound (overlap ``bound``/``launch``), not the exact count."""
+        """This step is sized with FD 2.5's upper bound (overlap ``bound``/``exact``), not the exact count."""
         return self.overlap is not None and self.overlap.in_step and self.overlap.by_bound
 
     def step_saved(self, reader: str) -> None:

@@ -98,7 +98,7 @@ def execute_model(fd, on, self, *args, **kwargs):
 def padding_cudagraph_inputs(fd, on, self):
     state = parts_of(self)
     if state.overlap is not None and state.syncs is not None:
-        state.overlap.launch_wait(self, state.syncs.shadow)  # overlap launch: the exact count, trimmed
+        state.overlap.launch_wait(self, state.syncs.shadow)  # overlap exact: the exact count, trimmed
     return fd(self)
 
 
@@ -124,7 +124,7 @@ def _prepare_inputs(fd, on, self, *args, **kwargs):
     count = step_syncs.step_count(syncs, self, dummy)  # step_syncs: T, and S1's count
     armed = (syncs.shadow, count) if count is not None else None
     if state.overlap is not None:
-        state.overlap.keep_padding(self, syncs.shadow, count)  # overlap launch: the ids rows the bound overwrites
+        state.overlap.keep_padding(self, syncs.shadow, count)  # overlap exact: the ids rows the bound overwrites
     with opened(self, count=armed), watching(syncs.shadow.prepare_watch, runner=self):
         return fd(self, *args, **kwargs)  # S1 in get_padding_offset, S2 from the shadow
 

@@ -11,16 +11,16 @@ How:    ``execute_model`` keeps FastDeploy's own body; the plugin moves the save
         - the next step runs them right after its forward is launched (FastDeploy's
           ``not_need_stop()`` check after the forward is the hook), so the save's host work hides
           under the next forward;
-        - the next step's token count (``FD_ASYNC_COPY_OVERLAP_COUNT``): ``exact`` (default) -
-          ``step_syncs`` waits for the last step's snapshot at ``_prepare_inputs`` (that wait is
-          the step's one wait; the save then runs free under the next forward), so every forward
-          runs on FD 2.4's rows; ``bound`` - FD 2.5's upper bound (the slots that ran) while the
-          snapshot is in flight, with the padded tail of ``get_padding_offset``'s outputs filled as
-          2.5's op does: no wait before the forward, but a padded GEMM can change the real rows'
-          bits on a step after a finish (docs/overlap-token-count.md); ``launch`` (opt-in) -
-          ``bound``'s prepare, then the wait, a trim to the exact count and FD 2.4's padding rows in
-          ``padding_cudagraph_inputs``, right before the forward (``exact``'s wait where a count may
-          be read before it: chunked MoE, an unchecked attention backend);
+        - the next step's token count (``FD_ASYNC_COPY_OVERLAP_COUNT``): ``bound`` - FD 2.5's upper
+          bound (the slots that ran) while the snapshot is in flight, with the padded tail of
+          ``get_padding_offset``'s outputs filled as 2.5's op does: no wait before the forward, but a
+          padded GEMM can change the real rows' bits on a step after a finish
+          (docs/overlap-token-count.md); ``exact`` (default) - ``bound``'s prepare, then the wait
+          (the step's one wait), a trim to the exact count and FD 2.4's padding rows in
+          ``padding_cudagraph_inputs``, right before the forward, so every forward runs on FD 2.4's
+          rows; ``prepare`` - ``step_syncs`` waits for the last step's snapshot at ``_prepare_inputs``,
+          as ``exact`` does where a count may be read before the launch (chunked MoE, an unchecked
+          attention backend) or the restore's Paddle calls fail their self-check;
         - ``not_need_stop()`` reports True while a step's output is still to be saved, so the worker
           loop flushes it when the batch drains; with nothing pending it is FastDeploy's flag (the
           loop sleeps when idle, no spinning). The flush step's forward runs on padding only and
@@ -65,8 +65,8 @@ class OverlapState:
 
     def __init__(self, runner_state, backend, count_mode: str = "exact", runner_module=None) -> None:
         # runner: runner.RunnerState (step_saved()); runner_module: FastDeploy's (``off_reason``);
-        # count_mode "exact": the next step is sized after the last one's snapshot landed (step_syncs
-        # waits for it at _prepare_inputs); "bound": FD 2.5's padded upper bound, no wait before the forward
+        # count_mode "prepare" (and "exact" where launch_off says so): the next step is sized after the last
+        # one's snapshot landed (step_syncs waits at _prepare_inputs); "bound": FD 2.5's padded upper bound
         self.backend, self.runner = backend, runner_state
         self.runner_module, self.count_mode = runner_module, count_mode
         # one pinned flag per step in flight: a slot is rewritten two steps later, after its save ran
@@ -74,15 +74,15 @@ class OverlapState:
         self.flag_turn = 0
         # (save op, args, flag index, flag buffer) of the last overlap step / of the step running
         self.pending, self.captured = [], []
-        #: in a step, after its forward's launch, prepared sized by the bound (``bound``, or ``launch``
-        #: where it runs): set by ``begin_step``
+        #: in a step, after its forward's launch, prepared sized by the bound (``bound``, or ``exact``
+        #: where it waits at the launch): set by ``begin_step``
         self.in_step = self.after_forward = self.by_bound = False
         self.fallbacks, self.served = collections.Counter(), collections.Counter()
-        # decode steps by whether the last step's event was waited before this step's forward (``exact``
-        # waits for its count there), after it (``bound``), or had landed before (the first step, or
+        # decode steps by whether the last step's event was waited before this step's forward (``exact``,
+        # ``prepare`` wait for its count there), after it (``bound``), or had landed before (the first step, or
         # an insert flushed it); waited_fraction: waited / (waited + not waited)
         self.count_waits, self.sized = collections.Counter(), "landed before"
-        #: ``launch``: why this runner waits at ``_prepare_inputs`` instead (None: not checked yet);
+        #: ``exact``: why this runner waits at ``_prepare_inputs`` instead (None: not checked yet);
         #: its steps trimmed to the exact count at the forward's launch, and those left as they were;
         #: ``kept``: this step's device copy of the ``ids_remove_padding`` rows the bound overwrites
         self.launch_off, self.launch, self.kept = None, collections.Counter(), None
@@ -92,28 +92,28 @@ class OverlapState:
     def begin_step(self, runner) -> None:
         """``execute_model`` of an overlap step: whether this step is prepared sized by the bound."""
         self.in_step, self.after_forward, self.sized, self.kept = True, False, "landed before", None
-        if self.count_mode == "launch" and self.launch_off is None:
-            self.launch_off = launch_off_reason(runner, self.runner_module)
-        self.by_bound = self.count_mode == "bound" or (self.count_mode == "launch" and not self.launch_off)
+        if self.count_mode == "exact" and self.launch_off is None:
+            self.launch_off = launch_off_reason(runner, self.runner_module) or restore_check(runner, self.backend.glue)
+        self.by_bound = self.count_mode == "bound" or (self.count_mode == "exact" and not self.launch_off)
 
     def keep_padding(self, runner, shadow, rows: int) -> None:
-        """``launch``, before ``_prepare_inputs`` of a step sized by the bound B: a device copy
+        """``exact``, before ``_prepare_inputs`` of a step sized by the bound B: a device copy
         (stream-ordered, no host wait) of the B rows of ``share_inputs["ids_remove_padding"]`` (1-D)
         that FastDeploy's copy of the packed ids (``gpu_model_runner.py:1604``) will overwrite, read
         past the buffer's shape. ``launch_wait`` puts rows M..B back once the count M is known and
         leaves that buffer and ``batch_id_per_token`` M rows long, as FD 2.4's copies do. Rows M..B
         of the batch ids are -1 in FD 2.4 too: it fills its last step's rows, B or more, with -1
         (:1606). A CUDA graph replayed at a size above M then reads FD 2.4's padding rows."""
-        if self.count_mode == "launch" and shadow.count_is_bound:
+        if self.count_mode == "exact" and shadow.count_is_bound:
             self.kept = paddle.as_strided(runner.share_inputs["ids_remove_padding"], [rows], [1]).clone()
 
     def launch_wait(self, runner, shadow) -> None:
-        """``launch``, in ``padding_cudagraph_inputs`` (FastDeploy 2.4's last call before the model)
-        of a step sized by the bound: wait for the last step's snapshot (the wait ``exact`` makes
+        """``exact``, in ``padding_cudagraph_inputs`` (FastDeploy 2.4's last call before the model)
+        of a step sized by the bound: wait for the last step's snapshot (the wait ``prepare`` makes
         at ``_prepare_inputs``), take the exact count M and trim the step's token-indexed inputs to
         their first M rows (views). Positions and values of the real rows come from the device's
         lengths, so the forward runs on FastDeploy 2.4's rows (docs/overlap-token-count.md)."""
-        if not (self.in_step and self.count_mode == "launch" and shadow.count_is_bound):
+        if not (self.in_step and self.count_mode == "exact" and shadow.count_is_bound):
             return
         shadow.refresh("overlap.launch wait")
         count = shadow.recover_and_count(int(runner.share_inputs["seq_lens_this_time"].shape[0]))
@@ -154,7 +154,7 @@ class OverlapState:
         be saved outside a step (the loop must call execute_model to flush it)."""
         if self.in_step and not self.after_forward:
             self.after_forward = True
-            if self.pending:  # the last step's event: waited before this forward (exact's count) or not yet
+            if self.pending:  # the last step's event: waited before this forward (the exact count) or not yet
                 self.sized = "waited for the count" if self.backend.copy_waited(self.pending[-1][3]) else "not waited"
             self.flush("after forward")
             return False
@@ -168,7 +168,7 @@ class OverlapState:
         waited, free = self.count_waits["waited for the count"], self.count_waits["not waited"]
         return {"token_count": self.count_mode, "fallbacks": dict(self.fallbacks), "served": dict(self.served),
                 "count_waits": dict(self.count_waits), "waited_fraction": waited / (waited + free) if waited + free else None,
-                **({"launch": {"fallback": self.launch_off or "", **self.launch}} if self.count_mode == "launch" else {})}
+                **({"launch": {"fallback": self.launch_off or "", **self.launch}} if self.count_mode == "exact" else {})}
 
     def detach(self) -> None:
         with self.saving:
@@ -225,7 +225,7 @@ def off_reason(runner, runner_module) -> str:
     return next((why for bad, why in checks if bad), "")
 
 
-#: the ``ForwardMeta`` fields indexed by packed token that ``launch`` trims (``position_ids``: the
+#: the ``ForwardMeta`` fields indexed by packed token that ``exact`` trims (``position_ids``: the
 #: replica's only)
 TOKEN_FIELDS = ("ids_remove_padding", "batch_id_per_token", "position_ids")
 #: attention backends whose metadata reads no host token count (FD 2.4 ``append_attn_backend.py``)
@@ -233,7 +233,7 @@ COUNT_FREE_ATTENTION = ("AppendAttentionBackend",)
 
 
 def launch_off_reason(runner, runner_module) -> str:
-    """Why ``launch`` waits at ``_prepare_inputs`` for this runner, as ``exact`` does ("" when it
+    """Why ``exact`` waits at ``_prepare_inputs`` for this runner, as ``prepare`` does ("" when it
     can wait at the forward's launch): a count read on the host between the prepare and the
     launch, or no launch hook of the plugin's."""
     if getattr(getattr(runner, "parallel_config", None), "enable_chunked_moe", False):
@@ -247,6 +247,20 @@ def launch_off_reason(runner, runner_module) -> str:
             getattr(type(runner), "padding_cudagraph_inputs", None) is not getattr(cls, "padding_cudagraph_inputs"):
         return "padding_cudagraph_inputs is not the plugin's (no hook at the forward's launch)"
     return ""
+
+
+def restore_check(runner, glue) -> str:
+    """The restore's Paddle calls, once per runner on the place of its buffers (checked on CPU Paddle
+    only): ``_set_dims`` (``glue.set_shape``) sets the shape without moving data, ``as_strided`` reads
+    and writes past it. "" when they do, else why ``exact`` waits at ``_prepare_inputs``."""
+    try:
+        t = paddle.to_tensor(list(range(6)), place=runner.share_inputs["ids_remove_padding"].place)
+        glue.set_shape(t, [3])
+        paddle.as_strided(t, [6], [1])[4:] = t[:2]
+        seen = (list(t.shape), paddle.as_strided(t, [6], [1]).clone().numpy().tolist())
+    except Exception as exc:  # noqa: BLE001 - a Paddle without these calls, or one refusing them here
+        seen = f"{type(exc).__name__}: {exc}"
+    return "" if seen == ([3], [0, 1, 2, 3, 0, 1]) else f"the padding rows' restore failed its self-check ({seen})"
 
 
 # --- patches ---------------------------------------------------------------------------------------
@@ -267,8 +281,6 @@ def ranks_agree(runner, why: str) -> str:
     pc = getattr(runner, "parallel_config", None)
     if int(getattr(pc, "tensor_parallel_size", 1) or 1) <= 1 or getattr(pc, "tp_group", None) is None:
         return why
-    import paddle
-
     try:
         flag = paddle.to_tensor([0 if why else 1], dtype="int32", place=runner.share_inputs["stop_flags"].place)
         paddle.distributed.all_reduce(flag, op=paddle.distributed.ReduceOp.MIN, group=pc.tp_group)
@@ -315,7 +327,7 @@ class OverlapFeature(RunnerFeature):
             "_init_share_inputs", "execute_model", "not_need_stop", "insert_tasks_v1", "insert_prefill_inputs",
             "reset_share_inputs", "_dummy_run")),
         *(Patch(Target(POSTPROC, name), line(name), producer=True) for name in SAVE_OPS),
-        # ``launch``'s wait at the forward's launch (without it, ``launch`` waits as ``exact``)
+        # ``exact``'s wait at the forward's launch (without it, ``exact`` waits as ``prepare``)
         Patch(Target(RUNNER, "GPUModelRunner.padding_cudagraph_inputs", required=False),
               line("padding_cudagraph_inputs")),
         # loaded by the worker before the runner; absent from the replica (then the insert's flush)
@@ -328,7 +340,6 @@ class OverlapFeature(RunnerFeature):
     def quiesce(self, ctx) -> None:
         for state in ctx.state.parts() if isinstance(ctx.state, FeatureRunners) else ():
             state.flush("disable")
-
 
 
 FEATURES = [OverlapFeature()]

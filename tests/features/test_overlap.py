@@ -76,9 +76,10 @@ def assert_same_per_request(base, plugin):
             assert 0 <= b.finish_step - a.finish_step <= 1, (rid, a.finish_step, b.finish_step)
 
 
-@pytest.fixture(params=["exact", "bound"])
+@pytest.fixture(params=["exact", "prepare", "bound"])
 def count_mode(request, monkeypatch):
-    """``FD_ASYNC_COPY_OVERLAP_COUNT``: the exact count (default) or FD 2.5's padded upper bound."""
+    """``FD_ASYNC_COPY_OVERLAP_COUNT``: the exact count, waited for at the forward's launch (default)
+    or before the prepare, or FD 2.5's padded upper bound."""
     monkeypatch.setenv("FD_ASYNC_COPY_OVERLAP_COUNT", request.param)
     return request.param
 
@@ -96,12 +97,12 @@ def _run_plugin(cfg, requests, arrivals, backend, features, max_steps):
                            if k.startswith("S1")})
             fallbacks.clear(), fallbacks.update(state.fallbacks)
             served.update({f"launch: {k}": v for k, v in state.launch.items()})
-            mode = state.count_mode
-            served["count mode: " + mode] = 1
+            served["count mode: " + state.count_mode] = 1
+            served["launch fallback: " + state.report().get("launch", {}).get("fallback", "")] = 1  # status()'s
 
     with device_for(backend), plugin_state(Variant("p", FD24, True, features), backend), collecting():
         plugin = run_decode(FD24, cfg, requests, arrivals=arrivals, max_steps=max_steps, on_step=on_step)
-    if served["count mode: exact"]:  # never sized by a bound: every step waited for the last one's count
+    if served["count mode: prepare"]:  # never sized by a bound: every step waited for the last one's count
         assert not served["syncs: S1 upper bound (tail filled)"], served
     return plugin, served, fallbacks
 
@@ -177,11 +178,12 @@ ROWS_DEPENDENT = ["logprobs 0/5/20, arrivals", "preemption mid-flight (12 blocks
 
 @pytest.mark.parametrize("backend", ["host", "sim"])
 @pytest.mark.parametrize("name", ROWS_DEPENDENT)
-def test_exact_count_stays_bit_identical_when_a_gemms_bits_depend_on_the_row_count(name, backend, monkeypatch):
+@pytest.mark.parametrize("mode", ["exact", "prepare"])
+def test_exact_count_stays_bit_identical_when_a_gemms_bits_depend_on_the_row_count(mode, name, backend, monkeypatch):
     """A model whose per-token GEMM rounds differently for another row count (as cuBLAS does on the
-    H200: benchmarks/results/padded_gemm_check.txt): the exact count runs every forward on FD 2.4's
-    rows, so every logprob bit and message is FD 2.4's."""
-    monkeypatch.setenv("FD_ASYNC_COPY_OVERLAP_COUNT", "exact")
+    H200: benchmarks/results/padded_gemm_check.txt): the exact count, waited for at the launch or
+    before the prepare, runs every forward on FD 2.4's rows, so every logprob bit and message is FD 2.4's."""
+    monkeypatch.setenv("FD_ASYNC_COPY_OVERLAP_COUNT", mode)
     cfg, requests, arrivals = EXACT[name]()
     run_exact(dataclasses.replace(cfg, rows_dependent_gemm=True), requests, arrivals, backend, max_steps=400)
 
@@ -369,29 +371,30 @@ def test_block_steps_with_greedy_sampling():
 
 
 def test_census_one_wait_per_step_on_the_previous_steps_event(count_mode):
-    """Bound: the wait comes after this step's forward was launched (0 long). Exact: it comes
-    before this step is prepared, so the GPU drains step N before N+1 is launched (1 long) - what
-    the exact count costs; the save still runs under the next forward."""
+    """Bound: the wait comes after this step's forward was launched (0 long). Exact: it comes at
+    this step's launch, prepare: before this step is prepared; either way the GPU drains step N
+    before N+1 is launched (1 long) - what the exact count costs; the save still runs under the
+    next forward."""
     requests = [_req(i, 4 + i, 24, logprobs=5, top_p=0.9, seed=i) for i in range(6)]
     # KV blocks of 64 tokens: no DECODE task (an insert) falls in the run
     cfg = config(max_num_seqs=8, chunk_size=None, enable_logprob=True, block_size=64)
     run = run_variant(Variant("p", FD24, True, OVERLAP), cfg, requests, backend="sim", max_steps=60, track=True)
     waits = host_waits(run.census.steps[3:18], skip=0)
-    long = {"bound": 0, "exact": 1}[count_mode]
+    long = {"bound": 0, "exact": 1, "prepare": 1}[count_mode]
     assert (waits["total"], waits["long"], waits["mean"]) == (1, long, 1.0), waits
     (only,) = waits["sites"]
-    if count_mode == "bound":
-        assert only["label"] == "save event" and "after forward" in only["what"], only
-    else:
-        assert only["label"] == "save event" and "exact count" in only["what"], only
+    where = {"bound": "after forward", "exact": "launch wait", "prepare": "exact count"}[count_mode]
+    assert only["label"] == "save event" and where in only["what"], only
 
 
 def test_the_count_mode_defaults_to_exact_and_a_bad_value_is_refused():
     from fd_async_copy_plugin.config import AsyncCopyConfig, ConfigError
 
-    with pytest.raises(ConfigError, match="FD_ASYNC_COPY_OVERLAP_COUNT='fast'.*exact.*bound"):
+    with pytest.raises(ConfigError, match="FD_ASYNC_COPY_OVERLAP_COUNT='fast'.*exact.*prepare.*bound"):
         AsyncCopyConfig.from_env({"FD_ASYNC_COPY_OVERLAP_COUNT": "fast"})
     assert AsyncCopyConfig.from_env({}).overlap_count == "exact"
+    for value, mode in (("exact", "exact"), ("prepare", "prepare"), ("bound", "bound"), (" launch ", "exact")):
+        assert AsyncCopyConfig.from_env({"FD_ASYNC_COPY_OVERLAP_COUNT": value}).overlap_count == mode  # launch: old name
 
 
 @pytest.mark.parametrize("why, cfg, request_kw", [
@@ -610,8 +613,8 @@ def test_reset_share_inputs_with_a_pending_step_saves_it_first():
 @pytest.mark.parametrize("backend", ["host", "sim"])
 def test_status_reports_the_share_of_decode_steps_that_waited_for_the_last_steps_count(backend, count_mode):
     """``status()``: each decode step by whether the host waited for the last step's event before
-    this step's forward. ``exact`` does for every step with a step in flight (its exact count: fraction
-    1.0), ``bound`` never (0.0); the first step (nothing in flight) and the flush step that saves the
+    this step's forward. ``exact`` and ``prepare`` do for every step with a step in flight (the exact
+    count: fraction 1.0), ``bound`` never (0.0); the first step (nothing in flight) and the flush step that saves the
     last one when the batch drains (not a decode step) are not in the fraction."""
     requests = [_req(i, 4 + i, 6 + 2 * i) for i in range(5)]  # finishing at different steps
     cfg = config(chunk_size=None, block_size=64)  # no insert after the first step
@@ -622,9 +625,9 @@ def test_status_reports_the_share_of_decode_steps_that_waited_for_the_last_steps
     assert served["flush step (batch drained)"] == 1, served
     assert sum(waits.values()) == served["overlap steps"], (waits, served)  # the flush step is not one
     assert waits["landed before"] == 1, waits  # the first step: no step before it
-    expected = {"exact": "waited for the count", "bound": "not waited"}[count_mode]
+    expected = {"exact": "waited for the count", "prepare": "waited for the count", "bound": "not waited"}[count_mode]
     assert waits[expected] == served["overlap steps"] - 1, waits
-    assert runner["waited_fraction"] == {"exact": 1.0, "bound": 0.0}[count_mode], runner
+    assert runner["waited_fraction"] == {"exact": 1.0, "prepare": 1.0, "bound": 0.0}[count_mode], runner
 
 
 def test_a_step_after_an_insert_flushed_the_last_one_did_not_wait_for_its_count():

@@ -1,10 +1,12 @@
-"""``FD_ASYNC_COPY_OVERLAP_COUNT=launch`` (opt-in, FastDeploy 2.4): step N+1 is prepared sized by
+"""``FD_ASYNC_COPY_OVERLAP_COUNT=exact`` (the default, FastDeploy 2.4): step N+1 is prepared sized by
 the upper bound (as ``bound``), then in ``padding_cudagraph_inputs`` (FD 2.4's last call before the
 model) the host waits for step N's snapshot and trims the packed inputs to the exact count
 (docs/overlap-token-count.md, "A wait at the forward's launch"). Against the replica model whose
 per-token GEMM rounds by the row count (``rows_dependent_gemm``), that is FD 2.4 bit for bit where
 ``bound`` alone is not: the host count sets only the packed inputs' length, the real rows'
-positions and values come from the device's lengths."""
+positions and values come from the device's lengths. ``launch``, its old name, is the same mode;
+where the restore's Paddle calls fail their self-check, ``exact`` waits at the prepare (``prepare``'s
+wait) and stays FD 2.4 bit for bit."""
 
 from __future__ import annotations
 
@@ -23,9 +25,10 @@ pytestmark = pytest.mark.usefixtures("plugin_off")
 SCENARIOS = list(EXACT)  # every scenario of the exact suite (test_overlap.py)
 
 
-@pytest.fixture
-def launch(monkeypatch):
-    monkeypatch.setenv("FD_ASYNC_COPY_OVERLAP_COUNT", "launch")
+@pytest.fixture(params=["exact"])
+def launch(request, monkeypatch):
+    """The wait at the forward's launch: ``exact`` (the default) or its old name ``launch``."""
+    monkeypatch.setenv("FD_ASYNC_COPY_OVERLAP_COUNT", request.param)
 
 
 def run_launch(name, backend):
@@ -37,7 +40,7 @@ def run_launch(name, backend):
 @pytest.mark.parametrize("name", SCENARIOS)
 def test_launch_is_fastdeploy_24_bit_for_bit_with_a_rows_dependent_gemm(name, backend, launch):
     _, served = run_launch(name, backend)
-    assert served["count mode: launch"] and served["syncs: S1 upper bound (tail filled)"] > 0, served
+    assert served["count mode: exact"] and served["syncs: S1 upper bound (tail filled)"] > 0, served
     if name != "all ending together":  # a step after a finish ran on fewer rows than the bound
         assert served["launch: padding restored"] == served["launch: steps trimmed"] > 0, served
     assert not served["launch: count read on the device"], served
@@ -52,9 +55,11 @@ def test_a_trim_left_at_the_bound_is_caught(launch, monkeypatch):
         run_launch("logprobs 0/5/20, arrivals", "sim")
 
 
+@pytest.mark.parametrize("launch", ["exact", "launch"], indirect=True)
 def test_census_one_wait_per_step_at_the_forwards_launch(launch):
     """One wait per step, on the last step's event: at the launch, before this step's forward
-    (1 long: the GPU drains step N before N+1's forward, as with ``exact``), none at the prepare."""
+    (1 long: the GPU drains step N before N+1's forward, as with ``prepare``), none at the prepare.
+    ``launch`` is reported as ``exact``."""
     requests = [_req(i, 4 + i, 24, logprobs=5, top_p=0.9, seed=i) for i in range(6)]
     cfg = config(max_num_seqs=8, chunk_size=None, enable_logprob=True, block_size=64)  # no insert
     run = run_variant(Variant("p", FD24, True, OVERLAP), cfg, requests, backend="sim", max_steps=60, track=True)
@@ -63,7 +68,7 @@ def test_census_one_wait_per_step_at_the_forwards_launch(launch):
     (only,) = waits["sites"]
     assert only["label"] == "save event" and "launch wait" in only["what"], only
     (runner,) = run.final_status["features"]["overlap"]["runners"]
-    assert runner["token_count"] == "launch" and runner["waited_fraction"] == 1.0, runner
+    assert runner["token_count"] == "exact" and runner["waited_fraction"] == 1.0, runner
     assert runner["launch"]["fallback"] == "" and runner["launch"]["steps trimmed"] > 0, runner
 
 
@@ -77,8 +82,8 @@ class _FlashAttention:
     (lambda r: setattr(r.parallel_config, "enable_chunked_moe", True), "chunked MoE"),
 ])
 def test_falls_back_to_the_wait_at_the_prepare_and_reports_why(set_up, cause, launch, monkeypatch):
-    """Where a count may be read between the prepare and the launch, ``launch`` waits where
-    ``exact`` does (still FD 2.4's bits), and ``status()`` says why."""
+    """Where a count may be read between the prepare and the launch, ``exact`` waits where
+    ``prepare`` does (still FD 2.4's bits), and ``status()`` says why."""
     runner_class = importlib.import_module(f"{FD24}.worker.gpu_model_runner").GPUModelRunner
     init = runner_class._init_share_inputs
 
@@ -115,7 +120,7 @@ def test_where_the_shadow_cannot_tell_the_count_at_the_launch_the_device_count_i
 
 def test_without_the_plugins_function_at_the_launch_it_falls_back():
     """A runner class whose ``padding_cudagraph_inputs`` is not the plugin's (overridden, or the
-    plugin off) has no hook at the launch: ``launch`` waits at ``_prepare_inputs``."""
+    plugin off) has no hook at the launch: ``exact`` waits at ``_prepare_inputs``."""
     from fd_async_copy_plugin.testing.harness import device_for, plugin_state
 
     module = importlib.import_module(f"{FD24}.worker.gpu_model_runner")

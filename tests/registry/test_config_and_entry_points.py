@@ -41,8 +41,8 @@ def test_valid_values():
         ("FD_ASYNC_COPY_BACKEND", "gpu", "auto, cuda, host"),
         ("FD_ASYNC_COPY_BACKEND", "sim", "auto, cuda, host"),
         ("FD_ASYNC_COPY_STRICT", "true", "1 (on) or 0 (off)"),
-        ("FD_ASYNC_COPY_OVERLAP_COUNT", "fast", "exact (default: bit-identical to FastDeploy 2.4), bound (Fast"),
-        ("FD_ASYNC_COPY_OVERLAP_COUNT", "fast", "see the README) or launch (bound's prepare"),
+        ("FD_ASYNC_COPY_OVERLAP_COUNT", "fast", "exact (default: bit-identical to FastDeploy 2.4, the wait at"),
+        ("FD_ASYNC_COPY_OVERLAP_COUNT", "fast", "prepare (the wait before the prepare) or bound (FastDeploy 2.5"),
     ],
 )
 def test_bad_values_name_variable_value_and_allowed(name, value, allowed):
@@ -266,6 +266,10 @@ def test_enable_takes_the_settings_from_python_and_validates_them_like_the_varia
                                     ring_max_bytes="6000", overlap_count="bound")
         assert manager.applied["logprobs"].ctx.state.ring_max_bytes == 6000
         assert manager.applied["overlap"].ctx.settings.overlap_count == "bound"  # what its runner parts use
+        fd_async_copy_plugin.disable()
+        fd_async_copy_plugin.enable(["logprobs", "stop_flag", "step_syncs", "overlap"], backend="host", root=root,
+                                    overlap_count="launch")  # the old name of exact
+        assert manager.applied["overlap"].ctx.settings.overlap_count == "exact"
         fd_async_copy_plugin.disable()
         fd_async_copy_plugin.enable(["logprobs"], backend="host", root=root)  # unset: the variables
         assert manager.applied["logprobs"].ctx.state.ring_max_bytes == 1 << 30
