@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
-"""Where the overlap schedule's ``exact`` count exposes host time: one decode step's host time split
+"""Where the overlap's wait before the prepare exposes host time: one decode step's host time split
 into phases, on FastDeploy 2.4's own step (issue 40, first part: measure).
 
-With ``FD_ASYNC_COPY_FEATURES=all,overlap`` and ``FD_ASYNC_COPY_OVERLAP_COUNT=exact``, ``step_syncs``
-waits for step N's snapshot at the start of ``_prepare_inputs`` (``patches/step_syncs.py``
-``build_prepare_inputs``: ``shadow.refresh("overlap.exact count")``). On a GPU, everything the host
-does from the end of that wait until the forward of step N+1 is launched runs while the GPU is idle:
-that is ``exact``'s exposed host time. Everything before the wait (the worker loop, step N's
+With ``FD_ASYNC_COPY_FEATURES=all,overlap`` and ``FD_ASYNC_COPY_OVERLAP_COUNT=prepare`` (the exact
+count waited for before the prepare: ``exact``'s fallback; the results recorded before the renaming
+call it ``exact``), ``step_syncs`` waits for step N's snapshot at the start of ``_prepare_inputs``
+(``patches/fd24/step_syncs.py`` ``step_count``: ``shadow.refresh("overlap.exact count")``). On a GPU,
+everything the host does from the end of that wait until the forward of step N+1 is launched runs
+while the GPU is idle: that is the wait's exposed host time (``exact`` moves that wait to the
+forward's launch). Everything before the wait (the worker loop, step N's
 sampler and post-process launches, step N-1's save) runs in the shadow of step N's GPU work.
 
 Each phase is the exclusive wall time (``time.perf_counter``) of a FastDeploy (or plugin) callable
@@ -15,7 +17,7 @@ wrapped for the run, nested calls subtracted; per executed step, median over the
 
 - ``worker``: ``insert_tasks_v1`` (FastDeploy's; zero on a step without new tasks);
 - ``driver``: the stand-in engine (the driver's schedule and output read): not FastDeploy's code;
-- ``wait``: ``step_syncs``' snapshot refresh (exact's one wait per step; on CPU it has nothing to wait for);
+- ``wait``: ``step_syncs``' snapshot refresh (the one wait per step; on CPU it has nothing to wait for);
 - ``prepare`` parts that do not depend on step N's exact token count: ``recover_decode_task`` (a
   device op: stream-ordered after step N, launchable before the host wait), ``SamplingMetadata``;
 - ``prepare`` lines that are mixed: ``_prepare_inputs``' own lines and the plugin's wrapper
@@ -40,7 +42,8 @@ finding, not the absolute microseconds.
 
 ``--json`` writes the split in the form ``benchmarks/step_model.py --host-split`` reads.
 The result is a measurement (RESULT: MEASURED), not a pass/fail check; the run fails (exit 1) if
-the overlap's exact path did not run (no overlap step served, no exact-count wait taken).
+the overlap's path did not run (no overlap step served; with ``prepare``, no exact-count wait taken
+at the prepare). ``--count exact`` (or ``launch``, its old name) and ``bound`` run for comparison.
 """
 
 from __future__ import annotations
@@ -64,7 +67,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 PHASES = {
     "worker: insert_tasks_v1": ("worker", "FastDeploy's insert (before the wait)"),
     "driver: schedule, output read": ("stand-in", "the driver's engine stand-in"),
-    "wait: step_syncs snapshot refresh": ("wait", "exact's wait for step N's snapshot"),
+    "wait: step_syncs snapshot refresh": ("wait", "the wait for step N's snapshot (prepare)"),
     "prepare: recover_decode_task": ("independent", "device op, stream-ordered after step N"),
     "prepare: SamplingMetadata": ("independent", "tensor references; bad-words slice by a max known at insert"),
     "prepare: FD's own lines": ("mixed", "logprobs request list, bad_tokens_len read and max, 5 input copies"),
@@ -264,7 +267,7 @@ def installed(clock: PhaseClock, runner_module, modules=(), skip_first: int = 1)
             try:
                 return old_refresh(self, reader, *args, **kwargs)
             finally:
-                if reader == "overlap.exact count":  # exact's wait (not a refresh after an insert, say)
+                if reader == "overlap.exact count":  # prepare's wait (not a refresh after an insert, say)
                     clock.marks["wait_end"] = time.perf_counter()
                     clock.now["_exact_wait"] += 1
 
@@ -384,8 +387,9 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=32, help="tokens per request (default 32)")
     parser.add_argument("--vocab", type=int, default=1024)
     parser.add_argument("--logprobs", action="store_true", help="requests ask for top-5 logprobs")
-    parser.add_argument("--count", choices=("exact", "bound"), default="exact",
-                        help="FD_ASYNC_COPY_OVERLAP_COUNT (default exact; bound: for comparison, no wait before the forward)")
+    parser.add_argument("--count", choices=("prepare", "exact", "bound", "launch"), default="prepare",
+                        help="FD_ASYNC_COPY_OVERLAP_COUNT (default prepare: the wait before the prepare; exact (launch: "
+                             "its old name): the wait at the forward's launch; bound: no wait before the forward)")
     parser.add_argument("--lines", action="store_true",
                         help="also FastDeploy's _prepare_inputs line by line (a line tracer: slower, the shares count)")
     parser.add_argument("--json", metavar="FILE")
@@ -448,14 +452,14 @@ def main(argv=None) -> int:
         served = clock.calls.get("save: overlap flush (step N-1)", 0)
         summary["overlap_flushes"] = served
         summary["plugin_parts_wrapped"] = found
-        # the overlap's path ran (its flushes), and exact waited at _prepare_inputs on every step / bound never
-        ran = served > 0 and ((summary["steps_waited"] == summary["steps"]) if args.count == "exact"
+        # the overlap's path ran (its flushes), and prepare waited at _prepare_inputs on every step / the others not
+        ran = served > 0 and ((summary["steps_waited"] == summary["steps"]) if args.count == "prepare"
                               else summary["steps_waited"] < summary["steps"])
         summary["exact_path_ran"] = ran
         ok = ok and ran
         results["batches"][str(batch)] = summary
         note = "" if ran else f"  <-- the overlap ({args.count}) path did NOT run"
-        print(f"\nB={batch}: {summary['steps']} steps, step wall {summary['step_wall_us']:.0f} us; exact's waits "
+        print(f"\nB={batch}: {summary['steps']} steps, step wall {summary['step_wall_us']:.0f} us; waits at the prepare "
               f"{summary['exact_waits']} (steps that waited: {summary['steps_waited']}/{summary['steps']}), "
               f"overlap flushes {served}{note}")
         print(f"  {'host us':>9s} {'op us':>9s} {'ops':>5s}  class        phase   (host: FD's/plugin's Python and "
@@ -464,7 +468,7 @@ def main(argv=None) -> int:
             print(f"  {v['host_us']:9.1f} {v['op_us']:9.1f} {v['op_calls']:5.0f}  [{v['class']:11s}] {label}")
         lo, hi = summary["movable_before_wait_host_us"]
         exposed = summary["exposed_host_us"]
-        print(f"  exposed under exact (wait end -> forward call): host {exposed:.1f} us + op ports "
+        print(f"  exposed under prepare (wait end -> forward call): host {exposed:.1f} us + op ports "
               f"{summary['exposed_op_us']:.1f} us in {summary['exposed_op_calls']:.0f} op calls (wall, measured: "
               f"{summary['exposed_wall_us']:.1f} us)")
         print(f"  of the exposed host time, could move before the wait: {lo:.1f}-{hi:.1f} us = "

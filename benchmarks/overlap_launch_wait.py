@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""A wait at the forward's launch: ``FD_ASYNC_COPY_OVERLAP_COUNT=launch`` keeps FD 2.4's bits with the
-overlap's bound-sized prepare.
+"""A wait at the forward's launch: ``FD_ASYNC_COPY_OVERLAP_COUNT=exact`` (the default) keeps FD 2.4's
+bits with the overlap's bound-sized prepare.
 
 docs/overlap-token-count.md ("A wait at the forward's launch") describes it: step N+1 is prepared
 sized by the upper bound (as ``bound``), then, in ``padding_cudagraph_inputs`` (FastDeploy 2.4's last
@@ -11,13 +11,14 @@ For each real-steps workload (``testing/real_steps/check.py``) with the model's 
 GEMM (``rows_dependent_gemm``: as cuBLAS on the H200, a padded row count can change the real rows'
 bits), against unpatched FastDeploy 2.4 with its engine one step behind:
 
-- ``exact``: the patches' default (identical expected);
-- ``bound``: the patches' upper bound (may differ: that is what the trim is for);
-- ``launch``: ``bound``'s prepare with the wait and the trim at the launch (identical expected),
-  with the number of steps it trimmed (the runner's ``status()``).
+- ``exact`` (the default): ``bound``'s prepare with the wait and the trim at the launch (identical
+  expected), with the number of steps it trimmed (the runner's ``status()``);
+- ``prepare``: the wait before the prepare (identical expected);
+- ``bound``: the patches' upper bound (may differ: that is what the trim is for).
 
-RESULT: PASS when ``exact`` and ``launch`` are identical on every workload whose reference ran, and
-the trim ran on some step.
+``--counts`` picks among them (``launch``, the old name of ``exact``, runs as ``exact``). RESULT:
+PASS when every count but ``bound`` is identical on every workload whose reference ran, and, where
+``exact`` ran, the trim ran on some step.
 
     python benchmarks/overlap_launch_wait.py --fd-root /path/to/FastDeploy-2.4   # FD 2.4's own runner
     python benchmarks/overlap_launch_wait.py                                    # the replica (CI)
@@ -35,12 +36,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def steps_trimmed(run) -> int:
-    """Steps the ``launch`` mode trimmed, from the run's final ``status()`` (0 for the other modes)."""
+    """Steps the ``exact`` mode trimmed, from the run's final ``status()`` (0 for the other modes)."""
     runners = (((run.final_status or {}).get("features") or {}).get("overlap") or {}).get("runners") or []
     return sum(int((r.get("launch") or {}).get("steps trimmed", 0)) for r in runners)
 
 
-def check(target, steps: int = 24) -> tuple[list[dict], bool]:
+def check(target, steps: int = 24, counts=("exact", "prepare", "bound")) -> tuple[list[dict], bool]:
     """One row per workload and variant; whether the run passes."""
     from fd_async_copy_plugin.testing.harness import Variant, run_variant
     from fd_async_copy_plugin.testing.real_steps import check as real
@@ -59,26 +60,31 @@ def check(target, steps: int = 24) -> tuple[list[dict], bool]:
         except RuntimeError as exc:  # the driver's own limits (e.g. every request waiting for a block)
             rows.append({"workload": scenario.name, "variant": "reference", "result": f"not run: {exc}"[:120]})
             continue
-        for label in ("exact", "bound", "launch"):
+        for label in counts:
             c = configs[f"all,overlap {label}"]
             with contextlib.redirect_stdout(sys.stderr):
                 run = run_variant(real._variant(c, target.root), cfg, scenario.requests, backend="sim",
                                   max_steps=300, arrivals=scenario.arrivals, modules=target.modules())
             diffs = [d for d in reference.result.differences(run.result) if not d.startswith("executed_steps")]
             trimmed = steps_trimmed(run)
-            trimmed_any |= label == "launch" and trimmed > 0
+            trimmed_any |= label in ("exact", "launch") and trimmed > 0
             if label != "bound":
                 ok &= not diffs
             rows.append({"workload": scenario.name, "variant": label, "steps_trimmed": trimmed,
                          "result": "identical" if not diffs else f"differs: {diffs[0]}"[:120]})
-    return rows, ok and trimmed_any
+    return rows, ok and (trimmed_any or not {"exact", "launch"} & set(counts))
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fd-root", help="folder holding FastDeploy 2.4's fastdeploy/ (default: the replica)")
     parser.add_argument("--steps", type=int, default=24, help="longest request's max_tokens (default 24)")
+    parser.add_argument("--counts", default="exact,prepare,bound",
+                        help="FD_ASYNC_COPY_OVERLAP_COUNT values, comma-separated (default exact,prepare,bound)")
     args = parser.parse_args(argv)
+    counts = tuple(c.strip() for c in args.counts.split(",") if c.strip())
+    if not counts or set(counts) - {"exact", "prepare", "bound", "launch"}:
+        parser.error(f"--counts {args.counts!r}: allowed exact, prepare, bound, launch")
     from fd_async_copy_plugin.testing.real_steps import check as real
 
     if args.fd_root:
@@ -93,7 +99,7 @@ def main(argv=None) -> int:
         from fd_async_copy_plugin.testing.reference import ROOTS
 
         target, where = real.Target(ROOTS["fd24"], "fd24", real=False), "the replica fd24"
-    rows, passed = check(target, args.steps)
+    rows, passed = check(target, args.steps, counts)
     print(f"overlap launch wait on {where}; rows_dependent_gemm=True; reference: unpatched, engine one step behind")
     for row in rows:
         trimmed = f" (steps trimmed: {row['steps_trimmed']})" if "steps_trimmed" in row else ""

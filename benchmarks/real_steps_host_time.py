@@ -132,13 +132,13 @@ def workload(batch: int, steps: int, vocab: int, logprobs: bool):
     return config, requests
 
 
-def configurations(line: str):
+def configurations(line: str, count: str = "exact"):
     from fd_async_copy_plugin.testing.harness import OVERLAP_FEATURES
     from fd_async_copy_plugin.testing.real_steps.check import Configuration
 
     out = [Configuration("unpatched", False), Configuration("default", True, None)]
     if line == "fd24":
-        out.append(Configuration("all,overlap", True, OVERLAP_FEATURES, (("FD_ASYNC_COPY_OVERLAP_COUNT", "exact"),)))
+        out.append(Configuration("all,overlap", True, OVERLAP_FEATURES, (("FD_ASYNC_COPY_OVERLAP_COUNT", count),)))
     return out
 
 
@@ -216,6 +216,9 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--top", type=int, default=6, help="the plugin's largest functions per row (default 6; 0: none)")
     parser.add_argument("--json", metavar="FILE")
+    parser.add_argument("--overlap-count", choices=("exact", "prepare", "bound", "launch"), default="exact",
+                        help="FD_ASYNC_COPY_OVERLAP_COUNT of the all,overlap row on FD 2.4 (default exact; launch: "
+                             "its old name)")
     parser.add_argument("--cpu-clock", action="store_true",
                         help="profile on the thread's CPU clock: on a shared machine, time the process spent "
                              "descheduled is not charged to the function it was in (the profile costs more)")
@@ -258,7 +261,7 @@ def main(argv=None) -> int:
     for batch in [int(b) for b in args.batches.split(",")]:
         for logprobs in (False, True):
             config, requests = workload(batch, args.steps, args.vocab, logprobs)
-            configs = configurations(target.line)
+            configs = configurations(target.line, args.overlap_count)
             plain: dict = {c.name: [] for c in configs}
             for _ in range(args.rounds):
                 for c in configs:

@@ -273,7 +273,7 @@ def format_overhead(report: dict) -> str:
 
 def format_count_waits(census: dict) -> str:
     """Per overlap run: of the decode steps with a step in flight, the share whose forward came after
-    the host waited for that step (its exact token count; ``exact``, ``launch``: all, ``bound``:
+    the host waited for that step (its exact token count; ``exact``, ``prepare``: all, ``bound``:
     none), with the step counts."""
     rows = [(name, row["overlap_count_waits"]) for name, row in census.items() if row.get("overlap_count_waits")]
     if not rows:

@@ -78,7 +78,7 @@ def draw(seed: int, attempt: int = 0) -> Scenario:
     env, lag, fd_overlap = (), 0, False
     if replica == "fd24" and rng.random() < 0.3:
         features, lag = OVERLAP_FEATURES, 1  # the opt-in overlap: against FD 2.4 one step behind
-        env = (("FD_ASYNC_COPY_OVERLAP_COUNT", rng.choice(("exact", "bound"))),)
+        env = (("FD_ASYNC_COPY_OVERLAP_COUNT", rng.choice(("exact", "prepare", "bound"))),)
     elif replica != "fd24":
         fd_overlap = rng.random() < 0.5  # FastDeploy's own overlap schedule
         if fd_overlap and "flag_race" not in features:
@@ -230,10 +230,11 @@ def test_the_draws_cover_what_the_issue_asks_for():
         seen["preemption"] += c.config.preemption
         seen["block steps"] += bool(c.config.num_gpu_blocks) and not c.config.preemption
         seen["overlap exact"] += ("FD_ASYNC_COPY_OVERLAP_COUNT", "exact") in c.env
+        seen["overlap prepare"] += ("FD_ASYNC_COPY_OVERLAP_COUNT", "prepare") in c.env
         seen["overlap bound"] += ("FD_ASYNC_COPY_OVERLAP_COUNT", "bound") in c.env
         seen["FD overlap"] += c.config.overlap
         seen["ZMQ"] += c.config.save_output_v1
     missing = [k for k in ("fd24", "fd25", "fddev", "batch 1", "batch 256", "logprobs -1", "logprobs 20",
                            "prompt logprobs", "chunked", "preemption", "block steps", "overlap exact",
-                           "overlap bound", "FD overlap", "ZMQ") if not seen[k]]
+                           "overlap prepare", "overlap bound", "FD overlap", "ZMQ") if not seen[k]]
     assert missing == [], seen

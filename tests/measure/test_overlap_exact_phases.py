@@ -1,5 +1,5 @@
 """``benchmarks/overlap_exact_phases.py`` on the replica (CI has no FastDeploy tree): the overlap's
-exact path runs under the phase clock, its one wait is seen on every step, the op ports are timed
+``prepare`` path runs under the phase clock, its one wait is seen on every step, the op ports are timed
 apart from the phase calling them, and every name the clock wrapped is put back after the run."""
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def _names():
     return names
 
 
-@pytest.mark.parametrize("count", ["exact", "bound"])
+@pytest.mark.parametrize("count", ["prepare", "exact", "bound"])
 def test_smoke_on_the_replica(count, tmp_path, capsys, benchmark_script):
     bench = benchmark_script("overlap_exact_phases")
     before = _names()
@@ -42,10 +42,10 @@ def test_smoke_on_the_replica(count, tmp_path, capsys, benchmark_script):
     split = recorded["batches"]["2"]
     assert split["exact_path_ran"] and split["overlap_flushes"] > 0 and split["steps"] >= 3
     phases = split["phases"]
-    if count == "exact":  # exact's wait at _prepare_inputs, once per executed step
+    if count == "prepare":  # prepare's wait at _prepare_inputs, once per executed step
         assert split["steps_waited"] == split["steps"]
         assert split["exposed_host_us"] > 0 and split["exposed_wall_us"] > 0
-    else:  # bound waits there only where it has no upper bound: the same clock sees fewer waits
+    else:  # exact waits at the launch, bound after the forward: the same clock sees fewer waits at the prepare
         assert split["steps_waited"] < split["steps"]
     # the plugin's wrapper and FastDeploy's own lines apart; get_padding_offset's port timed as an op
     assert all(split["plugin_parts_wrapped"].values())
@@ -66,7 +66,7 @@ def test_the_clock_puts_back_everything_it_wrapped(benchmark_script):
 
     bench = benchmark_script("overlap_exact_phases")
     root = ROOTS["fd24"]
-    c = check.Configuration("x", True, OVERLAP_FEATURES, (("FD_ASYNC_COPY_OVERLAP_COUNT", "exact"),))
+    c = check.Configuration("x", True, OVERLAP_FEATURES, (("FD_ASYNC_COPY_OVERLAP_COUNT", "prepare"),))
     runner = importlib.import_module(root + ".worker.gpu_model_runner")
     post = importlib.import_module(root + ".model_executor.pre_and_post_process")
     with device_for("host"), plugin_state(check._variant(c, root), "host"):

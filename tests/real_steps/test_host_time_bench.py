@@ -57,3 +57,12 @@ def test_plugin_code_a_stand_in_calls_is_the_stand_ins(benchmark_script):
     totals = bench.attribute(Fake(), "/p/fd/", "/p/plugin/", "/p/plugin/testing/")
     assert totals["plugin"] == pytest.approx(1.0 + 1.0) and totals["stand-ins"] == pytest.approx(1.0 + 1.0)
     assert totals["fastdeploy"] == pytest.approx(1.0)
+
+
+def test_the_overlap_row_takes_the_count(benchmark_script):
+    """``--overlap-count``: the ``all,overlap`` row's ``FD_ASYNC_COPY_OVERLAP_COUNT`` (default ``exact``)."""
+    bench = benchmark_script("real_steps_host_time")
+    assert bench.configurations("fd24")[-1].env == (("FD_ASYNC_COPY_OVERLAP_COUNT", "exact"),)
+    assert bench.configurations("fd24", "prepare")[-1].env == (("FD_ASYNC_COPY_OVERLAP_COUNT", "prepare"),)
+    with pytest.raises(SystemExit):
+        bench.main(["--replica", "fd24", "--overlap-count", "fast"])

@@ -37,6 +37,8 @@ from ..reference.driver import DriverConfig, Request
 
 #: FastDeploy 2.4 features of ``all`` (the default) and the opt-in overlap schedule
 ALL = None
+#: the overlap configurations' ``FD_ASYNC_COPY_OVERLAP_COUNT`` values (``launch``: the old name of ``exact``)
+OVERLAP_COUNTS = ("exact", "prepare", "bound", "launch")
 
 
 @dataclass(frozen=True)
@@ -59,12 +61,8 @@ def configurations(line: str) -> list[Configuration]:
             Configuration("unpatched", False),
             Configuration("default (all)", True, ALL, must_apply=("logprobs", "stop_flag", "sampled_tokens", "step_syncs")),
             Configuration("backport", True, BACKPORT_FEATURES, must_apply=BACKPORT_FEATURES),
-            Configuration("all,overlap exact", True, OVERLAP_FEATURES, (("FD_ASYNC_COPY_OVERLAP_COUNT", "exact"),),
-                          base_engine_lag=1, must_apply=OVERLAP_FEATURES),
-            Configuration("all,overlap bound", True, OVERLAP_FEATURES, (("FD_ASYNC_COPY_OVERLAP_COUNT", "bound"),),
-                          base_engine_lag=1, must_apply=OVERLAP_FEATURES),
-            Configuration("all,overlap launch", True, OVERLAP_FEATURES, (("FD_ASYNC_COPY_OVERLAP_COUNT", "launch"),),
-                          base_engine_lag=1, must_apply=OVERLAP_FEATURES),
+            *(Configuration(f"all,overlap {count}", True, OVERLAP_FEATURES, (("FD_ASYNC_COPY_OVERLAP_COUNT", count),),
+                            base_engine_lag=1, must_apply=OVERLAP_FEATURES) for count in OVERLAP_COUNTS),
         ]
     must = ("logprobs", "step_syncs") if line == "fd25" else ("logprobs",)
     return [
@@ -127,7 +125,7 @@ def scenarios(line: str, steps: int = 24) -> list[RealScenario]:
         RealScenario("ZMQ output thread (FD_USE_GET_SAVE_OUTPUT_V1): logprobs k -1/3/20/0, prompt logprobs 5/-1/0",
                      DriverConfig(**base, save_output_v1=True, chunk_size=8), zmq,
                      not_with={name: "overlap keeps FastDeploy's schedule on the ZMQ output path (patches/fd24/overlap.py)"
-                               for name in ("all,overlap exact", "all,overlap bound", "all,overlap launch")}),
+                               for name in (f"all,overlap {count}" for count in OVERLAP_COUNTS)}),
         RealScenario("block steps: the save-ops workload (24 tokens) with 8 KV blocks of 16 tokens",
                      DriverConfig(**base, chunk_size=8, num_gpu_blocks=8), *_mixed(24)),
         RealScenario("preemption mid-flight (12 KV blocks, 9 requests; harness.preemption_workload)",
