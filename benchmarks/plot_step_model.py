@@ -5,8 +5,9 @@
 
 One panel per modelled configuration (``tpot11``: GPU-bound, ``hostheavy``: host-bound), one bar
 per variant: FD 2.4, the backport (#6176 + #6362), one wait per step (``step_syncs``), FD 2.5's
-overlap with its sampler wait T kept, the plugin's overlap with the exact token count (the
-default) and with FD 2.5's upper bound, and the GPU-only floor. Each bar is the median time per
+overlap with its sampler wait T kept, the plugin's overlap with the exact token count waited for
+before the prepare (``prepare``) and at the forward's launch (``exact``, the default) and with FD
+2.5's upper bound, and the GPU-only floor. Each bar is the median time per
 decode step, split into the host's own work ("host") and the time the host spends blocked in
 waits ("waited"), as ``step_model.py`` measured them; the label names the sites the host waits at
 in each step (FD 2.4's S1-S7 and T, the plugin's one save ``event``). Below a line, when the file
@@ -36,10 +37,13 @@ VARIANTS = (
     ("fd24+backport", "backport (#6176+#6362)"),
     ("fd24+one-wait", "one wait (step_syncs)"),
     ("overlap, T kept", "FD 2.5 overlap (T kept)"),
-    ("overlap, exact", "overlap, exact count"),
+    ("overlap, prepare", "overlap, prepare"),
+    ("exact, at launch", "overlap, exact (default)"),
     ("fd24+overlap", "overlap, bound"),
     ("gpu-only", "GPU only"),
 )
+#: variant names of results recorded before the overlap's token counts were renamed -> today's
+RENAMED = {"overlap, exact": "overlap, prepare"}
 #: FD 2.5's variants (step_model.py's "FD 2.5" block: ratios against ``fd25``), drawn below FD 2.4's
 #: when the file has them (results recorded before they existed have none)
 FD25_VARIANTS = (
@@ -125,7 +129,8 @@ def parse(text: str) -> dict[str, Config]:
         m = _ROW25.match(line) or _ROW.match(line)
         if m:
             waits = [(w["site"], int(w["count"]), int(w["us"])) for w in _WAIT.finditer(m["waits"].split("[")[0])]
-            current.rows[m["name"]] = Row(m["name"], float(m["ms"]), float(m["p10"]), float(m["p90"]),
+            name = RENAMED.get(m["name"], m["name"])
+            current.rows[name] = Row(name, float(m["ms"]), float(m["p10"]), float(m["p90"]),
                                           float(m["ratio"]), float(m["waited"]), float(m["host"]), waits)
     if not configs:
         raise ParseError("no 'config NAME: forward ...' block found: is this a benchmarks/step_model.py results file?")

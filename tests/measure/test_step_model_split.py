@@ -57,29 +57,29 @@ print(json.dumps([cfg.prepare_ms, cfg.between_ms, cfg.save_ms, base.prepare_ms, 
     assert inserts == [0, 1, 2, 3, 1, 2, 3]  # refills of the last step's finishes, cycling 1..3
 
 
-def test_prep_first_runs_the_count_free_prepare_before_exacts_wait(tmp_path):
+def test_prep_first_runs_the_count_free_prepare_before_prepares_wait(tmp_path):
     path = _split(tmp_path)
     out = _run("--dry-run", "--quick", "--only", "hostheavy", "--host-split", path + ":64").stdout
-    exact, first, bound = _ms(out, "overlap, exact"), _ms(out, "exact, prep first"), _ms(out, "fd24+overlap")
+    prepare, first, bound = _ms(out, "overlap, prepare"), _ms(out, "prepare, prep first"), _ms(out, "fd24+overlap")
     # hostheavy: the forward (3 ms) cannot hide prepare after the wait; half of prepare moved ahead of it
     movable = 1.4 / 2  # hostheavy's prepare (1.40 ms), half of it independent + mixed in the split
-    assert first == pytest.approx(exact - movable, abs=0.05)
-    assert bound < first < exact
-    assert "exact, prep first (the count-independent and mixed prepare" in out and "prep first / bound" in out
+    assert first == pytest.approx(prepare - movable, abs=0.05)
+    assert bound < first < prepare
+    assert "prepare, prep first (the count-independent and mixed prepare" in out and "prep first / bound" in out
     assert "0 mismatches" in out
 
 
 def test_without_a_split_there_is_no_prep_first_row():
     out = _run("--dry-run", "--quick", "--only", "hostheavy").stdout
-    assert "overlap, exact" in out and "exact, prep first" not in out
+    assert "overlap, prepare" in out and "prep first" not in out
 
 
 def test_finishes_refill_every_step_and_an_insert_flushes_the_pending_save():
     """1-3 finishes a step: every step inserts, and the plugin's insert flushes the pending save first
-    (its get_tasks/insert flush), so bound's overlap is lost as exact's is."""
+    (its get_tasks/insert flush), so bound's overlap is lost as prepare's is."""
     out = _run("--dry-run", "--quick", "--only", "hostheavy", "--finishes", "1-3", "--insert-ms", "0").stdout
     assert "finishing pattern 1-3 per step" in out
-    assert _ms(out, "fd24+overlap") == pytest.approx(_ms(out, "overlap, exact"), abs=0.05)
+    assert _ms(out, "fd24+overlap") == pytest.approx(_ms(out, "overlap, prepare"), abs=0.05)
     assert _ms(out, "fd24+overlap") == pytest.approx(_ms(out, "fd24+one-wait"), abs=0.05)
     assert "0 mismatches" in out
 
@@ -96,9 +96,9 @@ def test_exact_at_launch_leaves_only_the_trim_after_the_wait(tmp_path):
     """``exact, at launch``: all of prepare sized by the bound, then the wait and the trim right
     before the forward: bound's time plus the wake-up and the trim, whatever the split says."""
     out = _run("--dry-run", "--quick", "--only", "hostheavy", "--host-split", _split(tmp_path) + ":64").stdout
-    exact, first, launch, bound = (_ms(out, v) for v in ("overlap, exact", "exact, prep first", "exact, at launch",
+    prepare, first, launch, bound = (_ms(out, v) for v in ("overlap, prepare", "prepare, prep first", "exact, at launch",
                                                           "fd24+overlap"))
-    assert bound < launch < first < exact
+    assert bound < launch < first < prepare
     assert launch == pytest.approx(bound + 0.04, abs=0.05)  # TRIM_MS after the wait
     assert re.search(r"at launch / bound 1\.0[0-2]\dx", out) and "0 mismatches" in out
 
