@@ -22,11 +22,10 @@ BACKENDS = ("auto", "cuda", "host")
 ENV_ENABLE, ENV_FEATURES, ENV_BACKEND, ENV_STRICT, ENV_RING_MAX_BYTES, ENV_OVERLAP_COUNT = ENV_VARS = (
     "FD_ASYNC_COPY", "FD_ASYNC_COPY_FEATURES", "FD_ASYNC_COPY_BACKEND", "FD_ASYNC_COPY_STRICT",
     "FD_ASYNC_COPY_RING_MAX_BYTES", "FD_ASYNC_COPY_OVERLAP_COUNT")
-#: how the ``overlap`` feature sizes the next step's tokens (``docs/overlap-token-count.md``): ``exact``
-#: as ``bound``, then a wait for the exact count at the forward's launch, a trim to it and FD 2.4's
-#: padding rows (FD 2.4's bits; else ``prepare``'s wait, ``launch_off_reason``); ``prepare`` waits for the
-#: last step before the prepare; ``bound``: FD 2.5's padded upper bound (faster; after a finish the
-#: padded GEMMs can change the real rows' bits); ``launch``: the old name of ``exact``
+#: how ``overlap`` sizes the next step (``docs/overlap-token-count.md``): ``exact`` as ``bound``, then the
+#: wait for the exact count at the forward's launch, a trim and FD 2.4's padding rows (else ``prepare``'s
+#: wait: ``launch_off_reason``); ``prepare`` waits before the prepare; ``bound``: FD 2.5's padded upper
+#: bound (after a finish padded GEMMs can change the real rows' bits); ``launch``: ``exact``'s old name
 OVERLAP_COUNTS, OVERLAP_ALIASES = ("exact", "prepare", "bound"), {"launch": "exact"}
 
 #: Default total size of the pinned rings of one feature (bytes); beyond it a step is copied

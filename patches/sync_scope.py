@@ -38,7 +38,6 @@ from .runner import line
 from .step import prompt_runner
 
 
-
 def check_prompt_logprobs(original, ctx) -> None:
     """FastDeploy's method calls ``<...>.device.synchronize()`` (what this feature scopes)."""
     try:

@@ -57,9 +57,7 @@ class Target:
     absolute: bool = False
 
     def module_name(self, root: str) -> str:
-        if self.absolute:
-            return self.module
-        return f"{root}.{self.module}" if self.module else root
+        return self.module if self.absolute else f"{root}.{self.module}" if self.module else root
 
     def describe(self, root: str) -> str:
         return f"{self.module_name(root)}:{self.attr}"
@@ -305,9 +303,7 @@ class Junction:
 
         @wraps(function)
         def installed(*args, **kwargs):
-            if junction.gated:
-                return STEP_GATE.run(junction.head, *args, **kwargs)
-            return junction.head(*args, **kwargs)
+            return STEP_GATE.run(junction.head, *args, **kwargs) if junction.gated else junction.head(*args, **kwargs)
 
         setattr(installed, JUNCTION_MARK, self)
         self.installed = self.descriptor(installed) if self.descriptor else installed

@@ -12,13 +12,12 @@ How:    ``execute_model`` keeps FastDeploy's own body; the plugin moves the save
           ``not_need_stop()`` check after the forward is the hook), so the save's host work hides
           under the next forward;
         - the next step's token count (``FD_ASYNC_COPY_OVERLAP_COUNT``): ``bound`` - FD 2.5's upper
-          bound (the slots that ran) while the snapshot is in flight, with the padded tail of
+          bound (the slots that ran) while the snapshot is in flight, the padded tail of
           ``get_padding_offset``'s outputs filled as 2.5's op does: no wait before the forward, but a
-          padded GEMM can change the real rows' bits on a step after a finish
-          (docs/overlap-token-count.md); ``exact`` (default) - ``bound``'s prepare, then the wait
-          (the step's one wait), a trim to the exact count and FD 2.4's padding rows in
-          ``padding_cudagraph_inputs``, right before the forward, so every forward runs on FD 2.4's
-          rows; ``prepare`` - ``step_syncs`` waits for the last step's snapshot at ``_prepare_inputs``,
+          padded GEMM can change the real rows' bits after a finish (docs/overlap-token-count.md);
+          ``exact`` (default) - ``bound``'s prepare, then the step's one wait, a trim to the exact
+          count and FD 2.4's padding rows in ``padding_cudagraph_inputs``, right before the forward:
+          every forward on FD 2.4's rows; ``prepare`` - ``step_syncs`` waits at ``_prepare_inputs``,
           as ``exact`` does where a count may be read before the launch (chunked MoE, an unchecked
           attention backend) or the restore's Paddle calls fail their self-check;
         - ``not_need_stop()`` reports True while a step's output is still to be saved, so the worker
@@ -79,8 +78,7 @@ class OverlapState:
         self.in_step = self.after_forward = self.by_bound = False
         self.fallbacks, self.served = collections.Counter(), collections.Counter()
         # decode steps by whether the last step's event was waited before this step's forward (``exact``,
-        # ``prepare`` wait for its count there), after it (``bound``), or had landed before (the first step, or
-        # an insert flushed it); waited_fraction: waited / (waited + not waited)
+        # ``prepare``), after it (``bound``), or had landed before (the first step, or an insert flushed it)
         self.count_waits, self.sized = collections.Counter(), "landed before"
         #: ``exact``: why this runner waits at ``_prepare_inputs`` instead (None: not checked yet);
         #: its steps trimmed to the exact count at the forward's launch, and those left as they were;
@@ -238,9 +236,8 @@ def launch_off_reason(runner, runner_module) -> str:
     launch, or no launch hook of the plugin's."""
     if getattr(getattr(runner, "parallel_config", None), "enable_chunked_moe", False):
         return "chunked MoE (its chunks are sized by the host token count in the prepare)"
-    others = sorted({type(b).__name__ for b in getattr(runner, "attn_backends", ())
-                     if type(b).__name__ not in COUNT_FREE_ATTENTION and not getattr(b, "count_free_metadata", False)})
-    if others:
+    if others := sorted({type(b).__name__ for b in getattr(runner, "attn_backends", ())
+                         if type(b).__name__ not in COUNT_FREE_ATTENTION and not getattr(b, "count_free_metadata", False)}):
         return f"attention backend {', '.join(others)} (its metadata is not checked count-free)"
     cls = getattr(runner_module, "GPUModelRunner", None)
     if cls is None or Junction.at(cls, "padding_cudagraph_inputs") is None or \
@@ -250,12 +247,10 @@ def launch_off_reason(runner, runner_module) -> str:
 
 
 def restore_check(runner, glue) -> str:
-    """The restore's Paddle calls, once per runner on the place of its buffers (checked on CPU Paddle
-    only): ``_set_dims`` (``glue.set_shape``) sets the shape without moving data, ``as_strided`` reads
-    and writes past it. "" when they do, else why ``exact`` waits at ``_prepare_inputs``."""
+    """Once per runner, on its buffers' place (the restore's Paddle calls are checked on CPU only): ""
+    if ``glue.set_shape`` keeps the data and ``as_strided`` reads and writes past the shape, else why not."""
     try:
-        t = paddle.to_tensor(list(range(6)), place=runner.share_inputs["ids_remove_padding"].place)
-        glue.set_shape(t, [3])
+        glue.set_shape(t := paddle.to_tensor(list(range(6)), place=runner.share_inputs["ids_remove_padding"].place), [3])
         paddle.as_strided(t, [6], [1])[4:] = t[:2]
         seen = (list(t.shape), paddle.as_strided(t, [6], [1]).clone().numpy().tolist())
     except Exception as exc:  # noqa: BLE001 - a Paddle without these calls, or one refusing them here

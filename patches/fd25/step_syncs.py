@@ -38,10 +38,8 @@ def _move_seed(runner, state: RunnerSyncs, place=None) -> None:
     the reverse, breaks FastDeploy's ``add_``)."""
     si = runner.share_inputs
     pair = (si["infer_seed"], runner.infer_seed_increment)
-    if place is None:
-        seed, increment = (_device_copy(t, si["stop_flags"]) for t in pair)
-    else:
-        seed, increment = (paddle.to_tensor(np.array(t.numpy()), place=place) for t in pair)
+    seed, increment = (_device_copy(t, si["stop_flags"]) if place is None else
+                       paddle.to_tensor(np.array(t.numpy()), place=place) for t in pair)
     si["infer_seed"], runner.infer_seed_increment = state.seed, state.increment = seed, increment
 
 
