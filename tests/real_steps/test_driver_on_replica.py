@@ -53,6 +53,19 @@ def test_a_stand_down_is_not_a_pass():
     assert not rows[0].ok and "not applied: overlap=" in rows[0].detail
 
 
+def test_exact_falling_back_to_the_wait_before_the_prepare_is_not_a_pass(monkeypatch):
+    """``exact`` compared after its runner fell back (``prepare``'s wait) would check the fallback
+    only: the row fails and names the fallback."""
+    from fd_async_copy_plugin.patches.fd24 import overlap
+
+    config = next(c for c in check.configurations("fd24") if c.name == "all,overlap exact")
+    scenario = check.scenarios("fd24", steps=8)[0]
+    assert check.compare(scenario, [config], target=FD24)[0].ok
+    monkeypatch.setattr(overlap, "restore_check", lambda runner, glue: "planted: the self-check failed")
+    row = check.compare(scenario, [config], target=FD24)[0]
+    assert not row.ok and "no runner waited at the forward's launch" in row.detail and "planted" in row.detail, row.detail
+
+
 def test_sync_check_counts_on_the_replica():
     by = {(r["configuration"], r["logprobs"]): r["waits_per_step"] for r in check.counts(FD24)}
     assert by == {("unpatched", None): 7, ("unpatched", 2): 10, ("default (all)", None): 1, ("default (all)", 2): 1}

@@ -224,6 +224,11 @@ def _path_ran(c: Configuration, run, copies_expected: bool) -> str:
                    and ("served" not in r or sum((r.get("served") or {}).values()) > 0)]
         if not serving:
             return f"{name}: no runner applied and served at the end of the run ({runners})"
+    if dict(c.env).get("FD_ASYNC_COPY_OVERLAP_COUNT") in ("exact", "launch"):  # its wait at the forward's launch ran
+        launch = [r.get("launch") or {} for r in (final.get("overlap") or {}).get("runners") or ()]
+        if not any(not l.get("fallback") and l.get("steps trimmed", 0) + l.get("steps at the bound", 0) > 0
+                   for l in launch):
+            return f"overlap exact: no runner waited at the forward's launch ({launch})"
     return ""
 
 
