@@ -920,11 +920,11 @@ def run_overlap_t(c, cfg, total):
     _run_overlap(c, cfg, total, keep_t=True)
 
 
-def run_overlap_exact(c, cfg, total):
+def run_overlap_prepare(c, cfg, total):
     _run_overlap(c, cfg, total, keep_t=False, exact=True)
 
 
-def run_overlap_exact_prep_first(c, cfg, total):
+def run_overlap_prepare_prep_first(c, cfg, total):
     _run_overlap(c, cfg, total, keep_t=False, exact=True, prep_first=True)
 
 
@@ -986,8 +986,8 @@ VARIANTS = {
     "fd24+one-wait": run_one_wait,
     "fd24+overlap": run_overlap,
     "overlap, T kept": run_overlap_t,
-    "overlap, prepare": run_overlap_exact,  # FD_ASYNC_COPY_OVERLAP_COUNT=prepare: the wait before the prepare
-    "prepare, prep first": run_overlap_exact_prep_first,  # with a measured split only (what direction 1 could give)
+    "overlap, prepare": run_overlap_prepare,  # FD_ASYNC_COPY_OVERLAP_COUNT=prepare: the wait before the prepare
+    "prepare, prep first": run_overlap_prepare_prep_first,  # with a measured split only (what direction 1 could give)
     "exact, at launch": run_overlap_exact_at_launch,  # the default exact: prepare by the bound, wait and trim before the forward
     "gpu-only": run_gpu_only,
     "fd25": run_fd25,

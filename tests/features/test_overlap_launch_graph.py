@@ -23,9 +23,10 @@ import paddle
 import pytest
 
 from fd_async_copy_plugin.patches.fd24 import overlap as overlap_patch
-from fd_async_copy_plugin.testing.harness import Variant, host_waits, run_variant
+from fd_async_copy_plugin.testing.harness import Variant, run_variant
 
 from test_overlap import EXACT, FD24, OVERLAP, _req, _run_plugin, config, run_exact
+from test_overlap_launch_wait import one_wait_at_the_launch
 
 pytestmark = pytest.mark.usefixtures("plugin_off")
 
@@ -132,12 +133,7 @@ def test_the_restore_makes_no_host_wait(count):
     count("exact")
     requests = [_req(i, 4 + i, 8 + 2 * i, logprobs=5, top_p=0.9, seed=i) for i in range(8)]
     cfg = config(max_num_seqs=8, chunk_size=None, enable_logprob=True, block_size=64, **GRAPH)  # no insert
-    run = run_variant(Variant("p", FD24, True, OVERLAP), cfg, requests, backend="sim", max_steps=60, track=True)
-    waits = host_waits(run.census.steps[3:24], skip=0)
-    assert (waits["total"], waits["long"], waits["mean"]) == (1, 1, 1.0), waits
-    (only,) = waits["sites"]
-    assert only["label"] == "save event" and "launch wait" in only["what"], only
-    (runner,) = run.final_status["features"]["overlap"]["runners"]
+    run, runner = one_wait_at_the_launch(cfg, requests, slice(3, 24))
     assert runner["launch"]["padding restored"] >= 5 and run.result.graph_replays, runner
 
 

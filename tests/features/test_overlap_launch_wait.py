@@ -55,6 +55,18 @@ def test_a_trim_left_at_the_bound_is_caught(launch, monkeypatch):
         run_launch("logprobs 0/5/20, arrivals", "sim")
 
 
+def one_wait_at_the_launch(cfg, requests, window: slice):
+    """Runs ``exact`` with the census and checks the steps in ``window``: one wait per step, on the
+    last step's event at the launch (1 long). Returns the run and its overlap runner's report."""
+    run = run_variant(Variant("p", FD24, True, OVERLAP), cfg, requests, backend="sim", max_steps=60, track=True)
+    waits = host_waits(run.census.steps[window], skip=0)
+    assert (waits["total"], waits["long"], waits["mean"]) == (1, 1, 1.0), waits
+    (only,) = waits["sites"]
+    assert only["label"] == "save event" and "launch wait" in only["what"], only
+    (runner,) = run.final_status["features"]["overlap"]["runners"]
+    return run, runner
+
+
 @pytest.mark.parametrize("launch", ["exact", "launch"], indirect=True)
 def test_census_one_wait_per_step_at_the_forwards_launch(launch):
     """One wait per step, on the last step's event: at the launch, before this step's forward
@@ -62,12 +74,7 @@ def test_census_one_wait_per_step_at_the_forwards_launch(launch):
     ``launch`` is reported as ``exact``."""
     requests = [_req(i, 4 + i, 24, logprobs=5, top_p=0.9, seed=i) for i in range(6)]
     cfg = config(max_num_seqs=8, chunk_size=None, enable_logprob=True, block_size=64)  # no insert
-    run = run_variant(Variant("p", FD24, True, OVERLAP), cfg, requests, backend="sim", max_steps=60, track=True)
-    waits = host_waits(run.census.steps[3:18], skip=0)
-    assert (waits["total"], waits["long"], waits["mean"]) == (1, 1, 1.0), waits
-    (only,) = waits["sites"]
-    assert only["label"] == "save event" and "launch wait" in only["what"], only
-    (runner,) = run.final_status["features"]["overlap"]["runners"]
+    _, runner = one_wait_at_the_launch(cfg, requests, slice(3, 18))
     assert runner["token_count"] == "exact" and runner["waited_fraction"] == 1.0, runner
     assert runner["launch"]["fallback"] == "" and runner["launch"]["steps trimmed"] > 0, runner
 
