@@ -17,6 +17,8 @@ from .step import opened
 #: ``value`` (or ``value`` itself). The stop-flag feature registers one that makes FastDeploy's flag
 #: current and swaps the device sampled tokens for their pinned copy.
 _SUBSTITUTES: list = []
+#: argument types no feature hands out or substitutes (FastDeploy's ranks, flags, names): passed as they are
+_PLAIN = frozenset((int, bool, float, str, type(None)))
 
 
 def add_substitute(fn) -> None:
@@ -42,8 +44,8 @@ def consume(fd, on, reader: str, *args, **kwargs):
     """FastDeploy's consumer ``fd`` with its arguments host-ready (``host_value``) where a feature
     that hands out pinned data (``stop_flag``, ``logprobs``) is applied."""
     if (ctx := on.get("stop_flag") or on.get("logprobs")) is not None:
-        args = [host_value(a, reader, ctx.backend) for a in args]
-        kwargs = {k: host_value(v, reader, ctx.backend) for k, v in kwargs.items()}
+        args = [a if type(a) in _PLAIN else host_value(a, reader, ctx.backend) for a in args]
+        kwargs = {k: v if type(v) in _PLAIN else host_value(v, reader, ctx.backend) for k, v in kwargs.items()}
     return fd(*args, **kwargs)
 
 
