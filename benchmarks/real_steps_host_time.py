@@ -27,9 +27,43 @@ our ports of its compiled ops, the tiny model). Per configuration (unpatched, de
   exact). Under each plugin row, where its time goes: its largest functions (``--top``). Each row
   also counts the calls of the plugin's own Python functions per step (the profiler's count:
   deterministic where the times are not).
+- **sampled** (``--sampler``; a third run per row, in a child process): the same loop, the same
+  window, under a sampling profiler, py-spy, which reads the child's stacks from outside
+  (``py-spy record --nonblocking -r 1000 -f speedscope``, ``--sample-rate``) and adds nothing to
+  what the loop runs. The child (this script again, the row's parameters, a hidden child mode)
+  runs the loop ``--sample-runs`` times (default 12) as the plain run does and marks each window's
+  start and end with a ~15 ms busy spin in ``_sampled_window_begins`` / ``_sampled_window_ends``;
+  py-spy's samples are in order, so only the samples between a begin marker and the next end
+  marker count (the markers' own excluded; a window whose end marker no sample caught is
+  dropped). Each sample goes to the innermost frame of its stack whose file has an owner, by the
+  rule above (the bench itself is the stand-ins'; unowned frames - Paddle, numpy - go to the
+  nearest owned caller; plugin code the stand-ins call is theirs); a stack without an owned frame
+  is "other". py-spy leaves out samples of a thread that is not running (its default), as
+  ``--cpu-clock`` leaves out time off the CPU. Under each row: ``sampled: plugin N, fastdeploy N,
+  stand-ins N, other N samples | plugin/fastdeploy X% (95% interval A-B%)``; the interval is the
+  Wilson score interval of p = plugin / (plugin + fastdeploy) mapped to the ratio p / (1 - p): the
+  counting error of that many samples taken as independent, not the variation between runs;
+  with ``--top``, the plugin's largest frames by samples (its innermost frame: the function, not
+  its callees). Where py-spy is missing or cannot read the child the line says
+  ``sampled: - (why)`` and the bench goes on.
+
+Why two instruments: cProfile's hook runs at every call and return, and its cost is charged to
+the function called. The plugin's work per step is many cheap Python calls (~300) and builtin
+calls; FastDeploy's, fewer calls into Paddle that each cost more. So the profiled times inflate the
+plugin's share far more than FastDeploy's: on FastDeploy 2.4 (B=128, default features) the
+profiled ratio plugin / fastdeploy is ~70%, the sampled one a fraction of that. A sampler costs
+the sampled process nothing per call; its error is the count's (the interval) and the sampling's
+period. The profiled rows keep what only a profiler gives: exact call counts, times per function.
+
+py-spy: ``pip install py-spy`` (or ``--py-spy PATH``; by default ``py-spy`` on PATH or beside this
+Python). It starts the child itself and reads its memory, which needs ptrace permission on it:
+as the same user, with ``/proc/sys/kernel/yama/ptrace_scope`` at most 1 (a child of py-spy's is
+allowed at 1); in a container, often ``--cap-add SYS_PTRACE`` too. ``--sample-out DIR`` keeps
+each row's speedscope file (https://www.speedscope.app shows it).
 
     python benchmarks/real_steps_host_time.py --fd-root /path/to/FastDeploy [--batches 8,128]
         [--steps 32] [--rounds 3] [--vocab 1024] [--top 6] [--json FILE]
+        [--sampler [--py-spy PATH] [--sample-runs 12] [--sample-rate 1000] [--sample-out DIR]]
     python benchmarks/real_steps_host_time.py --replica fd24     # the replica (CI smoke)
 
 The result is a measurement (RESULT: MEASURED), not a pass/fail check.
@@ -44,8 +78,12 @@ import gc
 import json
 import os
 import pstats
+import re
+import shutil
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -357,8 +395,6 @@ def sampled_line(figures: dict) -> str:
 
 def find_py_spy(given: str | None) -> str | None:
     """``--py-spy`` as given (a path, or a name on PATH); else ``py-spy`` on PATH or beside this Python."""
-    import shutil
-
     if given:
         return shutil.which(given) or (given if os.path.isfile(given) and os.access(given, os.X_OK) else None)
     beside = os.path.join(os.path.dirname(sys.executable), "py-spy")
@@ -369,9 +405,6 @@ def sample_row(args, py_spy: str | None, batch: int, logprobs: bool, configurati
                shown=None) -> dict:
     """Runs the row's steady loop ``--sample-runs`` times in a child of this script under ``py-spy
     record``; the figures, or ``{"error": why}`` (never raises for the sampler's sake)."""
-    import subprocess
-    import tempfile
-
     if py_spy is None:
         return {"error": "py-spy not found: pip install py-spy, or --py-spy PATH"}
     where = ["--fd-root", args.fd_root] if args.fd_root else ["--replica", args.replica]
@@ -394,6 +427,10 @@ def sample_row(args, py_spy: str | None, batch: int, logprobs: bool, configurati
             errors = [line for line in lines if "rror" in line or "ermission" in line] or lines[-1:]
             why = errors[-1] if errors else ""
             return {"error": f"py-spy exited {done.returncode}{': ' + why[:200] if why else ''}"}
+        if getattr(args, "sample_out", None):
+            os.makedirs(args.sample_out, exist_ok=True)
+            name = re.sub(r"[^A-Za-z0-9]+", "-", f"B{batch}-{'logprobs' if logprobs else 'no-logprobs'}-{configuration}")
+            shutil.copyfile(out, os.path.join(args.sample_out, name + ".speedscope.json"))
         try:
             with open(out) as f:
                 speedscope = json.load(f)
@@ -460,6 +497,7 @@ def main(argv=None) -> int:
                                                           "this Python)")
     parser.add_argument("--sample-runs", type=int, default=12, help="runs of the loop per sampled row (default 12)")
     parser.add_argument("--sample-rate", type=int, default=1000, help="samples per second (default 1000)")
+    parser.add_argument("--sample-out", metavar="DIR", help="keep each sampled row's speedscope file in DIR")
     parser.add_argument("--sample-timeout", type=int, default=900, help=argparse.SUPPRESS)
     parser.add_argument("--sampled-child", metavar="LOGPROBS/CONFIGURATION", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
