@@ -43,17 +43,21 @@ our ports of its compiled ops, the tiny model). Per configuration (unpatched, de
   stand-ins N, other N samples | plugin/fastdeploy X% (95% interval A-B%)``; the interval is the
   Wilson score interval of p = plugin / (plugin + fastdeploy) mapped to the ratio p / (1 - p): the
   counting error of that many samples taken as independent, not the variation between runs;
-  with ``--top``, the plugin's largest frames by samples (its innermost frame: the function, not
-  its callees). Where py-spy is missing or cannot read the child the line says
-  ``sampled: - (why)`` and the bench goes on.
+  with ``--top``, the plugin's largest frames by samples (each sample's innermost plugin frame:
+  a function with the Paddle calls it makes, not its plugin callees). Where py-spy is missing or
+  cannot read the child the line says ``sampled: - (why)`` and the bench goes on. Non-blocking,
+  py-spy reads a stack while it changes: about 1-2% of the samples are torn (cut short, empty, or
+  a frame of another moment); they count where their frames point, mostly as "other" (the few
+  plugin samples of an unpatched row are such).
 
 Why two instruments: cProfile's hook runs at every call and return, and its cost is charged to
 the function called. The plugin's work per step is many cheap Python calls (~300) and builtin
 calls; FastDeploy's, fewer calls into Paddle that each cost more. So the profiled times inflate the
-plugin's share far more than FastDeploy's: on FastDeploy 2.4 (B=128, default features) the
-profiled ratio plugin / fastdeploy is ~70%, the sampled one a fraction of that. A sampler costs
-the sampled process nothing per call; its error is the count's (the interval) and the sampling's
-period. The profiled rows keep what only a profiler gives: exact call counts, times per function.
+plugin's share far more than FastDeploy's: on FastDeploy 2.4 (B=128, default features, no
+logprobs, ``--steps 32 --cpu-clock``) the profiled ratio plugin / fastdeploy read 72% in two runs,
+the sampled one 22% and 32% (about a third). A sampler costs the sampled process nothing per call;
+its error is the count's (the interval; at ~1 ms per sample, a few hundred samples of the plugin
+and FastDeploy per row) and the sampling's period. The profiled rows keep what only a profiler gives: exact call counts, times per function.
 
 py-spy: ``pip install py-spy`` (or ``--py-spy PATH``; by default ``py-spy`` on PATH or beside this
 Python). It starts the child itself and reads its memory, which needs ptrace permission on it:

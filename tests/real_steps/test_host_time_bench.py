@@ -275,3 +275,53 @@ def test_py_spy_samples_the_replica(capsys, benchmark_script, tmp_path):
     assert all(row["sampled"]["windows"] == 3 for row in rows)
     assert all(row["sampled"]["plugin"] == 0 for row in rows if row["configuration"] == "unpatched")
     assert sum(row["sampled"]["plugin"] for row in rows if row["configuration"] != "unpatched") > 0
+
+
+def test_each_row_prints_its_sampled_line(capsys, benchmark_script, tmp_path):
+    """Under every row its sampled line, in ``--json`` its figures; with ``--top``, under a plugin
+    row the plugin's largest sampled frames; a file without a marked window is a reason, not a figure."""
+    bench = benchmark_script("real_steps_host_time")
+    frames = [{"name": "_sampled_window_begins", "file": "benchmarks/real_steps_host_time.py"},
+              {"name": "f", "file": "/x/fd_async_copy_plugin/patches/step.py"},
+              {"name": "g", "file": "/x/fd_async_copy_plugin/testing/reference/fd24/worker/runner.py"},
+              {"name": "_sampled_window_ends", "file": "benchmarks/real_steps_host_time.py"}]
+    recorded = {"shared": {"frames": frames}, "profiles": [{"samples": [[0], [2, 1], [2], [2], [3]]}]}
+    spy = fake_py_spy(tmp_path, f"open(argv[argv.index('-o') + 1], 'w').write(json.dumps({recorded!r}))")
+    assert bench.main(["--replica", "fd24", "--batches", "2", "--steps", "3", "--rounds", "1", "--top", "1",
+                       "--sampler", "--py-spy", spy, "--json", str(tmp_path / "rows.json")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    line = ("    sampled: plugin 1, fastdeploy 2, stand-ins 0, other 0 samples | plugin/fastdeploy 50.0% "
+            "(95% interval 6.6-381.6%)")
+    rows = [i for i, text in enumerate(out) if text.strip().startswith("B=2")]
+    for i in rows:
+        assert out[i + 1] == line if " unpatched " in out[i] else out[i + 2] == line
+        if " unpatched " not in out[i]:  # the profiled top (one line), the sampled line, the sampled top
+            assert out[i + 3] == "           1 samples  /x/fd_async_copy_plugin/patches/step.py f"
+    saved = json.loads((tmp_path / "rows.json").read_text())
+    assert all(row["sampled"]["plugin"] == 1 and row["sampled"]["windows"] == 1 for row in saved)
+    assert all(("plugin_top" in row["sampled"]) == (row["configuration"] != "unpatched") for row in saved)
+
+    recorded["profiles"][0]["samples"] = [[1], [2]]
+    spy = fake_py_spy(tmp_path, f"open(argv[argv.index('-o') + 1], 'w').write(json.dumps({recorded!r}))")
+    args = bench.argparse.Namespace(fd_root=None, replica="fd24", steps=3, vocab=64, overlap_count="exact",
+                                    sample_runs=4, sample_rate=1000, sample_timeout=60, top=0)
+    assert bench.sample_row(args, spy, 2, False, "default", None) == {
+        "error": "no step window in the samples (of 4 runs)"}
+    slow = fake_py_spy(tmp_path, "import time; time.sleep(30)")
+    assert bench.sample_row(bench.argparse.Namespace(**dict(vars(args), sample_timeout=1)), slow, 2, False,
+                            "default", None) == {"error": "py-spy timed out after 1 s"}
+
+
+def test_py_spy_is_found_on_path_or_beside_python(benchmark_script, tmp_path, monkeypatch):
+    bench = benchmark_script("real_steps_host_time")
+    beside = tmp_path / "venv" / "bin"
+    beside.mkdir(parents=True)
+    spy = fake_py_spy(beside, "pass")
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    monkeypatch.setattr(bench.sys, "executable", str(beside / "python"))
+    assert bench.find_py_spy(None) == spy
+    assert bench.find_py_spy(spy) == spy and bench.find_py_spy(str(tmp_path / "absent")) is None
+    monkeypatch.setattr(bench.sys, "executable", str(tmp_path / "python"))
+    assert bench.find_py_spy(None) is None
+    monkeypatch.setenv("PATH", str(beside))
+    assert bench.find_py_spy(None) == spy and bench.find_py_spy("py-spy") == spy
