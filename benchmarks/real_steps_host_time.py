@@ -57,7 +57,8 @@ plugin's share far more than FastDeploy's: on FastDeploy 2.4 (B=128, default fea
 logprobs, ``--steps 32 --cpu-clock``) the profiled ratio plugin / fastdeploy read 72% in two runs,
 the sampled one 22% and 32% (about a third). A sampler costs the sampled process nothing per call;
 its error is the count's (the interval; at ~1 ms per sample, a few hundred samples of the plugin
-and FastDeploy per row) and the sampling's period. The profiled rows keep what only a profiler gives: exact call counts, times per function.
+and FastDeploy per row) and the sampling's period. The profiled rows keep what only a profiler
+gives: exact call counts, times per function.
 
 py-spy: ``pip install py-spy`` (or ``--py-spy PATH``; by default ``py-spy`` on PATH or beside this
 Python). It starts the child itself and reads its memory, which needs ptrace permission on it:
