@@ -27,9 +27,48 @@ our ports of its compiled ops, the tiny model). Per configuration (unpatched, de
   exact). Under each plugin row, where its time goes: its largest functions (``--top``). Each row
   also counts the calls of the plugin's own Python functions per step (the profiler's count:
   deterministic where the times are not).
+- **sampled** (``--sampler``; a third run per row, in a child process): the same loop, the same
+  window, under a sampling profiler, py-spy, which reads the child's stacks from outside
+  (``py-spy record --nonblocking -r 1000 -f speedscope``, ``--sample-rate``) and adds nothing to
+  what the loop runs. The child (this script again, the row's parameters, a hidden child mode)
+  runs the loop ``--sample-runs`` times (default 12) as the plain run does and marks each window's
+  start and end with a ~15 ms busy spin in ``_sampled_window_begins`` / ``_sampled_window_ends``;
+  py-spy's samples are in order, so only the samples between a begin marker and the next end
+  marker count (the markers' own excluded; a window whose end marker no sample caught is
+  dropped). Each sample goes to the innermost frame of its stack whose file has an owner, by the
+  rule above (the bench itself is the stand-ins'; unowned frames - Paddle, numpy - go to the
+  nearest owned caller; plugin code the stand-ins call is theirs); a stack without an owned frame
+  is "other". py-spy leaves out samples of a thread that is not running (its default), as
+  ``--cpu-clock`` leaves out time off the CPU. Under each row: ``sampled: plugin N, fastdeploy N,
+  stand-ins N, other N samples | plugin/fastdeploy X% (95% interval A-B%)``; the interval is the
+  Wilson score interval of p = plugin / (plugin + fastdeploy) mapped to the ratio p / (1 - p): the
+  counting error of that many samples taken as independent, not the variation between runs;
+  with ``--top``, the plugin's largest frames by samples (each sample's innermost plugin frame:
+  a function with the Paddle calls it makes, not its plugin callees). Where py-spy is missing or
+  cannot read the child the line says ``sampled: - (why)`` and the bench goes on. Non-blocking,
+  py-spy reads a stack while it changes: about 1-2% of the samples are torn (cut short, empty, or
+  a frame of another moment); they count where their frames point, mostly as "other" (the few
+  plugin samples of an unpatched row are such).
+
+Why two instruments: cProfile's hook runs at every call and return, and its cost is charged to
+the function called. The plugin's work per step is many cheap Python calls (~300) and builtin
+calls; FastDeploy's, fewer calls into Paddle that each cost more. So the profiled times inflate the
+plugin's share far more than FastDeploy's: on FastDeploy 2.4 (B=128, default features, no
+logprobs, ``--steps 32 --cpu-clock``) the profiled ratio plugin / fastdeploy read 72% in two runs,
+the sampled one 22% and 32% (about a third). A sampler costs the sampled process nothing per call;
+its error is the count's (the interval; at ~1 ms per sample, a few hundred samples of the plugin
+and FastDeploy per row) and the sampling's period. The profiled rows keep what only a profiler
+gives: exact call counts, times per function.
+
+py-spy: ``pip install py-spy`` (or ``--py-spy PATH``; by default ``py-spy`` on PATH or beside this
+Python). It starts the child itself and reads its memory, which needs ptrace permission on it:
+as the same user, with ``/proc/sys/kernel/yama/ptrace_scope`` at most 1 (a child of py-spy's is
+allowed at 1); in a container, often ``--cap-add SYS_PTRACE`` too. ``--sample-out DIR`` keeps
+each row's speedscope file (https://www.speedscope.app shows it).
 
     python benchmarks/real_steps_host_time.py --fd-root /path/to/FastDeploy [--batches 8,128]
         [--steps 32] [--rounds 3] [--vocab 1024] [--top 6] [--json FILE]
+        [--sampler [--py-spy PATH] [--sample-runs 12] [--sample-rate 1000] [--sample-out DIR]]
     python benchmarks/real_steps_host_time.py --replica fd24     # the replica (CI smoke)
 
 The result is a measurement (RESULT: MEASURED), not a pass/fail check.
@@ -44,8 +83,12 @@ import gc
 import json
 import os
 import pstats
+import re
+import shutil
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -146,8 +189,9 @@ class StepWindow:
     """Starts at the driver's second ``census.begin_step()`` (the first step prefills) and ends when
     the run returns: the steady loop only, without building the runner or enabling the plugin."""
 
-    def __init__(self, profiler) -> None:
+    def __init__(self, profiler, marks: bool = False) -> None:
         self.profiler = profiler
+        self.marks = marks  # the sampled child: mark the window's ends for the sampler
         self.begins = 0
         self.started = None
 
@@ -160,6 +204,8 @@ class StepWindow:
         def begin_step(*args, **kwargs):
             self.begins += 1
             if self.begins == 2:
+                if self.marks:
+                    _sampled_window_begins()
                 self.started = time.perf_counter()
                 if self.profiler is not None:
                     self.profiler.enable()
@@ -174,6 +220,8 @@ class StepWindow:
             if self.profiler is not None:
                 self.profiler.disable()
             self.ended = time.perf_counter()
+            if self.marks and self.started is not None:
+                _sampled_window_ends()
             census.begin_step = original
             gc.enable()
 
@@ -186,14 +234,239 @@ class StepWindow:
         return (self.ended - self.started) if self.started is not None else 0.0
 
 
-def one_run(target, c, config, requests, profile: bool):
+# --- the sampler (``--sampler``): py-spy on a child that steps the same loop -------------------------
+
+#: how long each marker spins: ~15 samples at 1000 Hz
+MARK_SECONDS = 0.015
+BEGIN_MARK, END_MARK = "_sampled_window_begins", "_sampled_window_ends"
+
+
+def _spin(seconds: float) -> None:
+    until = time.perf_counter() + seconds
+    while time.perf_counter() < until:
+        pass
+
+
+def _sampled_window_begins(seconds: float = MARK_SECONDS) -> None:
+    """A marker the sampler sees: the step window starts when this returns."""
+    _spin(seconds)
+
+
+def _sampled_window_ends(seconds: float = MARK_SECONDS) -> None:
+    """A marker the sampler sees: the step window ended before this was called."""
+    _spin(seconds)
+
+
+class SampleOwners:
+    """``owner_of`` for the files py-spy names (as the code objects name them: absolute, or relative
+    to the child's working folder): the bench itself and ``fd_async_copy_plugin/testing/`` are the
+    stand-ins, the rest of ``fd_async_copy_plugin/`` the plugin, ``fd_dir`` FastDeploy (on the
+    replica ``testing/reference/<line>/``, checked first). Prefixes first, then path fragments
+    (a copy of the package elsewhere, a path through a link)."""
+
+    def __init__(self, fd_dir: str | None, plugin_dir: str, testing_dir: str, bench_file: str | None = None,
+                 cwd: str | None = None) -> None:
+        self.fd_dir, self.plugin_dir, self.testing_dir = fd_dir, plugin_dir, testing_dir
+        self.bench_file = os.path.abspath(bench_file) if bench_file else None
+        self.cwd = cwd or os.getcwd()
+        self.fd_fragment = None
+        if fd_dir:
+            parts = fd_dir.replace(os.sep, "/").rstrip("/").split("/")
+            if "fd_async_copy_plugin" in parts:  # the replica: fd_async_copy_plugin/testing/reference/<line>/
+                parts = parts[parts.index("fd_async_copy_plugin"):]
+            else:  # a tree: <tree>/fastdeploy/
+                parts = parts[-2:]
+            self.fd_fragment = "/" + "/".join(parts) + "/"
+        self.memo: dict = {}
+
+    def __call__(self, filename: str) -> str | None:
+        if filename not in self.memo:
+            self.memo[filename] = self._owner(filename)
+        return self.memo[filename]
+
+    def _owner(self, filename: str) -> str | None:
+        if not filename or filename.startswith("<"):  # <frozen ...>, <string>
+            return None
+        path = os.path.normpath(filename if os.path.isabs(filename) else os.path.join(self.cwd, filename))
+        slashed = "/" + path.replace(os.sep, "/").lstrip("/")
+        if self.bench_file and (path == self.bench_file or slashed.endswith(
+                "/benchmarks/" + os.path.basename(self.bench_file))):
+            return "stand-ins"
+        if self.fd_dir and (path.startswith(self.fd_dir) or self.fd_fragment in slashed):
+            return "fastdeploy"
+        if path.startswith(self.testing_dir) or "/fd_async_copy_plugin/testing/" in slashed:
+            return "stand-ins"
+        if path.startswith(self.plugin_dir) or "/fd_async_copy_plugin/" in slashed:
+            return "plugin"
+        return None
+
+
+def sample_owner(stack: list, owner) -> tuple[str, int | None]:
+    """Who a sample (``stack``: frames outermost first, each ``(file, name)``) is charged to, and the
+    index of the frame charged: the innermost owned frame; a plugin frame the stand-ins called (with
+    only plugin or unowned frames between) is the stand-ins', as in the profiled attribution (the
+    replica's op ports, FD 2.5's pinned copies, the census go through the plugin's modules). No owned
+    frame: ``("other", None)``."""
+    for i in range(len(stack) - 1, -1, -1):
+        who = owner(stack[i][0])
+        if who is None:
+            continue
+        if who == "plugin":
+            for j in range(i - 1, -1, -1):
+                outer = owner(stack[j][0])
+                if outer in ("fastdeploy", "stand-ins"):
+                    return ("stand-ins" if outer == "stand-ins" else "plugin"), i
+        return who, i
+    return "other", None
+
+
+def windowed_samples(speedscope: dict) -> tuple[list[list], int]:
+    """The samples between a begin marker and the next end marker (the markers' own excluded), each
+    a stack of ``(file, name)`` outermost first, from py-spy's speedscope file (its samples are in
+    order, one profile per thread: the thread with the markers counts); and the number of windows.
+    A window without its end (the sampler missed it) is dropped, not run on into the next run's setup."""
+    frames = [(f.get("file") or "", f.get("name") or "") for f in speedscope["shared"]["frames"]]
+    out: list = []
+    windows = 0
+    for profile in speedscope.get("profiles", []):
+        pending = None  # samples of an open window
+        for sample in profile.get("samples", []):
+            names = {frames[i][1] for i in sample}
+            if BEGIN_MARK in names:
+                pending = []
+            elif END_MARK in names:
+                if pending is not None:
+                    out.extend(pending)
+                    windows += 1
+                pending = None
+            elif pending is not None:
+                pending.append([frames[i] for i in sample])
+    return out, windows
+
+
+def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """Wilson score interval of a proportion ``k`` of ``n`` (95% at z 1.96)."""
+    if n <= 0:
+        return 0.0, 1.0
+    p = k / n
+    denominator = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denominator
+    half = z / denominator * (p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def _odds(p: float) -> float:
+    return p / (1 - p) if p < 1 else float("inf")
+
+
+def sampled_figures(speedscope: dict, owner, top: int = 0, shown=None) -> dict:
+    """Samples per owner in the step windows, the ratio plugin / fastdeploy and its 95% interval (the
+    Wilson interval of p = plugin / (plugin + fastdeploy), mapped to p / (1 - p)); with ``top``, the
+    plugin's largest innermost frames (``shown``: a file's display name)."""
+    samples, windows = windowed_samples(speedscope)
+    counts = {"plugin": 0, "fastdeploy": 0, "stand-ins": 0, "other": 0}
+    frames: dict = {}
+    for stack in samples:
+        who, at = sample_owner(stack, owner)
+        counts[who] += 1
+        if who == "plugin":
+            frames[stack[at]] = frames.get(stack[at], 0) + 1
+    out: dict = dict(counts, windows=windows)
+    pair = counts["plugin"] + counts["fastdeploy"]
+    if counts["fastdeploy"]:
+        low, high = wilson(counts["plugin"], pair)
+        out["plugin_over_fastdeploy"] = counts["plugin"] / counts["fastdeploy"]
+        out["interval95"] = [_odds(low), _odds(high)]
+    else:
+        out["plugin_over_fastdeploy"] = out["interval95"] = None
+    if top:
+        out["plugin_top"] = [f"{n:6d} samples  {(shown or (lambda f: f))(f)} {name}"
+                             for (f, name), n in sorted(frames.items(), key=lambda kv: -kv[1])[:top]]
+    return out
+
+
+def sampled_line(figures: dict) -> str:
+    if "error" in figures:
+        return f"sampled: - ({figures['error']})"
+    ratio, interval = figures["plugin_over_fastdeploy"], figures["interval95"]
+    if ratio is None:
+        shown = "-"
+    else:
+        high = "inf" if interval[1] == float("inf") else f"{100 * interval[1]:.1f}"
+        shown = f"{100 * ratio:.1f}% (95% interval {100 * interval[0]:.1f}-{high}%)"
+    return (f"sampled: plugin {figures['plugin']}, fastdeploy {figures['fastdeploy']}, stand-ins "
+            f"{figures['stand-ins']}, other {figures['other']} samples | plugin/fastdeploy {shown}")
+
+
+def find_py_spy(given: str | None) -> str | None:
+    """``--py-spy`` as given (a path, or a name on PATH); else ``py-spy`` on PATH or beside this Python."""
+    if given:
+        return shutil.which(given) or (given if os.path.isfile(given) and os.access(given, os.X_OK) else None)
+    beside = os.path.join(os.path.dirname(sys.executable), "py-spy")
+    return shutil.which("py-spy") or (beside if os.access(beside, os.X_OK) else None)
+
+
+def sample_row(args, py_spy: str | None, batch: int, logprobs: bool, configuration: str, owner,
+               shown=None) -> dict:
+    """Runs the row's steady loop ``--sample-runs`` times in a child of this script under ``py-spy
+    record``; the figures, or ``{"error": why}`` (never raises for the sampler's sake)."""
+    if py_spy is None:
+        return {"error": "py-spy not found: pip install py-spy, or --py-spy PATH"}
+    where = ["--fd-root", args.fd_root] if args.fd_root else ["--replica", args.replica]
+    child = [sys.executable, os.path.abspath(__file__), *where, "--batches", str(batch), "--steps", str(args.steps),
+             "--vocab", str(args.vocab), "--overlap-count", args.overlap_count, "--sample-runs", str(args.sample_runs),
+             "--sampled-child", f"{int(logprobs)}/{configuration}"]
+    with tempfile.TemporaryDirectory(prefix="real-steps-sampled-") as folder:
+        out = os.path.join(folder, "profile.json")
+        command = [py_spy, "record", "--nonblocking", "-r", str(args.sample_rate), "-f", "speedscope", "-o", out,
+                   "--", *child]
+        try:
+            done = subprocess.run(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  text=True, timeout=args.sample_timeout)
+        except subprocess.TimeoutExpired:
+            return {"error": f"py-spy timed out after {args.sample_timeout} s"}
+        except OSError as e:
+            return {"error": f"py-spy did not start: {e}"}
+        if done.returncode != 0 or not os.path.exists(out):
+            lines = [line.strip() for line in (done.stdout or "").splitlines() if line.strip()]
+            errors = [line for line in lines if "rror" in line or "ermission" in line] or lines[-1:]
+            why = errors[-1] if errors else ""
+            return {"error": f"py-spy exited {done.returncode}{': ' + why[:200] if why else ''}"}
+        if getattr(args, "sample_out", None):
+            os.makedirs(args.sample_out, exist_ok=True)
+            name = re.sub(r"[^A-Za-z0-9]+", "-", f"B{batch}-{'logprobs' if logprobs else 'no-logprobs'}-{configuration}")
+            shutil.copyfile(out, os.path.join(args.sample_out, name + ".speedscope.json"))
+        try:
+            with open(out) as f:
+                speedscope = json.load(f)
+            figures = sampled_figures(speedscope, owner, args.top, shown)
+        except (OSError, ValueError, KeyError, TypeError, IndexError) as e:
+            return {"error": f"unreadable speedscope file: {e!r}"}
+    if not figures["windows"]:
+        return {"error": f"no step window in the samples (of {args.sample_runs} runs)"}
+    figures.update(runs=args.sample_runs, rate_hz=args.sample_rate)
+    return figures
+
+
+def sampled_child(args, target) -> int:
+    """The child the sampler watches: the row's steady loop ``--sample-runs`` times, each window marked."""
+    logprobs, name = args.sampled_child.split("/", 1)
+    config, requests = workload(int(args.batches), args.steps, args.vocab, logprobs == "1")
+    (c,) = [c for c in configurations(target.line, args.overlap_count) if c.name == name]
+    for _ in range(args.sample_runs):
+        one_run(target, c, config, requests, profile=False, marks=True)
+    return 0
+
+
+def one_run(target, c, config, requests, profile: bool, marks: bool = False):
     """One run as a server runs: the plugin enabled (or not) on the ``host`` backend, no sync census
-    collecting and no device tracking (``harness.run_variant`` collects a census: test cost)."""
+    collecting and no device tracking (``harness.run_variant`` collects a census: test cost).
+    ``marks``: the window's ends are marked for the sampler (the sampled child)."""
     from fd_async_copy_plugin.testing.harness import device_for, plugin_state
     from fd_async_copy_plugin.testing.real_steps.check import _variant
     from fd_async_copy_plugin.testing.reference.driver import run_decode
 
-    window = StepWindow((cProfile.Profile(*PROFILE_TIMER)) if profile else None)
+    window = StepWindow((cProfile.Profile(*PROFILE_TIMER)) if profile else None, marks=marks)
     variant = _variant(c, target.root)
     with contextlib.redirect_stdout(sys.stderr), device_for("host"), plugin_state(variant, "host"), window.installed():
         result = run_decode(variant.root, config, requests, max_steps=4 * len(requests) + 200, modules=target.modules())
@@ -222,6 +495,16 @@ def main(argv=None) -> int:
     parser.add_argument("--cpu-clock", action="store_true",
                         help="profile on the thread's CPU clock: on a shared machine, time the process spent "
                              "descheduled is not charged to the function it was in (the profile costs more)")
+    parser.add_argument("--sampler", action="store_true",
+                        help="also sample each row's loop with py-spy in a child process (a second instrument, "
+                             "without the profiler's per-call cost)")
+    parser.add_argument("--py-spy", metavar="PATH", help="the py-spy to run (default: py-spy on PATH or beside "
+                                                          "this Python)")
+    parser.add_argument("--sample-runs", type=int, default=12, help="runs of the loop per sampled row (default 12)")
+    parser.add_argument("--sample-rate", type=int, default=1000, help="samples per second (default 1000)")
+    parser.add_argument("--sample-out", metavar="DIR", help="keep each sampled row's speedscope file in DIR")
+    parser.add_argument("--sample-timeout", type=int, default=900, help=argparse.SUPPRESS)
+    parser.add_argument("--sampled-child", metavar="LOGPROBS/CONFIGURATION", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     PROFILE_TIMER = (time.thread_time,) if args.cpu_clock else ()
 
@@ -255,6 +538,15 @@ def main(argv=None) -> int:
             return "plugin" if filename.startswith(plugin_dir) else None
 
         globals()["owner_of"] = owner
+    if args.sampled_child:
+        return sampled_child(args, target)
+    sample_owners = SampleOwners(fd_dir, plugin_dir, testing_dir, os.path.abspath(__file__))
+    py_spy = find_py_spy(args.py_spy) if args.sampler else None
+
+    def shown(filename):
+        return os.path.relpath(filename, os.path.dirname(plugin_dir.rstrip(os.sep))) if sample_owners(
+            filename) == "plugin" and filename.startswith(plugin_dir) else filename
+
     results = []
     print(f"real-steps host time: {'FastDeploy ' + target.line + ' at ' + fd_dir if args.fd_root else 'replica ' + target.line}; "
           f"backend host, {args.steps} tokens per request, vocab {args.vocab}, logprobs k=5 where on")
@@ -293,6 +585,13 @@ def main(argv=None) -> int:
                     row["plugin_top"] = top_plugin_functions(where, plugin_dir, steps, args.top)
                     for line in row["plugin_top"]:
                         print(f"      {line}")
+                if args.sampler:
+                    sampled = sample_row(args, py_spy, batch, logprobs, c.name, sample_owners, shown)
+                    row["sampled"] = {k: v for k, v in sampled.items() if k != "plugin_top" or c.plugin}
+                    print(f"    {sampled_line(sampled)}")
+                    if c.plugin and args.top:
+                        for line in sampled.get("plugin_top", []):
+                            print(f"      {line}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)
