@@ -104,8 +104,8 @@ class Shadow:
         self.backend, self.glue = backend, backend.glue
         self.modules = modules  # FastDeploy's runner and post-process modules
         self.block_size, self.share_inputs, self.tensors = int(block_size), runner.share_inputs, tensors
-        self.snap = {name: backend.new_pinned(self.glue.shape(t), self.glue.dtype(t), f"step_syncs.{name}")
-                     for name, t in tensors.items()}
+        self.snap = {name: backend.new_pinned(self.glue.shape(t), self.glue.dtype(t), f"step_syncs.{name}", True)
+                     for name, t in tensors.items()}  # (private: FastDeploy gets host arrays of them)
         self.arrays: dict[str, np.ndarray] = {}
         self._known: dict[str, bool] = dict.fromkeys(tensors, False)
         self.served, self.fallbacks = served, fallbacks

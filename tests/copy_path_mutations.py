@@ -37,7 +37,8 @@ def reuse_referenced_slot(monkeypatch) -> None:
 
 def read_before_wait(monkeypatch) -> None:
     """The consumer reads the pinned buffer without waiting on its copy set's event."""
-    monkeypatch.setattr(CopyBackend, "_host_array", lambda self, t, reader, start, end: self.read(t, reader, start, end))
+    monkeypatch.setattr(CopyBackend, "_host_array", lambda self, t, reader, start, end, facts=None: self.read(
+        t, reader, start, end))
 
 
 def free_with_copy_in_flight(monkeypatch) -> None:

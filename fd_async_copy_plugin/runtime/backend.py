@@ -152,13 +152,14 @@ class _Pinned:
     only while the tensor has it). And the buffer's copies: ``set``, the copy set that last wrote it
     (``CopySetState``: readers wait on its event), ``index`` its place there, ``h2d_event`` and
     ``h2d_stream``, the last H2D copy reading it (the host waits on it before writing the buffer),
-    and ``copyset``, the copy set it comes first in, described once."""
+    and ``copyset``, the copy set it comes first in, described once. ``private``: no framework op gets
+    the tensor (only the backend moves or reshapes it): copies and reads do not ask for its address."""
 
     __slots__ = ("buf", "memory", "ptr", "dtype", "flat", "shape", "nbytes", "view", "set", "index", "h2d_event",
-                 "h2d_stream", "copyset")
+                 "h2d_stream", "copyset", "private")
 
-    def __init__(self, buf, memory, ptr: int, dtype: str, flat: np.ndarray, shape: tuple) -> None:
-        self.buf, self.memory, self.ptr, self.dtype, self.flat = buf, memory, ptr, dtype, flat
+    def __init__(self, buf, memory, ptr: int, dtype: str, flat: np.ndarray, shape: tuple, private: bool) -> None:
+        self.buf, self.memory, self.ptr, self.dtype, self.flat, self.private = buf, memory, ptr, dtype, flat, private
         self.set = self.index = self.h2d_event = self.h2d_stream = self.copyset = None
         self.reshape(shape)
 
@@ -256,12 +257,12 @@ class CopyBackend:
         self._reshapes = 0  # a count of ``_fit``'s reshapes: a copy set rewrites its sizes when it moved
 
     # -- allocation ---------------------------------------------------------------------------
-    def new_pinned(self, shape: Iterable[int], dtype: str, label: str):
+    def new_pinned(self, shape: Iterable[int], dtype: str, label: str, private: bool = False):
         """A host buffer of ``shape``, allocated once through the runtime (``cudaHostAlloc`` on
-        ``cuda``) and wrapped zero-copy as a host tensor of the glue's framework."""
+        ``cuda``) and wrapped zero-copy as a host tensor of the glue's framework (``private``: ``_Pinned``)."""
         census.record("pinned_alloc", label)
         release_freed()
-        return self._alloc([int(s) for s in shape], dtype)
+        return self._alloc([int(s) for s in shape], dtype, private)
 
     def free_pinned(self, t, label: str) -> None:
         """Forget ``t``. Its memory is released when the last reference to the tensor goes, after
@@ -275,7 +276,7 @@ class CopyBackend:
         backend stays usable. Returns how many allocations were released."""
         return release_freed()
 
-    def _alloc(self, shape: list[int], dtype: str):
+    def _alloc(self, shape: list[int], dtype: str, private: bool = False):
         np_dtype, count = np_dtype_of(dtype), prod(shape)
         nbytes = count * np_dtype.itemsize
         memory = PinnedMemory(self.rt, self.rt.host_alloc(nbytes), nbytes)
@@ -291,7 +292,7 @@ class CopyBackend:
                                  f"{self.glue.address(t):#x}: the host wrap is not zero-copy")
         flat = np.frombuffer((ctypes.c_byte * max(1, nbytes)).from_address(memory.ptr), dtype=np_dtype, count=count)
         facts = memory.facts = _Pinned(weakref.ref(t), weakref.ref(memory), memory.ptr, self.glue.dtype(t), flat,
-                                       tuple(shape))
+                                       tuple(shape), private)
         self._pinned[id(t)] = facts
         return t
 
@@ -315,7 +316,7 @@ class CopyBackend:
                 return None
             raise ValueError("copy_d2h: the destination is not a pinned buffer of this backend (new_pinned)")
         glue = self.glue
-        if facts.memory() is None or glue.address(dst) != facts.ptr:
+        if facts.memory() is None or not facts.private and glue.address(dst) != facts.ptr:
             raise AsyncCopyError("copy_d2h: the pinned buffer no longer points at its memory (a framework op "
                                  "such as a copy_ of a larger tensor reallocated it); write pinned buffers only "
                                  "through the backend")
@@ -464,8 +465,8 @@ class CopyBackend:
         if census._ACTIVE is not None:
             census.record("host_read", reader)
         facts, glue = self._pinned.get(id(buf)), self.glue  # (``_facts``, inline)
-        if (facts is not None and facts.buf() is buf and glue.address(buf) == facts.ptr
-                and glue.shape(buf) == facts.shape):
+        if facts is not None and facts.buf() is buf and (facts.private or glue.address(buf) == facts.ptr
+                                                         and glue.shape(buf) == facts.shape):
             view = facts.view if facts.view is not None else facts.shaped()  # the allocation's, in its shape
         else:
             view = host_view(buf, glue)
@@ -493,12 +494,12 @@ class CopyBackend:
         Waits for the event of the copy set that last wrote ``t``, then ``read``s. For a consumer that
         wants numbers rather than a tensor (a flag, a shadow's arrays): no framework tensor is made
         (on Paddle that costs more than the read itself, and ``.numpy()`` of it copies again)."""
-        if not self.is_pinned(t):
+        if (facts := self._facts(t)) is None:
             raise ValueError(f"host_array({reader}): not a pinned buffer of this backend (new_pinned)")
-        return self._host_array(t, reader, start, end)
+        return self._host_array(t, reader, start, end, facts)
 
-    def _host_array(self, t, reader: str, start: int | None, end: int | None) -> np.ndarray:
-        written = self._pinned[id(t)].set
+    def _host_array(self, t, reader: str, start: int | None, end: int | None, facts=None) -> np.ndarray:
+        written = (facts or self._pinned[id(t)]).set
         if (event := None if written is None else written.event) is not None and not event.done:
             self.wait(event, reader)
         return self.read(t, reader, start, end)

@@ -176,7 +176,7 @@ class RuntimeBackend(CopyBackend):
         for dst, source in zip(dsts, sources):  # every destination checked before anything is issued
             facts, shape = pinned.get(id(dst)), source[2]
             if (facts is None or facts.buf() is not dst or shape != facts.shape or source[3] != facts.dtype
-                    or address(dst) != facts.ptr or shape_of(dst) != shape):
+                    or not facts.private and (address(dst) != facts.ptr or shape_of(dst) != shape)):
                 facts = self._fit(dst, shape, source[3], grow)  # (as the backend left it: nothing to fit)
                 if facts is None:
                     return None

@@ -182,8 +182,8 @@ class SimulatedBackend(HostBackend):
         #: copy's label) and the copy ordered after the other (a host wait), so the run goes on
         self.framework_races: list | None = None
 
-    def new_pinned(self, shape, dtype, label):
-        t = super().new_pinned(shape, dtype, label)
+    def new_pinned(self, shape, dtype, label, private=False):
+        t = super().new_pinned(shape, dtype, label, private)
         self._labels[id(t)] = label
         return t
 

@@ -127,7 +127,7 @@ class StepShadow(Shadow):
         if self.count_src is not None and self.count_used is not None:
             if self.snap_count is None:
                 self.snap_count = self.backend.new_pinned(
-                    self.glue.shape(self.count_src), self.glue.dtype(self.count_src), "step_syncs.token_num")
+                    self.glue.shape(self.count_src), self.glue.dtype(self.count_src), "step_syncs.token_num", True)
             copies.append((self.snap_count, self.count_src, "step_syncs.token_num"))
             self.snap_expect = (self.count_used, self.count_is_bound)
         self.count_src, self.count_used, self.count_is_bound = None, None, False

@@ -193,6 +193,33 @@ def test_a_read_of_a_reallocated_buffer_goes_through_its_own_pointer_not_the_cac
 
 
 @BACKENDS
+def test_a_private_buffer_is_copied_and_read_without_asking_the_framework_its_address_or_shape(make):
+    """``new_pinned(..., private=True)`` (a buffer never handed to FastDeploy: the shadow's
+    snapshot): its copies and reads skip the two accessor calls a shared buffer costs, and still
+    follow the source's shape; a shared buffer keeps asking (a framework op may have moved it)."""
+    backend = make()
+    private, shared = backend.new_pinned([6], "int64", "p", True), backend.new_pinned([6], "int64", "s")
+    asked = []
+    glue = backend.glue
+    for name in ("address", "shape"):
+        real = getattr(glue, name)
+        setattr(glue, name, lambda t, real=real, name=name: (asked.append((name, id(t))), real(t))[1])
+    try:
+        for step, shape in enumerate(([6], [6], [2, 3], [2, 3])):
+            src = (paddle.arange(6, dtype="int64") * (step + 1)).reshape(shape)
+            for buf in (private, shared):
+                asked.clear()
+                backend.wait(backend.copy_d2h_many([(buf, src, "w")], "s"), "r")
+                assert backend.read(buf, "r").tolist() == src.numpy().tolist() and list(buf.shape) == shape
+                assert backend.host_array(buf, "r").tolist() == src.numpy().tolist()
+                mine = [n for n, i in asked if i == id(buf)]
+                assert (mine == []) if buf is private else (mine.count("address") >= 3 and "shape" in mine), mine
+    finally:
+        for name in ("address", "shape"):
+            vars(glue).pop(name, None)
+
+
+@BACKENDS
 def test_every_copy_gives_the_buffer_its_shape_and_a_read_follows_the_tensors_shape(make):
     """A changed shape is applied; a shape someone else gave the tensor in place (no copy) is not
     trusted away: the next copy sets the source's again, and a read reads the tensor's shape."""
