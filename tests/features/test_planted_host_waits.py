@@ -113,8 +113,8 @@ def test_planted_int_numel_on_a_device_tensor_in_the_update_path_is_caught(monke
 def test_planted_ring_growth_through_cpu_is_caught(monkeypatch):
     original = HostBackend._alloc
 
-    def alloc_through_the_device(self, shape, dtype):
-        t = original(self, shape, dtype)  # the layer's host allocation, then initialised from ...
+    def alloc_through_the_device(self, shape, dtype, private=False):
+        t = original(self, shape, dtype, private)  # the layer's host allocation, then initialised from ...
         host_view(t, self.glue)[...] = paddle.zeros(shape, dtype=dtype).cpu().numpy()  # ... a GPU one: a blocking D2H
         return t
 
