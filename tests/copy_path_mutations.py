@@ -37,7 +37,7 @@ def reuse_referenced_slot(monkeypatch) -> None:
 
 def read_before_wait(monkeypatch) -> None:
     """The consumer reads the pinned buffer without waiting on its copy set's event."""
-    monkeypatch.setattr(CopyBackend, "_host_array", lambda self, t, reader, start, end, facts=None: self.read(
+    monkeypatch.setattr(CopyBackend, "_host_array", lambda self, t, reader, start, end, facts: self.read(
         t, reader, start, end))
 
 

@@ -484,9 +484,9 @@ class CopyBackend:
         For a pinned buffer of this backend: ``host_array``'s rows as an owned pageable CPU tensor.
         Anything else is returned unchanged (sliced if rows are asked for).
         """
-        if not self.is_pinned(t):
+        if (facts := self._facts(t)) is None:
             return t if start is None and end is None else t[start:end]
-        return self.glue.from_numpy(self._host_array(t, reader, start, end))
+        return self.glue.from_numpy(self._host_array(t, reader, start, end, facts))
 
     def host_array(self, t, reader: str, start: int | None = None, end: int | None = None) -> np.ndarray:
         """Rows ``[start:end]`` of the pinned buffer ``t`` as an owned numpy array, after its copy.
@@ -498,8 +498,8 @@ class CopyBackend:
             raise ValueError(f"host_array({reader}): not a pinned buffer of this backend (new_pinned)")
         return self._host_array(t, reader, start, end, facts)
 
-    def _host_array(self, t, reader: str, start: int | None, end: int | None, facts=None) -> np.ndarray:
-        written = (facts or self._pinned[id(t)]).set
+    def _host_array(self, t, reader: str, start: int | None, end: int | None, facts: _Pinned) -> np.ndarray:
+        written = facts.set
         if (event := None if written is None else written.event) is not None and not event.done:
             self.wait(event, reader)
         return self.read(t, reader, start, end)
