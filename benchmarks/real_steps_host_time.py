@@ -94,20 +94,11 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def owner_of(filename: str, fd_dir: str | None, plugin_dir: str, testing_dir: str) -> str | None:
-    if filename.startswith(testing_dir):
-        return "stand-ins"
-    if filename.startswith(plugin_dir):
-        return "plugin"
-    if fd_dir and filename.startswith(fd_dir):
-        return "fastdeploy"
-    return None
-
-
 def attribute(stats: pstats.Stats, fd_dir, plugin_dir, testing_dir) -> dict:
     """Own time per owner; unowned functions' own time charged to callers by their time in it."""
     raw = stats.stats  # func -> (cc, nc, tt, ct, callers{func: (cc, nc, tt, ct)})
-    owners = {f: owner_of(os.path.abspath(f[0]), fd_dir, plugin_dir, testing_dir) if f[0] != "~" else None for f in raw}
+    owner = Owners(fd_dir, plugin_dir, testing_dir)  # (the bench's own frames: nobody's, charged to callers)
+    owners = {f: owner(f[0]) if f[0] != "~" else None for f in raw}
     memo: dict = {}
 
     def shares(f, seen=()):
@@ -159,10 +150,15 @@ def top_plugin_functions(where: dict, plugin_dir: str, steps: int, n: int) -> li
     rows = sorted(where.items(), key=lambda kv: -kv[1])[:n]
     out = []
     for (filename, line, name), seconds in rows:
-        shown = os.path.relpath(filename, os.path.dirname(plugin_dir.rstrip(os.sep))) if filename.startswith(
-            plugin_dir) else (os.path.basename(filename) if filename != "~" else "")
-        out.append(f"{seconds / steps * 1e6:8.1f} us  {shown}:{line} {name}")
+        out.append(f"{seconds / steps * 1e6:8.1f} us  {display_name(filename, plugin_dir)}:{line} {name}")
     return out
+
+
+def display_name(filename: str, plugin_dir: str) -> str:
+    """A frame's file as the rows show it: the plugin's relative to the package's folder, others' base name."""
+    if filename.startswith(plugin_dir):
+        return os.path.relpath(filename, os.path.dirname(plugin_dir.rstrip(os.sep)))
+    return os.path.basename(filename) if filename != "~" else ""
 
 
 def workload(batch: int, steps: int, vocab: int, logprobs: bool):
@@ -257,12 +253,13 @@ def _sampled_window_ends(seconds: float = MARK_SECONDS) -> None:
     _spin(seconds)
 
 
-class SampleOwners:
-    """``owner_of`` for the files py-spy names (as the code objects name them: absolute, or relative
-    to the child's working folder): the bench itself and ``fd_async_copy_plugin/testing/`` are the
-    stand-ins, the rest of ``fd_async_copy_plugin/`` the plugin, ``fd_dir`` FastDeploy (on the
-    replica ``testing/reference/<line>/``, checked first). Prefixes first, then path fragments
-    (a copy of the package elsewhere, a path through a link)."""
+class Owners:
+    """Who owns a file, for both instruments (the profile's and py-spy's file names, as the code
+    objects name them: absolute, or relative to the working folder): ``fd_dir`` FastDeploy (on the
+    replica ``testing/reference/<line>/``, checked first), ``fd_async_copy_plugin/testing/`` the
+    stand-ins, the rest of ``fd_async_copy_plugin/`` the plugin; ``bench_file`` (the sampler's: the
+    child's loop runs in it) the stand-ins too. Prefixes first, then path fragments (a copy of the
+    package elsewhere, a path through a link)."""
 
     def __init__(self, fd_dir: str | None, plugin_dir: str, testing_dir: str, bench_file: str | None = None,
                  cwd: str | None = None) -> None:
@@ -528,24 +525,13 @@ def main(argv=None) -> int:
     testing_dir = os.path.join(plugin_dir, "testing") + os.sep
     if fd_dir is None:  # the replica stands for FastDeploy: its files are "fastdeploy", not stand-ins
         fd_dir = os.path.join(testing_dir, "reference", target.line) + os.sep
-        testing_dir_for = testing_dir
-
-        def owner(filename, *_):
-            if filename.startswith(fd_dir):
-                return "fastdeploy"
-            if filename.startswith(testing_dir_for):
-                return "stand-ins"
-            return "plugin" if filename.startswith(plugin_dir) else None
-
-        globals()["owner_of"] = owner
     if args.sampled_child:
         return sampled_child(args, target)
-    sample_owners = SampleOwners(fd_dir, plugin_dir, testing_dir, os.path.abspath(__file__))
+    sample_owners = Owners(fd_dir, plugin_dir, testing_dir, os.path.abspath(__file__))
     py_spy = find_py_spy(args.py_spy) if args.sampler else None
 
-    def shown(filename):
-        return os.path.relpath(filename, os.path.dirname(plugin_dir.rstrip(os.sep))) if sample_owners(
-            filename) == "plugin" and filename.startswith(plugin_dir) else filename
+    def shown(filename):  # (a plugin frame found by a path fragment only: its whole name)
+        return display_name(filename, plugin_dir) if filename.startswith(plugin_dir) else filename
 
     results = []
     print(f"real-steps host time: {'FastDeploy ' + target.line + ' at ' + fd_dir if args.fd_root else 'replica ' + target.line}; "

@@ -102,7 +102,7 @@ END = [BENCH, ("/r/benchmarks/real_steps_host_time.py", "_sampled_window_ends")]
 
 
 def owners(bench, fd_dir="/fd/fastdeploy/", cwd="/r"):
-    return bench.SampleOwners(fd_dir, "/p/fd_async_copy_plugin/", "/p/fd_async_copy_plugin/testing/",
+    return bench.Owners(fd_dir, "/p/fd_async_copy_plugin/", "/p/fd_async_copy_plugin/testing/",
                               "/r/benchmarks/real_steps_host_time.py", cwd=cwd)
 
 
@@ -225,7 +225,7 @@ sys.exit(code)""")
     args = bench.argparse.Namespace(fd_root=None, replica="fd24", steps=3, vocab=64, overlap_count="prepare",
                                     sample_runs=5, sample_rate=250, sample_timeout=300, top=2,
                                     sample_out=str(tmp_path / "kept"))
-    owner = bench.SampleOwners(None, "/nowhere/fd_async_copy_plugin/", "/nowhere/fd_async_copy_plugin/testing/")
+    owner = bench.Owners(None, "/nowhere/fd_async_copy_plugin/", "/nowhere/fd_async_copy_plugin/testing/")
     figures = bench.sample_row(args, spy, 2, True, "all,overlap", owner)
     assert figures["plugin"] == 2 and figures["windows"] == 1 and figures["runs"] == 5 and figures["rate_hz"] == 250
     assert json.loads((tmp_path / "kept" / "B2-logprobs-all-overlap.speedscope.json").read_text()) == recorded
