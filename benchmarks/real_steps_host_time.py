@@ -49,6 +49,14 @@ our ports of its compiled ops, the tiny model). Per configuration (unpatched, de
   py-spy reads a stack while it changes: about 1-2% of the samples are torn (cut short, empty, or
   a frame of another moment); they count where their frames point, mostly as "other" (the few
   plugin samples of an unpatched row are such).
+- **beside unpatched**: under each plugin row, its host Python - plugin and FastDeploy together -
+  over the unpatched row's for the same work (same batch and logprobs: the same requests and
+  tokens; per run, as overlap's run has one step more), per instrument: ``host Python for the
+  same work (plugin + fastdeploy) over unpatched: profiled X, sampled Y (95% interval A-B)``. The
+  plugin moves work between owners: a watched write of FastDeploy's (``share_inputs[k][i] = v``)
+  runs in the plugin's frame, a host read it answers from its shadow leaves FastDeploy's. This
+  figure is what the host's step gains or loses, wherever the time lands; it does not replace the
+  plugin / fastdeploy ratio.
 
 Why two instruments: cProfile's hook runs at every call and return, and its cost is charged to
 the function called. The plugin's work per step is many cheap Python calls (~300) and builtin
@@ -81,6 +89,7 @@ import contextlib
 import cProfile
 import gc
 import json
+import math
 import os
 import pstats
 import re
@@ -382,6 +391,34 @@ def sampled_figures(speedscope: dict, owner, top: int = 0, shown=None) -> dict:
     return out
 
 
+def beside_unpatched(row: dict, unpatched: dict, z: float = 1.96) -> dict:
+    """A plugin row's host Python - its plugin and FastDeploy time together - over the unpatched
+    row's for the same work (same batch and logprobs setting: the same requests and tokens; per run,
+    not per step: overlap's run has one step more, its last save), per instrument: what the plugin
+    changes in the host's work, whichever owner the time lands in. Sampled: samples per window, with
+    a 95% interval taking both counts as Poisson (on the log of the ratio)."""
+    mine, base = row["profiled_us_per_step"], unpatched["profiled_us_per_step"]
+    below = (base["plugin"] + base["fastdeploy"]) * unpatched["steps"]
+    out: dict = {"profiled": (mine["plugin"] + mine["fastdeploy"]) * row["steps"] / below if below else None,
+                 "sampled": None, "interval95": None}
+    s, u = row.get("sampled") or {}, unpatched.get("sampled") or {}
+    if "plugin" in s and "plugin" in u:
+        a, b = s["plugin"] + s["fastdeploy"], u["plugin"] + u["fastdeploy"]
+        if a and b:
+            ratio = (a / s["windows"]) / (b / u["windows"])
+            spread = math.exp(z * (1 / a + 1 / b) ** 0.5)
+            out.update(sampled=ratio, interval95=[ratio / spread, ratio * spread])
+    return out
+
+
+def beside_line(figures: dict) -> str:
+    profiled = "-" if figures["profiled"] is None else f"{figures['profiled']:.2f}x"
+    sampled = "-" if figures["sampled"] is None else (
+        f"{figures['sampled']:.2f}x (95% interval {figures['interval95'][0]:.2f}-{figures['interval95'][1]:.2f}x)")
+    return (f"host Python for the same work (plugin + fastdeploy) over unpatched: profiled {profiled}, "
+            f"sampled {sampled}")
+
+
 def sampled_line(figures: dict) -> str:
     if "error" in figures:
         return f"sampled: - ({figures['error']})"
@@ -541,6 +578,7 @@ def main(argv=None) -> int:
             config, requests = workload(batch, args.steps, args.vocab, logprobs)
             configs = configurations(target.line, args.overlap_count)
             plain: dict = {c.name: [] for c in configs}
+            unpatched = None  # the row the plugin rows are set beside (configurations() lists it first)
             for _ in range(args.rounds):
                 for c in configs:
                     run, window = one_run(target, c, config, requests, profile=False)
@@ -578,6 +616,11 @@ def main(argv=None) -> int:
                     if c.plugin and args.top:
                         for line in sampled.get("plugin_top", []):
                             print(f"      {line}")
+                if not c.plugin:
+                    unpatched = row
+                elif unpatched is not None:
+                    row["beside_unpatched"] = beside_unpatched(row, unpatched)
+                    print(f"    {beside_line(row['beside_unpatched'])}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)

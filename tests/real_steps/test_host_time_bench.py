@@ -4,6 +4,7 @@ one row per batch, logprobs setting and configuration, and attributes the plugin
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -297,8 +298,12 @@ def test_each_row_prints_its_sampled_line(capsys, benchmark_script, tmp_path):
         assert out[i + 1] == line if " unpatched " in out[i] else out[i + 2] == line
         if " unpatched " not in out[i]:  # the profiled top (one line), the sampled line, the sampled top
             assert out[i + 3] == "           1 samples  /x/fd_async_copy_plugin/patches/step.py f"
+        if " unpatched " not in out[i]:  # then the row beside the unpatched one (both: 3 samples per window)
+            assert out[i + 4].startswith("    host Python for the same work (plugin + fastdeploy) over unpatched: ")
+            assert out[i + 4].endswith(", sampled 1.00x (95% interval 0.20-4.95x)")
     saved = json.loads((tmp_path / "rows.json").read_text())
     assert all(row["sampled"]["plugin"] == 1 and row["sampled"]["windows"] == 1 for row in saved)
+    assert all(("beside_unpatched" in row) == (row["configuration"] != "unpatched") for row in saved)
     assert all(("plugin_top" in row["sampled"]) == (row["configuration"] != "unpatched") for row in saved)
 
     recorded["profiles"][0]["samples"] = [[1], [2]]
@@ -325,3 +330,24 @@ def test_py_spy_is_found_on_path_or_beside_python(benchmark_script, tmp_path, mo
     assert bench.find_py_spy(None) is None
     monkeypatch.setenv("PATH", str(beside))
     assert bench.find_py_spy(None) == spy and bench.find_py_spy("py-spy") == spy
+
+
+def test_a_plugin_row_beside_the_unpatched_one(benchmark_script):
+    """Plugin and FastDeploy time together over the unpatched row's for the same work: per run (the
+    profiled figures per step times steps; samples per window); the interval is the ratio's of two
+    Poisson counts; no sampled figure, no sampled ratio."""
+    bench = benchmark_script("real_steps_host_time")
+    unpatched = {"profiled_us_per_step": {"plugin": 0.0, "fastdeploy": 400.0}, "steps": 10,
+                 "sampled": {"plugin": 4, "fastdeploy": 396, "windows": 4}}
+    row = {"profiled_us_per_step": {"plugin": 100.0, "fastdeploy": 260.0}, "steps": 11,  # (overlap: a step more)
+           "sampled": {"plugin": 90, "fastdeploy": 270, "windows": 3}}
+    figures = bench.beside_unpatched(row, unpatched)
+    assert figures["profiled"] == pytest.approx(360 * 11 / 4000)
+    assert figures["sampled"] == pytest.approx((360 / 3) / (400 / 4))  # 1.2: fewer windows, more in each
+    spread = math.exp(1.96 * (1 / 360 + 1 / 400) ** 0.5)
+    assert figures["interval95"] == pytest.approx([1.2 / spread, 1.2 * spread])
+    assert bench.beside_line(figures) == ("host Python for the same work (plugin + fastdeploy) over unpatched: "
+                                          "profiled 0.99x, sampled 1.20x (95% interval 1.04-1.38x)")
+    failed = bench.beside_unpatched(row, dict(unpatched, sampled={"error": "py-spy not found"}))
+    assert failed["sampled"] is None and failed["profiled"] == pytest.approx(0.99)
+    assert bench.beside_line(failed).endswith("profiled 0.99x, sampled -")
