@@ -55,8 +55,8 @@ our ports of its compiled ops, the tiny model). Per configuration (unpatched, de
   same work (plugin + fastdeploy) over unpatched: profiled X, sampled Y (95% interval A-B)``. The
   plugin moves work between owners: a watched write of FastDeploy's (``share_inputs[k][i] = v``)
   runs in the plugin's frame, a host read it answers from its shadow leaves FastDeploy's. This
-  figure is what the host's step gains or loses, wherever the time lands; it does not replace the
-  plugin / fastdeploy ratio.
+  figure is what the host gains or loses for that work, wherever the time lands; it does not
+  replace the plugin / fastdeploy ratio.
 
 Why two instruments: cProfile's hook runs at every call and return, and its cost is charged to
 the function called. The plugin's work per step is many cheap Python calls (~300) and builtin

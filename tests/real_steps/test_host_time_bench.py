@@ -298,7 +298,7 @@ def test_each_row_prints_its_sampled_line(capsys, benchmark_script, tmp_path):
         assert out[i + 1] == line if " unpatched " in out[i] else out[i + 2] == line
         if " unpatched " not in out[i]:  # the profiled top (one line), the sampled line, the sampled top
             assert out[i + 3] == "           1 samples  /x/fd_async_copy_plugin/patches/step.py f"
-        if " unpatched " not in out[i]:  # then the row beside the unpatched one (both: 3 samples per window)
+            # then the row beside the unpatched one (both: 3 samples per window)
             assert out[i + 4].startswith("    host Python for the same work (plugin + fastdeploy) over unpatched: ")
             assert out[i + 4].endswith(", sampled 1.00x (95% interval 0.20-4.95x)")
     saved = json.loads((tmp_path / "rows.json").read_text())
