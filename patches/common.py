@@ -31,9 +31,9 @@ def remove_substitute(fn) -> None:
 
 
 def host_value(value, reader: str, backend):
-    """What a guarded consumer receives for one argument."""
-    if backend.is_pinned(value):
-        return backend.to_host(value, reader)
+    """What a guarded consumer receives for one argument (``to_host`` hands anything but a pinned buffer back)."""
+    if (host := backend.to_host(value, reader)) is not value:
+        return host
     for substitute in _SUBSTITUTES:
         if (replaced := substitute(value, reader)) is not value:
             return replaced
